@@ -1,0 +1,135 @@
+// sparsecp: Lightning Indexer task plans — which CP rank selects which query rows.
+//
+// The packed sequence holds documents of `lengths[d]` tokens back to back and is cut
+// into `cp` equal contiguous shards of `local = sum(lengths) / cp` rows; rank r owns
+// global rows [r * local, (r + 1) * local). Main attention stays with the owner; a
+// plan only moves the *selection* work (Index-Q projection, scoring, top-k).
+//
+// A plan assigns every row of every document to exactly one rank, as sorted,
+// disjoint, merged tasks (document, start, end) in document coordinates. It is pure
+// integer code: deterministic, identical on every rank, no communication.
+//
+// Modes (seed `indexer_task_plan`, file indexer_balance.py; parity is exact,
+// including the error texts):
+//   none    every rank keeps its own contiguous rows; nothing moves. The baseline
+//           every report compares against. (sparsecp extension: the seed has no
+//           task plan for 'none' and rejects it in `_validate_task_plan`.)
+//   zigzag  each document is cut into 2*cp chunks after a leading remainder of
+//           length % (2*cp) rows; rank r takes chunks r and 2*cp-1-r of every
+//           document, and the remainders are pooled and dealt out evenly in
+//           packed order. Equal row counts on every rank.
+//   greedy  documents are cut into blocks of `block_size` rows; blocks go, in
+//           descending causal work (ties by document, start, end), to the rank with
+//           the least (work, rows, rank) that still has room under the cap of
+//           2 * local rows per rank.
+//   hybrid  documents of at least `zigzag_min_length` rows that hold a complete
+//           zigzag pair keep their zigzag chunks; their remainders and all shorter
+//           documents enter the greedy pool, which is placed on top of the zigzag
+//           load under the same cap.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sparsecp {
+
+enum class Mode { kNone, kZigzag, kGreedy, kHybrid };
+
+// "none", "zigzag", "greedy" or "hybrid".
+std::string_view mode_name(Mode mode);
+
+// Parses a mode name. Throws Error with the seed's text
+// "indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'" otherwise.
+Mode parse_mode(std::string_view name);
+
+// A contiguous query interval [start, end) of one document, in document
+// coordinates. Seed: `IndexerTask`. Ordered by (document, start, end).
+struct Task {
+  int64_t document = 0;
+  int64_t start = 0;
+  int64_t end = 0;
+
+  constexpr int64_t length() const { return end - start; }
+  friend constexpr auto operator<=>(const Task&, const Task&) = default;
+};
+
+// Options of a plan. Unset optionals are "omitted" in the seed's sense.
+struct PlanOptions {
+  Mode mode = Mode::kNone;
+  // Greedy/hybrid: rows per pooled block before merging; default 2048. Setting it
+  // for none/zigzag is an error, as in the seed.
+  std::optional<int64_t> block_size;
+  // Hybrid only, required there: documents of at least this many rows keep their
+  // zigzag chunks. Setting it for any other mode is an error.
+  std::optional<int64_t> zigzag_min_length;
+};
+
+// Default greedy/hybrid block size (seed: 2048).
+inline constexpr int64_t kDefaultBlockSize = 2048;
+
+// Seed `resolve_indexer_balance_block_size`: the effective block size of greedy and
+// hybrid (2048 when omitted), nullopt for none/zigzag. Throws the seed's errors when
+// a block size is given for another mode or is not positive.
+std::optional<int64_t> resolve_block_size(Mode mode, std::optional<int64_t> block_size);
+
+// Seed `validate_indexer_hybrid_threshold`: hybrid requires an explicit positive
+// threshold; every other mode forbids one.
+void validate_hybrid_threshold(Mode mode, std::optional<int64_t> zigzag_min_length);
+
+// Seed `_validate_task_plan`: positive lengths, ratio and cp; sum(lengths) divisible
+// by cp; block size at most the local row count. Returns the resolved block size.
+// Also rejects batches whose totals or causal work do not fit in 64 bits.
+// Unlike the seed, mode 'none' is accepted (see the header comment).
+std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, int64_t cp,
+                                            int64_t ratio, Mode mode,
+                                            std::optional<int64_t> block_size);
+
+// An immutable per-rank task assignment. Tasks of each rank are sorted by
+// (document, start, end), disjoint, and adjacent tasks of one document are merged.
+// Any strategy that produces such lists can build one (see `TaskPlan::from_ranks`)
+// and reuse the generic route builder in route.hpp.
+class TaskPlan {
+ public:
+  TaskPlan() = default;
+
+  // Builds a plan from per-rank task lists; sorts and merges each rank's tasks and
+  // drops empty ones (seed `_merge_tasks`). Does not check coverage: see
+  // `check_plan_covers`.
+  static TaskPlan from_ranks(std::vector<std::vector<Task>> ranks);
+
+  int64_t cp() const { return static_cast<int64_t>(offsets_.size()) - 1; }
+  std::span<const Task> tasks(int64_t rank) const;
+  // Query rows assigned to `rank` (seed: `IndexerRoute.query_count`).
+  int64_t rows(int64_t rank) const;
+  // Total task count over all ranks.
+  int64_t task_count() const { return static_cast<int64_t>(tasks_.size()); }
+
+ private:
+  std::vector<Task> tasks_;       // all ranks' tasks, rank-major
+  std::vector<int64_t> offsets_;  // tasks of rank r: [offsets_[r], offsets_[r + 1])
+};
+
+// Seed `indexer_task_plan(lengths, size, ratio, mode, block_size, zigzag_min_length)`.
+// Validation order and texts follow the seed; see the mode descriptions above.
+TaskPlan plan_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                    const PlanOptions& options);
+
+// Throws Error unless `plan` assigns every row of every document to exactly one
+// rank. Used by tests and by strategies that build plans themselves.
+void check_plan_covers(const TaskPlan& plan, std::span<const int64_t> lengths);
+
+// Summary figures of a plan, for reports.
+struct PlanStats {
+  std::vector<int64_t> rows;   // per rank
+  std::vector<int64_t> work;   // per rank, causal pairs
+  int64_t total_work = 0;
+  double imbalance = 1.0;      // max(work) / mean(work); 1.0 when total work is 0
+  int64_t rows_moved = 0;      // rows selected on a rank other than their owner
+};
+PlanStats plan_stats(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t ratio);
+
+}  // namespace sparsecp

@@ -1,0 +1,33 @@
+// sparsecp CLI: how subcommands join the tool.
+//
+// Each subcommand lives in its own cmd_<name>.cpp and registers itself with a
+// file-scope `const sparsecp::cli::Registration`, so adding a command never edits
+// main.cpp. Registration functions add a CLI11 subcommand and set its callback; the
+// callback throws sparsecp::Error for bad input (main prints "error: ..." and exits
+// with status 2) and may throw sparsecp::cli::ExitStatus to end with another status.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <vector>
+
+namespace sparsecp::cli {
+
+using RegisterCommand = std::function<void(CLI::App& app)>;
+
+// All registered commands, in registration order (sorted by name by main).
+std::vector<std::pair<const char*, RegisterCommand>>& command_registry();
+
+struct Registration {
+  Registration(const char* name, RegisterCommand add) {
+    command_registry().emplace_back(name, std::move(add));
+  }
+};
+
+// Thrown by a command that wants the tool to exit with `status` after printing its
+// own output (e.g. a verification that failed).
+struct ExitStatus {
+  int status;
+};
+
+}  // namespace sparsecp::cli

@@ -1,0 +1,55 @@
+// sparsecp: command-line tool. Subcommands register themselves (see command.hpp).
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "command.hpp"
+#include "sparsecp/error.hpp"
+
+namespace sparsecp::cli {
+std::vector<std::pair<const char*, RegisterCommand>>& command_registry() {
+  static std::vector<std::pair<const char*, RegisterCommand>> registry;
+  return registry;
+}
+}  // namespace sparsecp::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "sparsecp: context-parallel load balancing for DeepSeek-style compressed sparse attention.\n"
+      "Plans which CP rank runs the Lightning Indexer's top-k selection for which query rows of a\n"
+      "packed batch, routes the rows between ranks, and runs the selection.\n"
+      "Run 'sparsecp <command> --help' for a command's options and examples.",
+      "sparsecp"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show the help of every command");
+  auto& registry = sparsecp::cli::command_registry();
+  std::sort(registry.begin(), registry.end(),
+            [](const auto& a, const auto& b) { return std::strcmp(a.first, b.first) < 0; });
+  for (auto& [name, add] : registry) add(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (run 'sparsecp --help' for usage)\n", e.what());
+    return 2;
+  } catch (const sparsecp::cli::ExitStatus& e) {
+    return e.status;
+  } catch (const sparsecp::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
