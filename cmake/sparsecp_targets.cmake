@@ -32,7 +32,7 @@ function(sparsecp_add_mpi_test name)
   find_package(GTest REQUIRED)
   cmake_parse_arguments(ARG "" "" "NP;SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES} ${SPARSECP_TEST_DIR}/mpi_main.cpp)
-  target_link_libraries(${name} PRIVATE sparsecp GTest::gtest GTest::gmock MPI::MPI_C
+  target_link_libraries(${name} PRIVATE sparsecp GTest::gtest GTest::gmock MPI::MPI_CXX
                         nlohmann_json::nlohmann_json sparsecp_build_flags)
   target_include_directories(${name} PRIVATE ${SPARSECP_TEST_DIR})
   target_compile_definitions(${name} PRIVATE SPARSECP_TEST_DATA_DIR="${SPARSECP_TEST_DIR}/data")

@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake --preset release >/dev/null
 cmake --build --preset release --target sparsecp_cli
-if [ "$#" -eq 0 ]; then set -- plan --compare; fi
+if [ "$#" -eq 0 ]; then set -- plan; fi
 exec ./build/release/sparsecp "$@"

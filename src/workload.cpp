@@ -44,7 +44,7 @@ int64_t draw_length(std::string_view distribution, double scale, SplitMix64& ran
     // Shaped like public pretraining corpora: most documents are short, most tokens
     // sit in the long ones (80% short lognormal, 20% long lognormal).
     length = random.uniform() < 0.8 ? (scale / 8.0) * std::exp(0.8 * standard_normal(random))
-                                     : (scale * 3.0) * std::exp(0.7 * standard_normal(random));
+                                    : (scale * 3.0) * std::exp(0.7 * standard_normal(random));
   }
   return std::max<int64_t>(1, std::llround(std::min(length, 0x1.0p52)));
 }
@@ -63,14 +63,15 @@ std::vector<int64_t> generate_batch(const WorkloadSpec& spec) {
   SPARSECP_CHECK(spec.tokens > 0, "workload token count must be positive, got ", spec.tokens);
   SPARSECP_CHECK(spec.cp > 0, "workload CP size must be positive, got ", spec.cp);
   SPARSECP_CHECK(spec.scale >= 0, "workload length scale must be non-negative, got ", spec.scale);
-  const double scale =
-      spec.scale > 0 ? static_cast<double>(spec.scale)
-                     : std::max(1.0, static_cast<double>(spec.tokens / spec.cp) / 4.0);
+  const double scale = spec.scale > 0
+                           ? static_cast<double>(spec.scale)
+                           : std::max(1.0, static_cast<double>(spec.tokens / spec.cp) / 4.0);
   SplitMix64 random(spec.seed);
   std::vector<int64_t> lengths;
   int64_t total = 0;
   while (total < spec.tokens) {
-    const int64_t length = std::min(draw_length(spec.distribution, scale, random), spec.tokens - total);
+    const int64_t length =
+        std::min(draw_length(spec.distribution, scale, random), spec.tokens - total);
     lengths.push_back(length);
     total += length;
   }

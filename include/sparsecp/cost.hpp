@@ -20,9 +20,7 @@
 namespace sparsecp {
 
 // Visible compressed keys of the row at document position `position` (0-based).
-constexpr int64_t visible_keys(int64_t position, int64_t ratio) {
-  return (position + 1) / ratio;
-}
+constexpr int64_t visible_keys(int64_t position, int64_t ratio) { return (position + 1) / ratio; }
 
 // W(n): causal (query, key) pairs of the first `rows` rows of a document.
 // Seed: `_work_prefix(length, ratio)`.

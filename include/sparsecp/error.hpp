@@ -37,11 +37,11 @@ template <typename... Parts>
 // SPARSECP_CHECK(condition, message parts...): throws sparsecp::Error with the
 // concatenated message parts when the condition is false. The parts are only
 // formatted on failure, so checks are cheap on hot paths.
-#define SPARSECP_CHECK(condition, ...)                  \
-  do {                                                  \
-    if (!(condition)) [[unlikely]] {                    \
-      ::sparsecp::detail::raise(__VA_ARGS__);           \
-    }                                                   \
+#define SPARSECP_CHECK(condition, ...)        \
+  do {                                        \
+    if (!(condition)) [[unlikely]] {          \
+      ::sparsecp::detail::raise(__VA_ARGS__); \
+    }                                         \
   } while (false)
 
 // SPARSECP_FAIL(message parts...): throws unconditionally.

@@ -1,0 +1,188 @@
+// `sparsecp route`: one rank's IndexerRoute, or every rank's (for timing).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "command.hpp"
+#include "plan_options.hpp"
+#include "sparsecp/error.hpp"
+#include "sparsecp/route.hpp"
+
+namespace sparsecp::cli {
+namespace {
+
+struct RouteCommand {
+  PlanFlags flags;
+  std::optional<int64_t> rank;
+  bool all_ranks = false;
+  bool full = false;
+  int64_t repeat = 1;
+  bool json = false;
+};
+
+nlohmann::ordered_json route_json(const IndexerRoute& route) {
+  nlohmann::ordered_json out;
+  out["segments"] = nlohmann::ordered_json::array();
+  for (const Segment& s : route.segments) {
+    out["segments"].push_back({s.q_begin, s.q_end, s.key_begin, s.key_end, s.residual});
+  }
+  out["input_splits"] = route.input_splits;
+  out["output_splits"] = route.output_splits;
+  out["send_rows"] = route.send_rows;
+  out["receive_rows"] = route.receive_rows;
+  out["local_sources"] = route.local_sources;
+  out["local_targets"] = route.local_targets;
+  out["query_count"] = route.query_count;
+  return out;
+}
+
+int64_t sum(const std::vector<int64_t>& values) {
+  int64_t total = 0;
+  for (const int64_t value : values) total += value;
+  return total;
+}
+
+// Every rank's route the way a training step computes them: zigzag through the
+// per-rank fast path, other modes by planning once and routing each rank.
+std::vector<IndexerRoute> all_routes(std::span<const int64_t> lengths, const PlanFlags& flags,
+                                     const PlanOptions& options) {
+  std::vector<IndexerRoute> routes;
+  routes.reserve(static_cast<size_t>(flags.cp));
+  if (options.mode == Mode::kZigzag) {
+    for (int64_t rank = 0; rank < flags.cp; ++rank) {
+      routes.push_back(indexer_route(lengths, flags.cp, rank, flags.ratio, options));
+    }
+    return routes;
+  }
+  const TaskPlan plan = plan_tasks(lengths, flags.cp, flags.ratio, options);
+  for (int64_t rank = 0; rank < flags.cp; ++rank) {
+    routes.push_back(make_route(plan, lengths, rank, flags.ratio));
+  }
+  return routes;
+}
+
+void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths,
+                   const PlanOptions& options) {
+  const PlanFlags& flags = command.flags;
+  SPARSECP_CHECK(command.repeat >= 1, "--repeat must be at least 1, got ", command.repeat);
+  std::vector<double> seconds;
+  std::vector<IndexerRoute> routes;
+  for (int64_t i = 0; i < command.repeat; ++i) {
+    routes.clear();  // the previous repetition's memory is released outside the timed region
+    routes.shrink_to_fit();
+    const auto start = std::chrono::steady_clock::now();
+    routes = all_routes(lengths, flags, options);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::vector<double> sorted = seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  const int64_t local = sum(std::vector<int64_t>(lengths.begin(), lengths.end())) / flags.cp;
+  const double per_rank = median / static_cast<double>(flags.cp);
+  int64_t moved = 0;
+  for (const IndexerRoute& route : routes) moved += sum(route.input_splits);
+  if (command.json) {
+    nlohmann::ordered_json out;
+    out["cp"] = flags.cp;
+    out["ratio"] = flags.ratio;
+    out["mode"] = mode_name(options.mode);
+    out["repeat"] = command.repeat;
+    out["local_rows"] = local;
+    out["seconds_per_rank"] = per_rank;
+    out["seconds_all_ranks"] = median;
+    out["seconds_min_all_ranks"] = sorted.front();
+    out["ns_per_local_row"] = per_rank * 1e9 / static_cast<double>(local);
+    out["rows_moved"] = moved;
+    if (command.full) {
+      out["routes"] = nlohmann::ordered_json::array();
+      for (const IndexerRoute& route : routes) out["routes"].push_back(route_json(route));
+    }
+    std::cout << out.dump() << "\n";
+    return;
+  }
+  std::printf(
+      "%s: %lld ranks, %lld local rows each: %.3f us per rank (median of %lld), %.2f ns "
+      "per local row, %lld rows moved\n",
+      std::string(mode_name(options.mode)).c_str(), static_cast<long long>(flags.cp),
+      static_cast<long long>(local), per_rank * 1e6, static_cast<long long>(command.repeat),
+      per_rank * 1e9 / static_cast<double>(local), static_cast<long long>(moved));
+}
+
+void print_route(const IndexerRoute& route, int64_t rank) {
+  std::printf(
+      "rank %lld selects %lld rows in %zu segments; keeps %zu of its own rows, sends %lld, "
+      "receives %lld\n",
+      static_cast<long long>(rank), static_cast<long long>(route.query_count),
+      route.segments.size(), route.local_sources.size(),
+      static_cast<long long>(sum(route.input_splits)),
+      static_cast<long long>(sum(route.output_splits)));
+  std::printf("%6s %12s %12s\n", "peer", "sends", "receives");
+  for (size_t peer = 0; peer < route.input_splits.size(); ++peer) {
+    std::printf("%6zu %12lld %12lld\n", peer, static_cast<long long>(route.input_splits[peer]),
+                static_cast<long long>(route.output_splits[peer]));
+  }
+  std::printf("segments (q_begin, q_end, key_begin, key_end, residual):\n");
+  const size_t shown = std::min<size_t>(route.segments.size(), 20);
+  for (size_t i = 0; i < shown; ++i) {
+    const Segment& s = route.segments[i];
+    std::printf("  (%lld, %lld, %lld, %lld, %lld)\n", static_cast<long long>(s.q_begin),
+                static_cast<long long>(s.q_end), static_cast<long long>(s.key_begin),
+                static_cast<long long>(s.key_end), static_cast<long long>(s.residual));
+  }
+  if (shown < route.segments.size()) {
+    std::printf("  ... %zu more (use --json for all fields)\n", route.segments.size() - shown);
+  }
+}
+
+void run_route(const RouteCommand& command) {
+  const PlanFlags& flags = command.flags;
+  SPARSECP_CHECK(command.rank.has_value() != command.all_ranks,
+                 "route needs exactly one of --rank R and --all-ranks");
+  SPARSECP_CHECK(command.all_ranks || command.repeat == 1, "--repeat requires --all-ranks");
+  const std::vector<int64_t> lengths = flags.batch.load(flags.cp);
+  const PlanOptions options = flags.options(parse_mode(flags.mode.empty() ? "zigzag" : flags.mode));
+  if (command.all_ranks) {
+    run_all_ranks(command, lengths, options);
+    return;
+  }
+  const IndexerRoute route = indexer_route(lengths, flags.cp, *command.rank, flags.ratio, options);
+  if (command.json) {
+    std::cout << route_json(route).dump() << "\n";
+  } else {
+    print_route(route, *command.rank);
+  }
+}
+
+const Registration registration("route", [](CLI::App& app) {
+  auto command = std::make_shared<RouteCommand>();
+  CLI::App* sub = app.add_subcommand(
+      "route",
+      "Build a rank's IndexerRoute: which local rows it sends to each peer, where received rows "
+      "land, and the segments its selector sees (field names as in the seed's IndexerRoute).");
+  command->flags.add_to(*sub, "none | zigzag | greedy | hybrid (default zigzag)");
+  sub->add_option("--rank", command->rank, "The rank whose route to build (0 <= R < --cp)");
+  sub->add_flag("--all-ranks", command->all_ranks,
+                "Build every rank's route, as a training step does, and report the time per rank");
+  sub->add_option("--repeat", command->repeat,
+                  "With --all-ranks: repeat N times in this process and report the median")
+      ->capture_default_str();
+  sub->add_flag("--full", command->full, "With --all-ranks --json: include every rank's route");
+  sub->add_flag(
+      "--json", command->json,
+      "Print JSON. With --rank: the route's fields segments, input_splits, output_splits, "
+      "send_rows, receive_rows, local_sources, local_targets, query_count. With "
+      "--all-ranks: timing (seconds_per_rank, ns_per_local_row, ...)");
+  sub->footer(
+      "Examples:\n"
+      "  sparsecp route --lengths 5000,300,2699,1 --cp 4 --mode zigzag --rank 1 --json\n"
+      "  sparsecp route --tokens 1048576 --cp 8 --mode greedy --all-ranks --repeat 20");
+  sub->callback([command] { run_route(*command); });
+});
+
+}  // namespace
+}  // namespace sparsecp::cli
