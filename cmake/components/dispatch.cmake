@@ -1,0 +1,6 @@
+# Component: KV dispatch routes, document compression plan, sequence gathers (issue 5).
+target_sources(sparsecp PRIVATE
+  ${PROJECT_SOURCE_DIR}/src/dispatch.cpp
+  ${PROJECT_SOURCE_DIR}/src/compression_plan.cpp
+  ${PROJECT_SOURCE_DIR}/src/sequence_gather.cpp
+)
