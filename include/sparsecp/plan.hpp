@@ -62,10 +62,10 @@ struct PlanOptions {
   Mode mode = Mode::kNone;
   // Greedy/hybrid: rows per pooled block before merging; default 2048. Setting it
   // for none/zigzag is an error, as in the seed.
-  std::optional<int64_t> block_size;
+  std::optional<int64_t> block_size = std::nullopt;
   // Hybrid only, required there: documents of at least this many rows keep their
   // zigzag chunks. Setting it for any other mode is an error.
-  std::optional<int64_t> zigzag_min_length;
+  std::optional<int64_t> zigzag_min_length = std::nullopt;
 };
 
 // Default greedy/hybrid block size (seed: 2048).
