@@ -111,8 +111,8 @@ struct SelectConfig {
   KernelIsa isa = KernelIsa::kAuto;
 };
 
-// Throws Error unless heads, head_dim, topk, ratio >= 1, threads >= 0 and rope_dim is
-// even and within [0, head_dim].
+// Throws Error unless heads, head_dim, topk, ratio >= 1 and threads >= 0. (rope_dim is
+// checked by the projection only: even and within [0, head_dim].)
 void validate_select_config(const SelectConfig& config);
 
 // ---------------------------------------------------------------------------------
