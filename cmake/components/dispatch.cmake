@@ -4,3 +4,4 @@ target_sources(sparsecp PRIVATE
   ${PROJECT_SOURCE_DIR}/src/compression_plan.cpp
   ${PROJECT_SOURCE_DIR}/src/sequence_gather.cpp
 )
+sparsecp_add_test(dispatch_test ${PROJECT_SOURCE_DIR}/tests/dispatch_test.cpp)
