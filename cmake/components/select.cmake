@@ -20,3 +20,5 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
 endif()
 
 sparsecp_add_test(select_kernel_test ${PROJECT_SOURCE_DIR}/tests/select_kernel_test.cpp)
+target_sources(sparsecp PRIVATE ${PROJECT_SOURCE_DIR}/src/npy.cpp)
+sparsecp_add_test(npy_test ${PROJECT_SOURCE_DIR}/tests/npy_test.cpp)

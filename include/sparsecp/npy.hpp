@@ -1,0 +1,55 @@
+// sparsecp: reading and writing NumPy .npy files (the interchange format of training
+// frameworks: np.save / np.load, torch via .numpy()).
+//
+// Supported: format versions 1.0, 2.0 and 3.0, C order, little-endian element types
+//   float32 ('<f4'), int32 ('<i4'), int64 ('<i8') and bfloat16.
+// NumPy has no bfloat16 dtype of its own: arrays of ml_dtypes.bfloat16 are stored
+// with the descriptor 'bfloat16' or as 2-byte void ('|V2' / '<V2'); all three are read
+// as bfloat16, and bfloat16 is written as '|V2' (load with
+// `np.load(path).view(ml_dtypes.bfloat16)`).
+// Anything else (Fortran order, big-endian, other dtypes, truncated or oversized data,
+// malformed headers) throws sparsecp::Error naming the file and the problem.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace sparsecp {
+
+enum class NpyDType { kFloat32, kBFloat16, kInt32, kInt64 };
+
+// Name for messages: "float32", "bfloat16", "int32", "int64".
+const char* npy_dtype_name(NpyDType dtype);
+// Bytes per element.
+std::size_t npy_item_size(NpyDType dtype);
+
+// An array read from a .npy file: shape, element type and the raw little-endian bytes.
+struct NpyArray {
+  NpyDType dtype = NpyDType::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+
+  int64_t elements() const;
+  // Typed access; the caller checks `dtype` first.
+  template <typename T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
+};
+
+// Parses a whole .npy image; `name` is used in error messages.
+NpyArray parse_npy(std::span<const std::byte> image, const std::string& name);
+// Reads and parses the file at `path`.
+NpyArray read_npy(const std::string& path);
+
+// Serialises `data` (shape product elements of `dtype`) as a version 1.0 image
+// (version 2.0 if the header needs it).
+std::vector<std::byte> format_npy(NpyDType dtype, std::span<const int64_t> shape, const void* data);
+// Writes the image to `path`; throws Error if the file cannot be written.
+void write_npy(const std::string& path, NpyDType dtype, std::span<const int64_t> shape,
+               const void* data);
+
+}  // namespace sparsecp
