@@ -6,6 +6,7 @@
 // which -Wmaybe-uninitialized reports as a false positive (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include "select_internal.hpp"

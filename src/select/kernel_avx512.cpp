@@ -14,6 +14,7 @@
 // which -Wmaybe-uninitialized reports as a false positive (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include "select_internal.hpp"
@@ -25,8 +26,9 @@ constexpr int kChunk = static_cast<int>(kChunkHeadsAvx512);
 
 // score[j] += sum over heads i < HR of w[i] * ReLU(q_i . panel_j), fp32.
 template <int HR, int NV>
-inline void chunk_f32(const float* q, int64_t q_stride, const float* keys, int64_t panel_stride,
-                      int64_t dim, const float* w, __m512* score) {
+__attribute__((noinline)) void chunk_f32(const float* q, int64_t q_stride, const float* keys,
+                                         int64_t panel_stride, int64_t dim, const float* w,
+                                         float* score) {
   __m512 acc[HR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < HR; ++i) {
@@ -45,20 +47,26 @@ inline void chunk_f32(const float* q, int64_t q_stride, const float* keys, int64
     }
   }
   const __m512 zero = _mm512_setzero_ps();
+  __m512 sum[NV];
+#pragma GCC unroll 3
+  for (int j = 0; j < NV; ++j) sum[j] = _mm512_loadu_ps(score + j * kPanelKeys);
 #pragma GCC unroll 8
   for (int i = 0; i < HR; ++i) {
     const __m512 weight = _mm512_set1_ps(w[i]);
 #pragma GCC unroll 3
     for (int j = 0; j < NV; ++j) {
-      score[j] = _mm512_fmadd_ps(weight, _mm512_max_ps(acc[i][j], zero), score[j]);
+      sum[j] = _mm512_fmadd_ps(weight, _mm512_max_ps(acc[i][j], zero), sum[j]);
     }
   }
+#pragma GCC unroll 3
+  for (int j = 0; j < NV; ++j) _mm512_storeu_ps(score + j * kPanelKeys, sum[j]);
 }
 
 // The same with bf16 pairs: q holds (q[2p], q[2p+1]) per uint32, panels [p][16][2].
 template <int HR, int NV>
-inline void chunk_bf16(const uint32_t* q, int64_t q_stride, const uint16_t* keys,
-                       int64_t panel_stride, int64_t pairs, const float* w, __m512* score) {
+__attribute__((noinline)) void chunk_bf16(const uint32_t* q, int64_t q_stride, const uint16_t* keys,
+                                          int64_t panel_stride, int64_t pairs, const float* w,
+                                          float* score) {
   __m512 acc[HR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < HR; ++i) {
@@ -79,21 +87,28 @@ inline void chunk_bf16(const uint32_t* q, int64_t q_stride, const uint16_t* keys
     }
   }
   const __m512 zero = _mm512_setzero_ps();
+  __m512 sum[NV];
+#pragma GCC unroll 3
+  for (int j = 0; j < NV; ++j) sum[j] = _mm512_loadu_ps(score + j * kPanelKeys);
 #pragma GCC unroll 8
   for (int i = 0; i < HR; ++i) {
     const __m512 weight = _mm512_set1_ps(w[i]);
 #pragma GCC unroll 3
     for (int j = 0; j < NV; ++j) {
-      score[j] = _mm512_fmadd_ps(weight, _mm512_max_ps(acc[i][j], zero), score[j]);
+      sum[j] = _mm512_fmadd_ps(weight, _mm512_max_ps(acc[i][j], zero), sum[j]);
     }
   }
+#pragma GCC unroll 3
+  for (int j = 0; j < NV; ++j) _mm512_storeu_ps(score + j * kPanelKeys, sum[j]);
 }
 
 // One group of NV panels against all heads, chunk by chunk in head order.
 template <int NV, bool Bf16>
 void group(const ScoreRowArgs& args, int64_t panel) {
-  __m512 score[NV];
-  for (int j = 0; j < NV; ++j) score[j] = _mm512_setzero_ps();
+  // Running scores live in the caller's buffer between head chunks (keeping them in
+  // registers would spill the key vectors of the inner loop).
+  float* score = args.scores + panel * kPanelKeys;
+  for (int64_t lane = 0; lane < NV * kPanelKeys; ++lane) score[lane] = 0.0f;
   const int64_t dim = args.head_dim;
   const int64_t depth = Bf16 ? (dim + 1) / 2 : dim;  // steps per dot product
   const int64_t panel_stride = depth * kPanelKeys * (Bf16 ? 2 : 1);
@@ -112,10 +127,10 @@ void group(const ScoreRowArgs& args, int64_t panel) {
     chunk_bf16<n, NV>(qt, depth, keys, panel_stride, depth, w + full, score); \
     break;
       SPARSECP_TAIL(1)
-      SPARSECP_TAIL(2) SPARSECP_TAIL(3) SPARSECP_TAIL(4) SPARSECP_TAIL(5) SPARSECP_TAIL(6)
-          SPARSECP_TAIL(7)
+      SPARSECP_TAIL(2)
+      SPARSECP_TAIL(3) SPARSECP_TAIL(4) SPARSECP_TAIL(5) SPARSECP_TAIL(6) SPARSECP_TAIL(7)
 #undef SPARSECP_TAIL
-              default : break;
+          default : break;
     }
   } else {
     const auto* q = static_cast<const float*>(args.q_pack);
@@ -130,13 +145,12 @@ void group(const ScoreRowArgs& args, int64_t panel) {
     chunk_f32<n, NV>(qt, depth, keys, panel_stride, depth, w + full, score); \
     break;
       SPARSECP_TAIL(1)
-      SPARSECP_TAIL(2) SPARSECP_TAIL(3) SPARSECP_TAIL(4) SPARSECP_TAIL(5) SPARSECP_TAIL(6)
-          SPARSECP_TAIL(7)
+      SPARSECP_TAIL(2)
+      SPARSECP_TAIL(3) SPARSECP_TAIL(4) SPARSECP_TAIL(5) SPARSECP_TAIL(6) SPARSECP_TAIL(7)
 #undef SPARSECP_TAIL
-              default : break;
+          default : break;
     }
   }
-  for (int j = 0; j < NV; ++j) _mm512_storeu_ps(args.scores + (panel + j) * kPanelKeys, score[j]);
 }
 
 template <bool Bf16>
