@@ -23,3 +23,4 @@ sparsecp_add_test(select_kernel_test ${PROJECT_SOURCE_DIR}/tests/select_kernel_t
 target_sources(sparsecp PRIVATE ${PROJECT_SOURCE_DIR}/src/npy.cpp)
 sparsecp_add_test(npy_test ${PROJECT_SOURCE_DIR}/tests/npy_test.cpp)
 target_sources(sparsecp_cli PRIVATE ${PROJECT_SOURCE_DIR}/tools/sparsecp/cmd_select.cpp)
+sparsecp_add_test(select_projection_test ${PROJECT_SOURCE_DIR}/tests/select_projection_test.cpp)
