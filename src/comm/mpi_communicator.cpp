@@ -134,7 +134,8 @@ Work MpiCommunicator::all_to_all_rows(std::span<const std::byte> send,
                  " bytes is outside [0, ", INT_MAX, "]");
   const int64_t send_total = checked_rows(send_counts, size_, "send");
   const int64_t receive_total = checked_rows(receive_counts, size_, "receive");
-  const int64_t max_rows = row_bytes == 0 ? 0 : std::numeric_limits<int64_t>::max() / row_bytes;
+  const int64_t max_rows = row_bytes == 0 ? std::numeric_limits<int64_t>::max()
+                                          : std::numeric_limits<int64_t>::max() / row_bytes;
   SPARSECP_CHECK(send_total <= max_rows && receive_total <= max_rows,
                  "all_to_all_rows byte count overflows 64 bits");
   SPARSECP_CHECK(static_cast<int64_t>(send.size()) == send_total * row_bytes,
