@@ -5,3 +5,5 @@ target_sources(sparsecp PRIVATE
   ${PROJECT_SOURCE_DIR}/src/sequence_gather.cpp
 )
 sparsecp_add_test(dispatch_test ${PROJECT_SOURCE_DIR}/tests/dispatch_test.cpp)
+sparsecp_add_mpi_test(sequence_gather_mpi_test NP 1 2 3 5 8
+                      SOURCES ${PROJECT_SOURCE_DIR}/tests/sequence_gather_mpi_test.cpp)
