@@ -1,6 +1,7 @@
 #include "sparsecp/route.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 
 #include "sparsecp/error.hpp"
@@ -21,9 +22,45 @@ std::vector<int64_t> packed_boundaries(std::span<const int64_t> lengths) {
   return boundaries;
 }
 
-int64_t* write_range(int64_t* out, int64_t first, int64_t count) {
-  std::iota(out, out + count, first);
-  return out + count;
+// Yields first, first + 1, ...: lets vector::insert write each row index once, without
+// the zero fill that resize() would do first (that fill was a third of route building).
+struct CountingIterator {
+  using iterator_category = std::random_access_iterator_tag;
+  using value_type = int64_t;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const int64_t*;
+  using reference = int64_t;
+
+  int64_t value;
+  int64_t operator*() const { return value; }
+  CountingIterator& operator++() {
+    ++value;
+    return *this;
+  }
+  CountingIterator operator++(int) { return {value++}; }
+  CountingIterator& operator--() {
+    --value;
+    return *this;
+  }
+  CountingIterator operator--(int) { return {value--}; }
+  CountingIterator& operator+=(difference_type step) {
+    value += step;
+    return *this;
+  }
+  CountingIterator& operator-=(difference_type step) {
+    value -= step;
+    return *this;
+  }
+  CountingIterator operator+(difference_type step) const { return {value + step}; }
+  CountingIterator operator-(difference_type step) const { return {value - step}; }
+  int64_t operator[](difference_type step) const { return value + step; }
+  auto operator<=>(const CountingIterator&) const = default;
+  difference_type operator-(const CountingIterator& other) const { return value - other.value; }
+  bool operator==(const CountingIterator&) const = default;
+};
+
+void append_range(std::vector<int64_t>& rows, int64_t first, int64_t count) {
+  rows.insert(rows.end(), CountingIterator{first}, CountingIterator{first + count});
 }
 
 // Seed `_route_from_ranges` with `_receive_ranges` folded in. A worker's tasks are
@@ -47,12 +84,11 @@ IndexerRoute route_from_ranges(std::span<const Task> tasks, std::span<const int6
     }
     sent += route.input_splits[static_cast<size_t>(peer)];
   }
-  route.send_rows.resize(static_cast<size_t>(sent));
-  int64_t* out = route.send_rows.data();
+  route.send_rows.reserve(static_cast<size_t>(sent));
   for (int64_t peer = 0; peer < cp; ++peer) {
     if (peer == rank) continue;
     for (const RowRange& range : sends[static_cast<size_t>(peer)]) {
-      out = write_range(out, range.first, range.count);
+      append_range(route.send_rows, range.first, range.count);
     }
   }
 
@@ -68,12 +104,9 @@ IndexerRoute route_from_ranges(std::span<const Task> tasks, std::span<const int6
     cursor += task.length();
   }
   route.query_count = cursor;
-  route.local_sources.resize(static_cast<size_t>(kept));
-  route.local_targets.resize(static_cast<size_t>(kept));
-  route.receive_rows.resize(static_cast<size_t>(cursor - kept));
-  int64_t* sources = route.local_sources.data();
-  int64_t* targets = route.local_targets.data();
-  int64_t* received = route.receive_rows.data();
+  route.local_sources.reserve(static_cast<size_t>(kept));
+  route.local_targets.reserve(static_cast<size_t>(kept));
+  route.receive_rows.reserve(static_cast<size_t>(cursor - kept));
   cursor = 0;
   for (const Task& task : tasks) {
     const int64_t begin = boundaries[static_cast<size_t>(task.document)] + task.start;
@@ -83,10 +116,10 @@ IndexerRoute route_from_ranges(std::span<const Task> tasks, std::span<const int6
       const int64_t last = std::min(end, (owner + 1) * local);
       const int64_t position = cursor + first - begin;
       if (owner == rank) {
-        sources = write_range(sources, first - owner * local, last - first);
-        targets = write_range(targets, position, last - first);
+        append_range(route.local_sources, first - owner * local, last - first);
+        append_range(route.local_targets, position, last - first);
       } else {
-        received = write_range(received, position, last - first);
+        append_range(route.receive_rows, position, last - first);
         route.output_splits[static_cast<size_t>(owner)] += last - first;
       }
     }

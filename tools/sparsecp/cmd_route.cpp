@@ -47,22 +47,21 @@ int64_t sum(const std::vector<int64_t>& values) {
 }
 
 // Every rank's route the way a training step computes them: zigzag through the
-// per-rank fast path, other modes by planning once and routing each rank.
-std::vector<IndexerRoute> all_routes(std::span<const int64_t> lengths, const PlanFlags& flags,
-                                     const PlanOptions& options) {
-  std::vector<IndexerRoute> routes;
-  routes.reserve(static_cast<size_t>(flags.cp));
+// per-rank fast path, other modes by planning once and routing each rank. Each route is
+// handed to `visit` and then dropped, as each rank keeps only its own.
+template <typename Visit>
+void for_each_route(std::span<const int64_t> lengths, const PlanFlags& flags,
+                    const PlanOptions& options, Visit&& visit) {
   if (options.mode == Mode::kZigzag) {
     for (int64_t rank = 0; rank < flags.cp; ++rank) {
-      routes.push_back(indexer_route(lengths, flags.cp, rank, flags.ratio, options));
+      visit(indexer_route(lengths, flags.cp, rank, flags.ratio, options));
     }
-    return routes;
+    return;
   }
   const TaskPlan plan = plan_tasks(lengths, flags.cp, flags.ratio, options);
   for (int64_t rank = 0; rank < flags.cp; ++rank) {
-    routes.push_back(make_route(plan, lengths, rank, flags.ratio));
+    visit(make_route(plan, lengths, rank, flags.ratio));
   }
-  return routes;
 }
 
 void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths,
@@ -70,12 +69,12 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
   const PlanFlags& flags = command.flags;
   SPARSECP_CHECK(command.repeat >= 1, "--repeat must be at least 1, got ", command.repeat);
   std::vector<double> seconds;
-  std::vector<IndexerRoute> routes;
+  int64_t moved = 0;
   for (int64_t i = 0; i < command.repeat; ++i) {
-    routes.clear();  // the previous repetition's memory is released outside the timed region
-    routes.shrink_to_fit();
+    moved = 0;
     const auto start = std::chrono::steady_clock::now();
-    routes = all_routes(lengths, flags, options);
+    for_each_route(lengths, flags, options,
+                   [&](const IndexerRoute& route) { moved += sum(route.input_splits); });
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -84,8 +83,6 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
   const double median = sorted[sorted.size() / 2];
   const int64_t local = sum(std::vector<int64_t>(lengths.begin(), lengths.end())) / flags.cp;
   const double per_rank = median / static_cast<double>(flags.cp);
-  int64_t moved = 0;
-  for (const IndexerRoute& route : routes) moved += sum(route.input_splits);
   if (command.json) {
     nlohmann::ordered_json out;
     out["cp"] = flags.cp;
@@ -100,7 +97,9 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
     out["rows_moved"] = moved;
     if (command.full) {
       out["routes"] = nlohmann::ordered_json::array();
-      for (const IndexerRoute& route : routes) out["routes"].push_back(route_json(route));
+      for_each_route(lengths, flags, options, [&](const IndexerRoute& route) {
+        out["routes"].push_back(route_json(route));
+      });
     }
     std::cout << out.dump() << "\n";
     return;
