@@ -28,3 +28,4 @@ sparsecp_add_test(select_cli_test ${PROJECT_SOURCE_DIR}/tests/select_cli_test.cp
 if(TARGET select_cli_test)
   add_dependencies(select_cli_test sparsecp_cli)
 endif()
+sparsecp_add_bench(bench_select ${PROJECT_SOURCE_DIR}/bench/bench_select.cpp)
