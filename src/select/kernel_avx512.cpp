@@ -120,17 +120,13 @@ void group(const ScoreRowArgs& args, int64_t panel) {
     for (int64_t h = 0; h < full; h += kChunk) {
       chunk_bf16<kChunk, NV>(q + h * depth, depth, keys, panel_stride, depth, w + h, score);
     }
-    const uint32_t* qt = q + full * depth;
-    switch (args.heads - full) {
-#define SPARSECP_TAIL(n)                                                      \
-  case n:                                                                     \
-    chunk_bf16<n, NV>(qt, depth, keys, panel_stride, depth, w + full, score); \
-    break;
-      SPARSECP_TAIL(1)
-      SPARSECP_TAIL(2)
-      SPARSECP_TAIL(3) SPARSECP_TAIL(4) SPARSECP_TAIL(5) SPARSECP_TAIL(6) SPARSECP_TAIL(7)
-#undef SPARSECP_TAIL
-          default : break;
+    using Tail =
+        void (*)(const uint32_t*, int64_t, const uint16_t*, int64_t, int64_t, const float*, float*);
+    constexpr Tail tails[kChunk] = {nullptr,           chunk_bf16<1, NV>, chunk_bf16<2, NV>,
+                                    chunk_bf16<3, NV>, chunk_bf16<4, NV>, chunk_bf16<5, NV>,
+                                    chunk_bf16<6, NV>, chunk_bf16<7, NV>};
+    if (args.heads > full) {
+      tails[args.heads - full](q + full * depth, depth, keys, panel_stride, depth, w + full, score);
     }
   } else {
     const auto* q = static_cast<const float*>(args.q_pack);
@@ -138,17 +134,13 @@ void group(const ScoreRowArgs& args, int64_t panel) {
     for (int64_t h = 0; h < full; h += kChunk) {
       chunk_f32<kChunk, NV>(q + h * depth, depth, keys, panel_stride, depth, w + h, score);
     }
-    const float* qt = q + full * depth;
-    switch (args.heads - full) {
-#define SPARSECP_TAIL(n)                                                     \
-  case n:                                                                    \
-    chunk_f32<n, NV>(qt, depth, keys, panel_stride, depth, w + full, score); \
-    break;
-      SPARSECP_TAIL(1)
-      SPARSECP_TAIL(2)
-      SPARSECP_TAIL(3) SPARSECP_TAIL(4) SPARSECP_TAIL(5) SPARSECP_TAIL(6) SPARSECP_TAIL(7)
-#undef SPARSECP_TAIL
-          default : break;
+    using Tail =
+        void (*)(const float*, int64_t, const float*, int64_t, int64_t, const float*, float*);
+    constexpr Tail tails[kChunk] = {nullptr,          chunk_f32<1, NV>, chunk_f32<2, NV>,
+                                    chunk_f32<3, NV>, chunk_f32<4, NV>, chunk_f32<5, NV>,
+                                    chunk_f32<6, NV>, chunk_f32<7, NV>};
+    if (args.heads > full) {
+      tails[args.heads - full](q + full * depth, depth, keys, panel_stride, depth, w + full, score);
     }
   }
 }
