@@ -10,15 +10,20 @@
 #include "sparsecp/dispatch.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -868,6 +873,82 @@ TEST(SequenceLayout, MoveSequenceDimRoundTrips) {
   EXPECT_THROW(move_sequence_dim_to_front<int64_t>(values, std::vector<int64_t>{5, 2}, 0), Error);
   EXPECT_THROW(move_sequence_dim_from_front<int64_t>(block, std::vector<int64_t>{3, 3}, 0), Error);
   EXPECT_TRUE(move_sequence_dim_to_front<int64_t>({}, std::vector<int64_t>{0, 4}, 1).empty());
+}
+
+// ---------------------------------------------------------------------------
+// The `sparsecp dispatch` command as a user and a script see it.
+
+struct Outcome {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+Outcome run_tool(const std::string& arguments) {
+  const std::string err_path = ::testing::TempDir() + "sparsecp_dispatch_test_stderr.txt";
+  const std::string command = std::string(SPARSECP_CLI_PATH) + " " + arguments + " 2>" + err_path;
+  Outcome outcome;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return outcome;
+  std::array<char, 4096> buffer{};
+  size_t read = 0;
+  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
+    outcome.out.append(buffer.data(), read);
+  }
+  const int status = pclose(pipe);
+  outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path);
+  outcome.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  return outcome;
+}
+
+TEST(DispatchCommand, ReportsIntervalsAndAllGatherRows) {
+  const Outcome text =
+      run_tool("dispatch --kind swa --lengths 5000,300,2699,1 --cp 4 --window 128");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("[1873, 4000)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("381 rows in total"), std::string::npos) << text.out;
+
+  const Outcome json = run_tool("dispatch --kind prefix --lengths 5,3,7,1 --cp 4 --ratio 2 --json");
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto out = nlohmann::json::parse(json.out);
+  EXPECT_EQ(out["bank_rows"], 6);
+  EXPECT_EQ(out["exchange_needed"], true);
+  ASSERT_EQ(out["ranks"].size(), 4u);
+  EXPECT_EQ(out["ranks"][3]["global_start"], 3);
+  EXPECT_EQ(out["ranks"][3]["local_length"], 1);
+  EXPECT_EQ(out["ranks"][3]["received_rows"], 2);
+  EXPECT_EQ(out["ranks"][3]["all_gather_rows"], 5);
+  EXPECT_EQ(out["received_rows_total"], 4);
+
+  const Outcome one =
+      run_tool("dispatch --kind prefix --lengths 5,3,7,1 --cp 4 --ratio 2 --rank 1 --json");
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_EQ(nlohmann::json::parse(one.out)["ranks"].size(), 1u);
+
+  const Outcome sweep = run_tool("dispatch --kind swa --tokens 4096 --sweep 2,4 --seeds 2 --json");
+  ASSERT_EQ(sweep.status, 0) << sweep.err;
+  const auto rows = nlohmann::json::parse(sweep.out)["sweep"];
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1]["cp"], 4);
+  EXPECT_LE(rows[1]["received_rows_max"].get<int64_t>(), 127);
+}
+
+TEST(DispatchCommand, RejectsBadInputWithExitStatusTwo) {
+  for (const std::string arguments : {"dispatch --kind prefix --lengths 5,3,7,1 --cp 4 --window 3",
+                                      "dispatch --kind swa --lengths 5,3,7,1 --cp 4 --ratio 2",
+                                      "dispatch --kind ring --lengths 5,3,7,1 --cp 4",
+                                      "dispatch --kind swa --lengths 5,3,7,1 --cp 3",
+                                      "dispatch --kind swa --lengths 5,3,7,1 --cp 4 --rank 4",
+                                      "dispatch --kind prefix --lengths 5,3,7,1 --cp 4 --ratio 4",
+                                      "dispatch --kind swa --lengths 5,3,7,1 --cp 4 --window 0",
+                                      "dispatch --kind swa --lengths 5,3,7,1",
+                                      "dispatch --kind swa --lengths 5,3,7,1 --cp 4 --sweep 4"}) {
+    const Outcome outcome = run_tool(arguments);
+    EXPECT_EQ(outcome.status, 2) << arguments;
+    EXPECT_EQ(outcome.err.rfind("error: ", 0), 0u) << arguments << ": " << outcome.err;
+    EXPECT_TRUE(outcome.out.empty()) << arguments << ": " << outcome.out;
+  }
 }
 
 }  // namespace
