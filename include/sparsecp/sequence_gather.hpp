@@ -41,6 +41,7 @@
 
 #include "sparsecp/comm.hpp"
 #include "sparsecp/dispatch.hpp"
+#include "sparsecp/error.hpp"
 
 namespace sparsecp {
 
