@@ -23,3 +23,10 @@ set_source_files_properties(${PROJECT_SOURCE_DIR}/src/strategy.cpp PROPERTIES
   INCLUDE_DIRECTORIES ${PROJECT_BINARY_DIR}/generated
   OBJECT_DEPENDS ${PROJECT_BINARY_DIR}/generated/sparsecp_strategy_files.inc)
 
+target_sources(sparsecp_cli PRIVATE ${PROJECT_SOURCE_DIR}/tools/sparsecp/cmd_simulate.cpp)
+
+sparsecp_add_test(strategy_test ${PROJECT_SOURCE_DIR}/tests/strategy_test.cpp)
+sparsecp_add_test(simulate_test ${PROJECT_SOURCE_DIR}/tests/simulate_test.cpp)
+if(TARGET simulate_test)
+  add_dependencies(simulate_test sparsecp_cli)  # runs the built tool end to end
+endif()
