@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "command.hpp"
 #include "sparsecp/error.hpp"
@@ -36,6 +37,15 @@ int main(int argc, char** argv) {
   std::sort(registry.begin(), registry.end(),
             [](const auto& a, const auto& b) { return std::strcmp(a.first, b.first) < 0; });
   for (auto& [name, add] : registry) add(app);
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::none_of(registry.begin(), registry.end(),
+                   [&](const auto& entry) { return std::strcmp(entry.first, argv[1]) == 0; })) {
+    std::string names;
+    for (const auto& entry : registry)
+      names += std::string(names.empty() ? "" : ", ") + entry.first;
+    std::fprintf(stderr, "error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
