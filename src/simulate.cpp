@@ -10,6 +10,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "sparsecp/cost.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/workload.hpp"
 
@@ -22,6 +23,68 @@ int64_t max_of(const std::vector<int64_t>& values) {
 }
 
 }  // namespace
+
+int64_t min_rows_to_balance(std::span<const int64_t> lengths, int64_t cp, int64_t ratio) {
+  validate_plan_inputs(lengths, cp, ratio, Mode::kNone, std::nullopt);
+  int64_t total = 0;
+  int64_t total_work = 0;
+  int64_t longest = 0;
+  for (const int64_t length : lengths) {
+    total += length;
+    total_work += work_prefix(length, ratio);
+    longest = std::max(longest, length);
+  }
+  const double mean = static_cast<double>(total_work) / static_cast<double>(cp);
+  const int64_t local = total / cp;
+  int64_t needed = 0;
+  // Owner r's document pieces, in document coordinates.
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  size_t document = 0;
+  int64_t document_start = 0;
+  for (int64_t owner = 0; owner < cp; ++owner) {
+    pieces.clear();
+    const int64_t begin = owner * local;
+    const int64_t end = begin + local;
+    while (document_start + lengths[document] <= begin) document_start += lengths[document++];
+    int64_t start = document_start;
+    for (size_t d = document; d < lengths.size() && start < end; start += lengths[d++]) {
+      pieces.emplace_back(std::max(begin, start) - start,
+                          std::min(end, start + lengths[d]) - start);
+    }
+    // Rows of cost >= c (cost = visible keys floor((p + 1) / ratio)): p >= c * ratio - 1.
+    const auto shed = [&](int64_t c) {
+      int64_t rows = 0;
+      int64_t work = 0;
+      for (const auto& [s, e] : pieces) {
+        const int64_t from = std::max(s, c * ratio - 1);
+        if (from < e) {
+          rows += e - from;
+          work += range_work(from, e, ratio);
+        }
+      }
+      return std::make_pair(rows, work);
+    };
+    const int64_t owned = shed(0).second;
+    if (static_cast<double>(owned) <= mean) continue;
+    // The largest c such that shedding every row of cost >= c suffices (c = 1 does).
+    int64_t low = 1;
+    int64_t high = longest / ratio + 1;  // shedding rows of cost >= high sheds nothing
+    while (high - low > 1) {
+      const int64_t middle = low + (high - low) / 2;
+      if (static_cast<double>(owned - shed(middle).second) <= mean) {
+        low = middle;
+      } else {
+        high = middle;
+      }
+    }
+    const auto [rows_above, work_above] = shed(low + 1);
+    const double excess = static_cast<double>(owned - work_above) - mean;
+    needed += rows_above +
+              std::max<int64_t>(
+                  0, static_cast<int64_t>(std::ceil(excess / static_cast<double>(low) - 1e-9)));
+  }
+  return needed;
+}
 
 SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t> lengths,
                                int64_t cp, int64_t ratio, const StrategyParams& params,
@@ -168,6 +231,12 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
                                                 .seed = source.seed});
       }
       const std::vector<int64_t>& lengths = source.fixed ? *source.fixed : generated;
+      int64_t rows_moved_bound = 0;
+      try {
+        rows_moved_bound = min_rows_to_balance(lengths, cp, spec.ratio);
+      } catch (const Error&) {
+        // An invalid batch: every strategy reports the error itself.
+      }
       int64_t rows = 0;
       for (const int64_t length : lengths) rows += length;
       StrategyParams params = spec.params;
@@ -178,6 +247,7 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
             simulate_plan(*strategy, lengths, cp, spec.ratio, params, spec.row_bytes);
         result.workload = source.workload;
         result.batch = source.batch;
+        result.rows_moved_bound = rows_moved_bound;
         results.push_back(std::move(result));
       }
       ++done;
@@ -209,6 +279,7 @@ SummaryRow row_of(const SimulationResult& r) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     row.imbalance = row.lower_bound = row.row_lower_bound = row.rows_moved = nan;
     row.moved_fraction = row.max_rows_moved_per_rank = row.bytes_moved = nan;
+    row.rows_moved_bound = row.moved_bound_fraction = nan;
     row.max_bytes_sent_per_rank = row.fragments_max = row.rows_max = nan;
     row.padding_rows = row.plan_ms = nan;
     return row;
@@ -219,6 +290,10 @@ SummaryRow row_of(const SimulationResult& r) {
   row.rows_moved = static_cast<double>(r.rows_moved);
   row.moved_fraction =
       r.total_rows > 0 ? static_cast<double>(r.rows_moved) / static_cast<double>(r.total_rows) : 0;
+  row.rows_moved_bound = static_cast<double>(r.rows_moved_bound);
+  row.moved_bound_fraction =
+      r.total_rows > 0 ? static_cast<double>(r.rows_moved_bound) / static_cast<double>(r.total_rows)
+                       : 0;
   row.max_rows_moved_per_rank = static_cast<double>(r.max_rows_moved_per_rank);
   row.bytes_moved = static_cast<double>(r.bytes_moved);
   row.max_bytes_sent_per_rank = static_cast<double>(r.max_bytes_sent_per_rank);
@@ -266,10 +341,11 @@ std::vector<SummaryRow> summarize(std::span<const SimulationResult> results) {
     };
     for (double SummaryRow::*field :
          {&SummaryRow::imbalance, &SummaryRow::lower_bound, &SummaryRow::row_lower_bound,
-          &SummaryRow::rows_moved, &SummaryRow::moved_fraction,
-          &SummaryRow::max_rows_moved_per_rank, &SummaryRow::bytes_moved,
-          &SummaryRow::max_bytes_sent_per_rank, &SummaryRow::fragments_max, &SummaryRow::rows_max,
-          &SummaryRow::padding_rows, &SummaryRow::plan_ms}) {
+          &SummaryRow::rows_moved, &SummaryRow::moved_fraction, &SummaryRow::rows_moved_bound,
+          &SummaryRow::moved_bound_fraction, &SummaryRow::max_rows_moved_per_rank,
+          &SummaryRow::bytes_moved, &SummaryRow::max_bytes_sent_per_rank,
+          &SummaryRow::fragments_max, &SummaryRow::rows_max, &SummaryRow::padding_rows,
+          &SummaryRow::plan_ms}) {
       row.*field = med(field);
     }
     rows.push_back(std::move(row));
@@ -346,6 +422,8 @@ constexpr Field kFields[] = {
     {"plan_ms", &SummaryRow::plan_ms},
     {"row_lower_bound", &SummaryRow::row_lower_bound},
     {"moved_fraction", &SummaryRow::moved_fraction},
+    {"rows_moved_bound", &SummaryRow::rows_moved_bound},
+    {"moved_bound_fraction", &SummaryRow::moved_bound_fraction},
     {"max_bytes_sent_per_rank", &SummaryRow::max_bytes_sent_per_rank},
 };
 
@@ -413,7 +491,7 @@ void write_table(std::ostream& out, std::span<const SummaryRow> rows) {
     if (std::find(blocks.begin(), blocks.end(), key) == blocks.end()) blocks.push_back(key);
   }
   const char* header =
-      "  strategy         imbalance  bound  moved%  max moved/rank  MiB moved  frag max  "
+      "  strategy         imbalance  bound  moved%  need%  max moved/rank  MiB moved  frag max  "
       "rows max  padding  plan ms";
   for (const auto& [workload, cp, batch] : blocks) {
     out << workload << ", cp " << cp;
@@ -432,9 +510,10 @@ void write_table(std::ostream& out, std::span<const SummaryRow> rows) {
     for (const auto& row : rows) {
       if (row.workload != workload || row.cp != cp || row.batch != batch) continue;
       char line[256];
-      std::snprintf(line, sizeof line, "  %-16s %9s %6s %7s %15s %10s %9s %9s %8s %8s",
+      std::snprintf(line, sizeof line, "  %-16s %9s %6s %7s %6s %15s %10s %9s %9s %8s %8s",
                     row.strategy.c_str(), fixed(row.imbalance, 3).c_str(),
                     fixed(row.lower_bound, 3).c_str(), fixed(100 * row.moved_fraction, 1).c_str(),
+                    fixed(100 * row.moved_bound_fraction, 1).c_str(),
                     fixed(row.max_rows_moved_per_rank, 0).c_str(),
                     fixed(row.bytes_moved / (1024.0 * 1024.0), 1).c_str(),
                     fixed(row.fragments_max, 0).c_str(), fixed(row.rows_max, 0).c_str(),

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "random_batch.hpp"
+#include "sparsecp/cost.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/report_svg.hpp"
 
@@ -275,6 +276,49 @@ TEST(Simulate, MetricsAgreeWithThePlanOnRandomBatches) {
   }
 }
 
+// Reference for min_rows_to_balance: every owner lists its rows' costs, sorts them
+// descending and sheds until it is at or below the mean.
+int64_t min_rows_reference(const std::vector<int64_t>& lengths, int64_t cp, int64_t ratio) {
+  std::vector<int64_t> costs;  // packed order
+  for (const int64_t length : lengths) {
+    for (int64_t p = 0; p < length; ++p) costs.push_back(visible_keys(p, ratio));
+  }
+  const int64_t total_work = std::accumulate(costs.begin(), costs.end(), int64_t{0});
+  const int64_t local = static_cast<int64_t>(costs.size()) / cp;
+  int64_t needed = 0;
+  for (int64_t owner = 0; owner < cp; ++owner) {
+    std::vector<int64_t> mine(costs.begin() + owner * local, costs.begin() + (owner + 1) * local);
+    std::sort(mine.rbegin(), mine.rend());
+    int64_t work = std::accumulate(mine.begin(), mine.end(), int64_t{0});
+    // work <= total_work / cp, compared exactly: cp * work <= total_work.
+    for (size_t i = 0; cp * work > total_work; ++i) {
+      work -= mine[i];
+      ++needed;
+    }
+  }
+  return needed;
+}
+
+TEST(Simulate, MinRowsToBalanceMatchesTheReference) {
+  EXPECT_EQ(min_rows_to_balance(kSystemExample, 4, 4), min_rows_reference(kSystemExample, 4, 4));
+  EXPECT_GT(min_rows_to_balance(kSystemExample, 4, 4), 0);
+  EXPECT_EQ(min_rows_to_balance(std::vector<int64_t>{4, 4}, 2, 1), 0);  // already balanced
+  EXPECT_EQ(min_rows_to_balance(std::vector<int64_t>{7}, 1, 2), 0);
+  // Hand case: one document of 4 rows at ratio 1 on 2 ranks: costs 1, 2 | 3, 4; mean 5;
+  // rank 1 (7) sheds its 4-cost row to reach 3.
+  EXPECT_EQ(min_rows_to_balance(std::vector<int64_t>{4}, 2, 1), 1);
+  const uint64_t seed = sparsecp::testing::test_seed();
+  SplitMix64 random(seed + 17);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t cp = std::vector<int64_t>{1, 2, 3, 5, 8}[static_cast<size_t>(trial % 5)];
+    const int64_t ratio = std::vector<int64_t>{1, 4, 2, 7}[static_cast<size_t>(trial % 4)];
+    const auto lengths = sparsecp::testing::random_batch(random, cp, 12, 600);
+    SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial));
+    EXPECT_EQ(min_rows_to_balance(lengths, cp, ratio), min_rows_reference(lengths, cp, ratio));
+  }
+  EXPECT_THROW(min_rows_to_balance(std::vector<int64_t>{3}, 2, 1), Error);
+}
+
 TEST(Simulate, MedianOfOddEvenAndEmpty) {
   EXPECT_EQ(median({3, 1, 2}), 2);
   EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
@@ -308,6 +352,7 @@ TEST(Sweep, PlansEveryStrategyOnEveryBatchAndReportsProgress) {
     for (size_t j = 1; j < spec.strategies.size(); ++j) {
       EXPECT_EQ(results[i + j].total_work, results[i].total_work);
       EXPECT_EQ(results[i + j].batch, results[i].batch);
+      EXPECT_EQ(results[i + j].rows_moved_bound, results[i].rows_moved_bound);
     }
   }
   const auto rows = summarize(results);

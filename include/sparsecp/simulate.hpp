@@ -21,6 +21,10 @@
 //                   max_rows_moved_per_rank is the most any one owner sends away.
 //   bytes_moved     rows_moved * (input bytes + result bytes) of RowBytes: inputs go
 //                   owner -> worker, int32 top-k ids come back.
+//   rows_moved_bound  the fewest rows any plan must move for every rank to end at or
+//                   below the mean work: each owner above the mean sheds its costliest
+//                   rows first (min_rows_to_balance). A property of the batch, the same
+//                   for every strategy.
 //   max_bytes_sent_per_rank  the most bytes one rank puts on the wire in the two
 //                   all-to-alls: its moved rows' inputs as owner plus the results of
 //                   rows it selects for other owners as worker.
@@ -78,6 +82,7 @@ struct SimulationResult {
   double lower_bound = 0;
   double row_lower_bound = 0;
   int64_t rows_moved = 0;
+  int64_t rows_moved_bound = 0;
   int64_t max_rows_moved_per_rank = 0;
   int64_t bytes_moved = 0;
   int64_t max_bytes_sent_per_rank = 0;
@@ -89,6 +94,12 @@ struct SimulationResult {
   std::string note;
   std::string error;  // non-empty when the strategy rejected the batch (its Error text)
 };
+
+// The fewest rows that must leave their owners so that no rank's causal work exceeds
+// the mean: every owner above the mean sheds its costliest rows (the latest positions
+// of its documents) until it is at or below the mean. Lengths must be valid (as for
+// plan_tasks); 0 when the contiguous plan is already perfectly balanced.
+int64_t min_rows_to_balance(std::span<const int64_t> lengths, int64_t cp, int64_t ratio);
 
 // Plans `lengths` with `strategy` and measures the plan. A strategy's Error becomes
 // `error` (the other figures stay 0) so that one rejected batch does not end a sweep;
@@ -138,6 +149,8 @@ struct SummaryRow {
   double row_lower_bound = 0;
   double rows_moved = 0;
   double moved_fraction = 0;  // rows_moved / total rows
+  double rows_moved_bound = 0;
+  double moved_bound_fraction = 0;  // rows_moved_bound / total rows ("need%" in tables)
   double max_rows_moved_per_rank = 0;
   double bytes_moved = 0;
   double max_bytes_sent_per_rank = 0;
@@ -160,7 +173,8 @@ double median(std::vector<double> values);
 //   "rows_moved":..,"max_rows_moved_per_rank":..,"bytes_moved":..,"fragments_max":..,
 //   "rows_max":..,"padding_rows":..,"plan_ms":.., <extra keys>},...]}
 // Extra keys: batch (per-batch rows), batches, failures, row_lower_bound,
-// moved_fraction, max_bytes_sent_per_rank, note. Non-finite numbers are null.
+// moved_fraction, rows_moved_bound, moved_bound_fraction, max_bytes_sent_per_rank, note. Non-finite
+// numbers are null.
 void write_json(std::ostream& out, std::span<const SummaryRow> rows);
 
 // The same fields as CSV with a header line (RFC 4180 quoting).

@@ -63,7 +63,7 @@ struct StrategyParams {
   // lpt-search: per-rank row cap as a multiple of the local row count (>= 1).
   double lpt_row_cap = 1.0;
   // lpt-search: at most this many improving moves/swaps after LPT.
-  int64_t lpt_search_steps = 256;
+  int64_t lpt_search_steps = 64;
   // lpt-search: if > 0 and some rank ends with more fragments, fall back to the
   // contiguous plan ('none'), as MagiAttention does with its fragment cap (64).
   int64_t lpt_fragment_cap = 0;

@@ -35,7 +35,7 @@ struct SimulateCommand {
   int64_t snake_block = 128;
   int64_t lpt_align = 128;
   double lpt_row_cap = 1.0;
-  int64_t lpt_steps = 256;
+  int64_t lpt_steps = 64;
   int64_t lpt_fragment_cap = 0;
   std::string lpt_cost = "magi";
   int64_t window = 128;
@@ -239,6 +239,7 @@ void run_simulate(const SimulateCommand& command) {
   std::printf(
       "imbalance = busiest rank's causal work / mean; bound = the best any plan keeping the\n"
       "strategy's units whole can reach; moved%% = rows selected away from their owner;\n"
+      "need%% = the fewest rows any plan must move so no rank exceeds the mean work;\n"
       "MiB moved = inputs out + top-k ids back (%lld + %lld bytes per row).\n\n",
       static_cast<long long>(spec.row_bytes.input_bytes()),
       static_cast<long long>(spec.row_bytes.result_bytes()));
