@@ -488,7 +488,11 @@ const Registration registration("select", [](CLI::App& app) {
       "  sparsecp select --keys k.npy --weights w.npy --q-residual qr.npy --wq wq_b.npy \\\n"
       "      --wq-layout out-in --cos cos.npy --sin sin.npy --segments route.json --out idx.npy");
   sub->callback([c] { run_select(*c); });
+});
 
+// Registered under "bench" so that the tool knows `sparsecp bench ...` as a command;
+// other `bench <kernel>` commands share the parent through bench_parent().
+const Registration bench_registration("bench", [](CLI::App& app) {
   auto b = std::make_shared<BenchCommand>();
   CLI::App* bench = bench_parent(app)->add_subcommand(
       "select",
