@@ -447,9 +447,13 @@ void run_job(const RunFlags& flags) {
     SPARSECP_CHECK(options.mode != Mode::kNone,
                    "--mode none is the baseline every run already includes; choose zigzag, greedy "
                    "or hybrid");
-    options.block_size = flags.block_size;
     int64_t total = 0;
     for (const int64_t length : lengths) total += length;
+    options.block_size = flags.block_size;
+    if (!options.block_size && options.mode != Mode::kZigzag) {
+      // The seed's default of 2048 rows may exceed a small shard; cap it there.
+      options.block_size = std::clamp<int64_t>(total / cp, 1, kDefaultBlockSize);
+    }
     if (options.mode == Mode::kHybrid) {
       options.zigzag_min_length =
           flags.zigzag_min_length.value_or(std::max<int64_t>(total / cp, 1));
@@ -628,7 +632,8 @@ const Registration registration("run", [](CLI::App& app) {
                   "Balanced mode to compare with none: zigzag, greedy or hybrid")
       ->capture_default_str();
   sub->add_option("--block", flags->block_size,
-                  "Greedy/hybrid: rows per pooled block (default 2048, at most the rows per rank)");
+                  "Greedy/hybrid: rows per pooled block (default 2048, or the rows per rank when "
+                  "fewer; printed)");
   sub->add_option("--zigzag-min-length", flags->zigzag_min_length,
                   "Hybrid: documents of at least this many tokens keep their zigzag chunks "
                   "(default: the rows per rank, tokens / ranks; printed)");
