@@ -1,0 +1,11 @@
+# Component: the spill planner, lower bounds, the calibrated cost model and `auto`
+# (issue 7). The strategies spill and auto live in src/strategies/ and are picked up by
+# cmake/components/simulate.cmake.
+target_sources(sparsecp PRIVATE
+  ${PROJECT_SOURCE_DIR}/src/cost_model.cpp
+  ${PROJECT_SOURCE_DIR}/src/lower_bound.cpp
+  ${PROJECT_SOURCE_DIR}/src/spill.cpp
+)
+sparsecp_add_test(cost_model_test ${PROJECT_SOURCE_DIR}/tests/cost_model_test.cpp)
+sparsecp_add_test(lower_bound_test ${PROJECT_SOURCE_DIR}/tests/lower_bound_test.cpp)
+sparsecp_add_test(spill_test ${PROJECT_SOURCE_DIR}/tests/spill_test.cpp)

@@ -1,0 +1,79 @@
+// sparsecp: a per-row cost model of Lightning Indexer selection, beyond raw pairs.
+//
+// The seed balances causal (query, key) pairs (cost.hpp): a row at document position
+// p costs vis = floor((p + 1) / ratio). What a worker really spends per row is
+//
+//     cost(vis) = a + b * vis + c * min(topk, vis)
+//
+//   a  the row's fixed work: Index-Q projection (qr @ Wq_b, RoPE), weights, the
+//      row's top-k output;
+//   b  scoring one visible key (heads x head_dim multiply-adds, ReLU, weighting);
+//   c  top-k upkeep per candidate while the heap is not yet full (a row that sees
+//      fewer than topk keys keeps every one of them).
+//
+// `sparsecp calibrate` fits a, b, c (nanoseconds) from timed selection runs on the
+// machine at hand and saves them with `save_cost_model`; planners that accept a model
+// (spill, auto, simulate's new modes) load it with `load_cost_model`. The default
+// model, a = 0, b = 1, c = 0, is exactly the seed's causal pair count: the seed's
+// modes always use it, so their plans keep bit-exact parity.
+//
+// Every coefficient is finite and non-negative, so the cost never decreases along a
+// document: a document's heaviest rows are its last ones (the planners rely on it).
+//
+// File format (text, one `key value` per line, '#' starts a comment, any order):
+//     # sparsecp cost model
+//     a 61.5
+//     b 0.0412
+//     c 0.0031
+//     topk 512
+//     unit ns
+//     note heads 64 head_dim 128 q_rank 1536, AMD EPYC, 2026-11-30
+// a, b, c and topk are required; `unit` (default "pairs") and `note` are free text for
+// reports. Unknown keys and malformed numbers are errors naming the line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace sparsecp {
+
+struct CostModel {
+  double a = 0;  // per selected row
+  double b = 1;  // per visible key
+  double c = 0;  // per min(topk, visible keys)
+  int64_t topk = 512;
+  std::string unit = "pairs";  // what one cost unit is ("pairs" or "ns")
+  std::string note;            // where the figures come from (one line)
+
+  // The seed's causal pair count (a = 0, b = 1, c = 0).
+  bool is_causal() const { return a == 0 && b == 1 && c == 0; }
+
+  // Cost of one row that sees `visible` keys.
+  double row(int64_t visible) const;
+
+  // Cost of the first `rows` rows of a document (document positions [0, rows)).
+  // For the causal model this is work_prefix(rows, ratio) exactly (as a double, exact
+  // below 2^53 pairs).
+  double prefix(int64_t rows, int64_t ratio) const;
+
+  // Cost of document rows [start, end).
+  double range(int64_t start, int64_t end, int64_t ratio) const {
+    return prefix(end, ratio) - prefix(start, ratio);
+  }
+};
+
+// Throws Error unless a, b, c are finite and non-negative, a + b + c > 0 and topk >= 1.
+void validate_cost_model(const CostModel& model);
+
+// The text form described above (round-trips exactly: numbers use 17 digits).
+std::string format_cost_model(const CostModel& model);
+
+// Parses the text form; `origin` (e.g. a file name) prefixes error messages.
+CostModel parse_cost_model(std::string_view text, std::string_view origin);
+
+// Reads / writes a cost model file. Errors name the path.
+CostModel load_cost_model(const std::string& path);
+void save_cost_model(const std::string& path, const CostModel& model);
+
+}  // namespace sparsecp
