@@ -9,6 +9,16 @@ namespace sparsecp {
 
 namespace {
 
+// Routes and owner offsets hold O(size) entries: bound the CP group a hostile input can
+// request (the planner's limit, plan.cpp), so a tiny local length over a huge sequence
+// is an Error rather than a gigantic allocation.
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
+
+void check_rank_count(int64_t size) {
+  SPARSECP_CHECK(size <= kMaxRanks, "sequence dispatch over ", size,
+                 " CP ranks exceeds the supported maximum ", kMaxRanks);
+}
+
 // True when boundaries are 0 = b[0] < b[1] < ... < b[n] (n >= 1).
 bool increasing_from_zero(std::span<const int64_t> boundaries) {
   if (boundaries.size() < 2 || boundaries.front() != 0) return false;
@@ -94,6 +104,7 @@ SequenceDispatchRoute sliding_window_route(std::span<const int64_t> boundaries,
                  "SWA dispatch requires positive dimensions and a valid CP rank");
   SPARSECP_CHECK(spans_sequence(boundaries, local_length, size),
                  "SWA document boundaries must span the full contiguous CP sequence");
+  check_rank_count(size);
   std::vector<int64_t> starts(size);
   std::vector<int64_t> owners(size + 1);
   for (int64_t q = 0; q < size; ++q) {
@@ -128,6 +139,7 @@ std::vector<int64_t> compressed_owner_offsets(std::span<const int64_t> boundarie
   SPARSECP_CHECK(total % local_length == 0, "compressed owner offsets: sequence length ", total,
                  " is not a multiple of the local length ", local_length);
   const int64_t size = total / local_length;
+  check_rank_count(size);
   std::vector<int64_t> owners(size + 1);
   for (int64_t r = 0; r <= size; ++r) {
     const int64_t first = r * local_length;
@@ -147,6 +159,7 @@ SequenceDispatchRoute document_prefix_route(std::span<const int64_t> boundaries,
       "Main KV dispatch requires a supported ratio and equal positive raw CP shards");
   SPARSECP_CHECK(spans_sequence(boundaries, local_length, size),
                  "Main KV document boundaries must span the complete contiguous CP sequence");
+  check_rank_count(size);
   const std::vector<int64_t> keys = compressed_document_offsets(boundaries, ratio);
   const std::vector<int64_t> owners = compressed_owner_offsets(boundaries, ratio, local_length);
   std::vector<int64_t> starts(size);
