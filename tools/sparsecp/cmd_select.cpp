@@ -72,6 +72,17 @@ Tensor load_tensor(const std::string& path, const char* flag, size_t rank, const
   return t;
 }
 
+// A value for an error message. dump() recurses once per nesting level, so a deeply
+// nested (hostile) value is named by its type instead of printed.
+std::string brief_json(const nlohmann::json& value) {
+  const bool flat = !value.is_structured() ||
+                    std::none_of(value.begin(), value.end(),
+                                 [](const nlohmann::json& v) { return v.is_structured(); });
+  if (!flat) return std::string("a nested ") + value.type_name();
+  std::string text = value.dump();
+  return text.size() > 200 ? text.substr(0, 200) + "..." : text;
+}
+
 std::vector<Segment> load_segments(const std::string& path) {
   std::ifstream file(path);
   SPARSECP_CHECK(file.good(), "--segments ", path, ": cannot open");
@@ -90,7 +101,7 @@ std::vector<Segment> load_segments(const std::string& path) {
                        std::all_of(item.begin(), item.end(),
                                    [](const auto& v) { return v.is_number_integer(); }),
                    "--segments ", path, ": segment ", segments.size(),
-                   " is not a list of 5 integers: ", item.dump());
+                   " is not a list of 5 integers: ", brief_json(item));
     segments.push_back({item[0].get<int64_t>(), item[1].get<int64_t>(), item[2].get<int64_t>(),
                         item[3].get<int64_t>(), item[4].get<int64_t>()});
   }
