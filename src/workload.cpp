@@ -69,7 +69,13 @@ std::vector<int64_t> generate_batch(const WorkloadSpec& spec) {
   SplitMix64 random(spec.seed);
   std::vector<int64_t> lengths;
   int64_t total = 0;
+  // Bounds the memory and time a request can take: 2^62 tokens of length 1 would
+  // otherwise generate documents until memory runs out.
+  constexpr size_t kMaxDocuments = size_t{1} << 24;
   while (total < spec.tokens) {
+    SPARSECP_CHECK(lengths.size() < kMaxDocuments, "workload of ", spec.tokens,
+                   " tokens at length scale ", scale, " needs more than ", kMaxDocuments,
+                   " documents; use a larger --scale or fewer --tokens");
     const int64_t length =
         std::min(draw_length(spec.distribution, scale, random), spec.tokens - total);
     lengths.push_back(length);
