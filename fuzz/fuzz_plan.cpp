@@ -1,0 +1,193 @@
+// libFuzzer target: the planner (plan.hpp) and the Indexer routes (route.hpp).
+//
+// Bytes decode into document lengths, CP size, ratio, mode, block size and hybrid
+// threshold, from ranges that include invalid values (zero, negative, near 2^53 and
+// 2^63). Only sparsecp::Error may escape the library; any other exception reaches
+// libFuzzer as a crash. When a plan is made, the target checks:
+//   * every row of every document is assigned exactly once (check_plan_covers), each
+//     rank's tasks are sorted, disjoint and merged;
+//   * row caps: none and zigzag give every rank exactly its local row count; greedy and
+//     hybrid stay within 2 * local rows per rank;
+//   * routes of all ranks agree with each other row for row: the i-th row rank r sends
+//     to q is the global row q expects in its i-th receive slot from r, kept rows land
+//     where the plan says, and segments describe the worker rows;
+//   * indexer_route (including the zigzag fast path) equals make_route of the full
+//     plan, and zigzag_rank_tasks equals the plan's tasks.
+// Planning allocates O(tasks) and routes O(rows): inputs whose plan or routes would be
+// gigantic only run validation (see fuzz/README.md).
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <optional>
+#include <vector>
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/plan.hpp"
+#include "sparsecp/route.hpp"
+
+using namespace sparsecp;
+
+namespace {
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "invariant violated: %s\n", what);
+  std::abort();
+}
+#define EXPECT(condition)               \
+  do {                                  \
+    if (!(condition)) fail(#condition); \
+  } while (false)
+
+int64_t pick_size(FuzzedDataProvider& in, int64_t small_max) {
+  switch (in.ConsumeIntegralInRange<int>(0, 9)) {
+    case 0:
+      return in.ConsumeIntegralInRange<int64_t>(-3, 0);
+    case 1:
+      return in.ConsumeIntegral<int64_t>();  // anything, including 2^63 - 1
+    case 2:
+      return (int64_t{1} << 53) + in.ConsumeIntegralInRange<int64_t>(-2, 2);
+    default:
+      return in.ConsumeIntegralInRange<int64_t>(1, small_max);
+  }
+}
+
+// Global row of worker position `position` of a rank with `tasks`.
+std::vector<int64_t> worker_rows(std::span<const Task> tasks, std::span<const int64_t> boundaries) {
+  std::vector<int64_t> rows;
+  for (const Task& task : tasks) {
+    for (int64_t p = task.start; p < task.end; ++p) rows.push_back(boundaries[task.document] + p);
+  }
+  return rows;
+}
+
+void check_routes(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                  const PlanOptions& options) {
+  std::vector<int64_t> boundaries(lengths.size() + 1, 0);
+  std::partial_sum(lengths.begin(), lengths.end(), boundaries.begin() + 1);
+  const int64_t local = boundaries.back() / cp;
+  std::vector<int64_t> keys(lengths.size(), 0);  // first bank key of each document
+  for (size_t d = 1; d < lengths.size(); ++d) keys[d] = keys[d - 1] + lengths[d - 1] / ratio;
+  std::vector<IndexerRoute> routes;
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t rank = 0; rank < cp; ++rank) {
+    routes.push_back(make_route(plan, lengths, rank, ratio));
+    rows.push_back(worker_rows(plan.tasks(rank), boundaries));
+    const IndexerRoute& route = routes.back();
+    EXPECT(route.query_count == plan.rows(rank));
+    EXPECT(route.input_splits[rank] == 0 && route.output_splits[rank] == 0);
+    EXPECT(route.local_sources.size() == route.local_targets.size());
+    EXPECT(static_cast<int64_t>(route.send_rows.size() + route.local_sources.size()) == local);
+    EXPECT(static_cast<int64_t>(route.receive_rows.size() + route.local_targets.size()) ==
+           route.query_count);
+    for (size_t k = 0; k < route.local_sources.size(); ++k) {
+      EXPECT(rows.back()[route.local_targets[k]] == rank * local + route.local_sources[k]);
+    }
+    // Segments tile the worker rows in order; each row sees the documented keys.
+    // One segment per task: its rows, its document's first key and its end position.
+    const auto tasks = plan.tasks(rank);
+    EXPECT(route.segments.size() == tasks.size());
+    int64_t next = 0;
+    for (size_t i = 0; i < route.segments.size(); ++i) {
+      const Segment& s = route.segments[i];
+      const Task& task = tasks[i];
+      EXPECT(s.q_begin == next && s.q_end - s.q_begin == task.length());
+      EXPECT(s.key_begin == keys[task.document]);
+      EXPECT(s.key_end >= s.key_begin && s.residual >= 0 && s.residual < ratio);
+      EXPECT((s.key_end - s.key_begin) * ratio + s.residual == task.end);
+      next = s.q_end;
+    }
+    EXPECT(next == route.query_count);
+    EXPECT(indexer_route(lengths, cp, rank, ratio, options) == route);
+    if (options.mode == Mode::kZigzag) {
+      const std::vector<Task> mine = zigzag_rank_tasks(lengths, cp, rank);
+      const auto planned = plan.tasks(rank);
+      EXPECT(std::equal(mine.begin(), mine.end(), planned.begin(), planned.end()));
+    }
+  }
+  // What r sends to q is what q expects from r, row for row.
+  for (int64_t q = 0; q < cp; ++q) {
+    int64_t receive_offset = 0;
+    for (int64_t r = 0; r < cp; ++r) {
+      const IndexerRoute& sender = routes[r];
+      const IndexerRoute& receiver = routes[q];
+      EXPECT(sender.input_splits[q] == receiver.output_splits[r]);
+      int64_t send_offset = 0;
+      for (int64_t p = 0; p < q; ++p) send_offset += sender.input_splits[p];
+      for (int64_t i = 0; i < receiver.output_splits[r]; ++i) {
+        const int64_t position = receiver.receive_rows[receive_offset + i];
+        EXPECT(position >= 0 && position < receiver.query_count);
+        EXPECT(rows[q][position] == r * local + sender.send_rows[send_offset + i]);
+      }
+      receive_offset += receiver.output_splits[r];
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  const int64_t cp =
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(1, 9) : pick_size(in, 64);
+  const int64_t ratio =
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(1, 5) : pick_size(in, 300);
+  PlanOptions options;
+  options.mode = static_cast<Mode>(in.ConsumeIntegralInRange<int>(0, 3));
+  if (in.ConsumeBool()) options.block_size = pick_size(in, 200);
+  if (in.ConsumeBool() || (options.mode == Mode::kHybrid && in.ConsumeBool())) {
+    options.zigzag_min_length = pick_size(in, 400);
+  }
+  std::vector<int64_t> lengths(in.ConsumeIntegralInRange<size_t>(0, 24));
+  const bool tiny = in.ConsumeBool();
+  for (int64_t& length : lengths) {
+    length = tiny ? in.ConsumeIntegralInRange<int64_t>(1, 40) : pick_size(in, 700);
+  }
+  // Make the total divisible by cp often enough to reach the planners.
+  if (!lengths.empty() && cp >= 1 && cp <= 64 && in.ConsumeBool()) {
+    __int128 total = 0;
+    for (const int64_t length : lengths) total += length;
+    const int64_t missing = static_cast<int64_t>((cp - total % cp) % cp);
+    if (lengths.back() > 0 && lengths.back() <= INT64_MAX - missing) lengths.back() += missing;
+  }
+
+  try {
+    const std::optional<int64_t> block =
+        validate_plan_inputs(lengths, cp, ratio, options.mode, options.block_size);
+    validate_hybrid_threshold(options.mode, options.zigzag_min_length);
+    // Size guard (documented limit): tasks planned and rows routed.
+    __int128 total = 0;
+    __int128 tasks = 0;
+    for (const int64_t length : lengths) {
+      total += length;
+      tasks += block ? (length + *block - 1) / *block : 2;
+    }
+    if (options.mode != Mode::kNone) tasks += static_cast<__int128>(lengths.size()) * 2 * cp;
+    if (tasks > (1 << 16)) return 0;
+    const TaskPlan plan = plan_tasks(lengths, cp, ratio, options);
+    EXPECT(plan.cp() == cp);
+    check_plan_covers(plan, lengths);
+    const int64_t local = static_cast<int64_t>(total / cp);
+    for (int64_t rank = 0; rank < cp; ++rank) {
+      const auto mine = plan.tasks(rank);
+      for (size_t i = 1; i < mine.size(); ++i) {
+        EXPECT(mine[i - 1] < mine[i]);
+        EXPECT(mine[i - 1].document != mine[i].document || mine[i - 1].end < mine[i].start);
+      }
+      if (options.mode == Mode::kNone || options.mode == Mode::kZigzag) {
+        EXPECT(plan.rows(rank) == local);
+      } else {
+        EXPECT(plan.rows(rank) <= 2 * local);
+      }
+    }
+    const PlanStats stats = plan_stats(plan, lengths, ratio);
+    EXPECT(stats.imbalance >= 1.0 - 1e-9);
+    if (options.mode == Mode::kNone) EXPECT(stats.rows_moved == 0);
+    if (total <= (1 << 14)) check_routes(plan, lengths, cp, ratio, options);
+  } catch (const Error&) {
+    // The library's one error type: a clear rejection.
+  }
+  return 0;
+}

@@ -1,0 +1,332 @@
+// Bad inputs against the `sparsecp` tool: every one must end with exactly one
+// "error: ..." line on stderr and exit status 2 — no crash, abort, hang, sanitizer
+// report or gigantic allocation. The cheap cases of the table in docs/RESULTS.md
+// ("Bad inputs against the CLI"; fuzz/cli_limits.sh runs all of them, including the
+// slow and multi-rank ones).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+struct Outcome {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+// The directory of bad input files, written once per test program.
+const std::string& data_dir() {
+  static const std::string dir = [] {
+    const std::string path = ::testing::TempDir() + "sparsecp_limits_test/";
+    ::mkdir(path.c_str(), 0755);
+    const auto write = [&](const std::string& name, const std::string& bytes) {
+      std::ofstream(path + name, std::ios::binary) << bytes;
+    };
+    // .npy: a valid 6-row selection problem, and broken images of it.
+    const auto header = [](const std::string& dict) {
+      std::string body = dict;
+      while ((10 + body.size() + 1) % 64) body += ' ';
+      body += '\n';
+      std::string image = "\x93NUMPY\x01";
+      image += '\0';
+      image += static_cast<char>(body.size() & 0xff);
+      image += static_cast<char>(body.size() >> 8);
+      return image + body;
+    };
+    const auto floats = [](size_t n) {
+      std::string bytes;
+      for (size_t i = 0; i < n; ++i) bytes += std::string("\x00\x00\x80\x3f", 4);  // 1.0f
+      return bytes;
+    };
+    write("k.npy",
+          header("{'descr': '<f4', 'fortran_order': False, 'shape': (8, 16), }") + floats(128));
+    write("w.npy",
+          header("{'descr': '<f4', 'fortran_order': False, 'shape': (6, 2), }") + floats(12));
+    write("q.npy",
+          header("{'descr': '<f4', 'fortran_order': False, 'shape': (6, 2, 16), }") + floats(192));
+    write("seg.json", "[[0,6,0,1,2]]");
+    write("empty.npy", "");
+    write("garbage.npy", "hello world this is not numpy\n");
+    write("trunc.npy", std::string("\x93NUMPY\x01\x00\x40\x00{'descr'", 17));
+    write("hlen.npy", std::string("\x93NUMPY\x02\x00\xff\xff\xff\x7f{", 13));
+    write("f8.npy", header("{'descr': '<f8', 'fortran_order': False, 'shape': (2, 2), }") +
+                        std::string(32, '\0'));
+    write("fortran.npy", header("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }") +
+                             std::string(16, '\0'));
+    write("negshape.npy", header("{'descr': '<f4', 'fortran_order': False, 'shape': (-1, 2), }") +
+                              std::string(16, '\0'));
+    write("hugeshape.npy",
+          header("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, "
+                 "16), }") +
+              std::string(16, '\0'));
+    write("bigdata.npy",
+          header("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000, 16), }") +
+              std::string(16, '\0'));
+    // Segments JSON.
+    write("seg_garbage.json", "{{{ not json");
+    write("seg_empty.json", "");
+    write("seg_four.json", "[[0,6,0,1]]");
+    write("seg_float.json", "[[0,6.5,0,1,2]]");
+    write("seg_u64.json", "[[0,6,0,18446744073709551615,2]]");
+    write("seg_range.json", "[[0,600,0,150,0]]");
+    write("seg_keys.json", "[[0,6,0,200,0]]");
+    write("seg_deep.json", std::string(100000, '[') + std::string(100000, ']'));
+    // Lengths files.
+    write("empty.txt", "");
+    write("spaces.txt", "  \n\t ,, \n");
+    write("garbage.txt", "hello, world\n");
+    std::string binary;
+    for (int i = 0; i < 512; ++i) binary += static_cast<char>(i % 256);
+    write("binary.txt", binary);
+    write("negative.txt", "100 -4 8\n");
+    write("huge.txt", "99999999999999999999999\n");
+    return path;
+  }();
+  return dir;
+}
+
+// Runs the tool with `arguments` (shell words; $D names the bad-input directory).
+Outcome run_tool(std::string arguments) {
+  for (size_t at = arguments.find("$D/"); at != std::string::npos; at = arguments.find("$D/")) {
+    arguments.replace(at, 3, data_dir());
+  }
+  const std::string err_path =
+      ::testing::TempDir() + "sparsecp_limits_test_stderr_" + std::to_string(::getpid()) + ".txt";
+  const std::string command = std::string("OMP_NUM_THREADS=1 ") + SPARSECP_CLI_PATH + " " +
+                              arguments + " 2>" + err_path + " </dev/null";
+  Outcome outcome;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return outcome;
+  std::array<char, 4096> buffer{};
+  size_t read = 0;
+  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
+    outcome.out.append(buffer.data(), read);
+  }
+  const int status = pclose(pipe);
+  outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path);
+  outcome.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  return outcome;
+}
+
+struct BadInput {
+  const char* name;       // test name
+  const char* arguments;  // after `sparsecp`
+  const char* message;    // part of the expected error line
+};
+
+// Table order follows docs/RESULTS.md. Messages are the library's (seed texts where
+// the seed has one).
+const BadInput kBadInputs[] = {
+    // Sums beyond 64 bits, lengths near 2^53 and 2^63.
+    {"SumBeyond64Bits",
+     "plan --lengths 4611686018427387904,4611686018427387904 --cp 2 --mode zigzag",
+     "sum beyond 64 bits"},
+    {"LengthMaxInt64PlusOne", "plan --lengths 9223372036854775807,1 --cp 2 --mode none",
+     "sum beyond 64 bits"},
+    {"WorkBeyond64Bits", "plan --lengths 9223372036854775807 --cp 1 --mode none",
+     "causal work of the batch exceeds 64 bits"},
+    {"LengthNear2To53", "plan --lengths 9007199254740993 --cp 1 --mode zigzag",
+     "causal work of the batch exceeds 64 bits"},
+    {"LengthBeyondInt64", "plan --lengths 9223372036854775808 --cp 1", "does not fit in 64 bits"},
+    {"RouteNear2To53", "route --lengths 9007199254740993 --cp 1 --mode zigzag --rank 0",
+     "exceeds 64 bits"},
+    // CP larger than the token count, zero/negative values.
+    {"CpLargerThanTokens", "plan --lengths 3 --cp 6 --mode zigzag",
+     "equal contiguous CP partition"},
+    {"CpZero", "plan --lengths 4,4 --cp 0", "equal contiguous CP partition"},
+    {"CpNegative", "plan --lengths 4,4 --cp -2", "equal contiguous CP partition"},
+    {"CpBeyondInt64", "plan --lengths 4,4 --cp 99999999999999999999",
+     "equal contiguous CP partition"},
+    {"CpBeyondLimit", "plan --lengths 2097152 --cp 2097152 --mode none", "supported maximum"},
+    {"RatioZero", "plan --lengths 4,4 --cp 2 --ratio 0", "positive document lengths/ratio"},
+    {"RatioNegative", "plan --lengths 4,4 --cp 2 --ratio -4", "positive document lengths/ratio"},
+    {"LengthZero", "plan --lengths 5,0,3 --cp 2", "positive document lengths/ratio"},
+    {"LengthNegative", "plan --lengths 5,-1,4 --cp 2", "positive document lengths/ratio"},
+    {"BlockZero", "plan --lengths 8,8 --cp 2 --mode greedy --block 0",
+     "indexer_balance_block_size must be a positive integer"},
+    {"BlockBeyondLocal", "plan --lengths 8,8 --cp 2 --mode greedy --block 9",
+     "exceeds the local query count 8"},
+    {"BlockForZigzag", "plan --lengths 8,8 --cp 2 --mode zigzag --block 4",
+     "indexer_balance_block_size requires"},
+    {"HybridWithoutThreshold", "plan --lengths 8,8 --cp 2 --mode hybrid --block 4",
+     "requires an explicit positive integer indexer_zigzag_min_length"},
+    {"HybridThresholdZero",
+     "plan --lengths 8,8 --cp 2 --mode hybrid --block 4 --zigzag-min-length 0",
+     "requires an explicit positive integer indexer_zigzag_min_length"},
+    {"UnknownMode", "plan --lengths 8,8 --cp 2 --mode bogus",
+     "indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'"},
+    // Garbage text and files.
+    {"LengthsWords", "plan --lengths abc --cp 1", "is not an integer"},
+    {"LengthsOnlySeparators", "plan --lengths ,,, --cp 1", "no document lengths given"},
+    {"LengthsFloat", "plan --lengths 1.5,2 --cp 1", "is not an integer"},
+    {"LengthsHex", "plan --lengths 0x10 --cp 1", "is not an integer"},
+    {"LengthsFileMissing", "plan --lengths-file $D/nonexistent.txt --cp 1", "cannot open"},
+    {"LengthsFileEmpty", "plan --lengths-file $D/empty.txt --cp 1", "no document lengths given"},
+    {"LengthsFileSeparators", "plan --lengths-file $D/spaces.txt --cp 1", "no document lengths"},
+    {"LengthsFileGarbage", "plan --lengths-file $D/garbage.txt --cp 1", "is not an integer"},
+    {"LengthsFileBinary", "plan --lengths-file $D/binary.txt --cp 1",
+     "document length '\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07\\x08' (entry 1) is not an integer"},
+    {"LengthsFileNegative", "plan --lengths-file $D/negative.txt --cp 1",
+     "positive document lengths/ratio"},
+    {"LengthsFileHuge", "plan --lengths-file $D/huge.txt --cp 1", "does not fit in 64 bits"},
+    {"TokensZero", "plan --tokens 0 --cp 1", "token count must be positive"},
+    {"GeneratorTooManyDocuments", "batch --tokens 4611686018427387904 --dist fixed --scale 1",
+     "documents; use a larger --scale"},
+    {"UnknownDistribution", "batch --dist bogus", "unknown workload distribution"},
+    // route
+    {"RouteRankNegative", "route --lengths 8,8 --cp 2 --mode zigzag --rank -1", "rank"},
+    {"RouteRankBeyondGroup", "route --lengths 8,8 --cp 2 --mode zigzag --rank 2", "rank"},
+    {"RouteRepeatZero", "route --lengths 8,8 --cp 2 --mode zigzag --all-ranks --repeat 0",
+     "--repeat must be at least 1"},
+    // dispatch
+    {"DispatchWindowZero", "dispatch --kind swa --lengths 8,8 --cp 2 --window 0",
+     "SWA dispatch requires positive dimensions and a valid CP rank"},
+    {"DispatchRatioThree", "dispatch --kind prefix --lengths 8,8 --cp 2 --ratio 3",
+     "Main KV dispatch requires a supported ratio"},
+    {"DispatchHugeRankCount",
+     "dispatch --kind swa --lengths 4611686018427387904 --cp 4611686018427387904",
+     "exceeds the supported maximum"},
+    {"DispatchCpLargerThanTokens", "dispatch --kind swa --lengths 5,3 --cp 16", ""},
+    // select: .npy headers
+    {"NpyMissing",
+     "select --keys $D/nonexistent.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json "
+     "--out $D/out.npy",
+     "nonexistent.npy"},
+    {"NpyEmpty",
+     "select --keys $D/empty.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
+     "$D/out.npy",
+     "empty.npy"},
+    {"NpyGarbage",
+     "select --keys $D/garbage.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
+     "$D/out.npy",
+     "garbage.npy"},
+    {"NpyTruncatedHeader",
+     "select --keys $D/trunc.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
+     "$D/out.npy",
+     "trunc.npy"},
+    {"NpyHeaderLengthBeyondFile",
+     "select --keys $D/hlen.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
+     "$D/out.npy",
+     "hlen.npy"},
+    {"NpyFloat64",
+     "select --keys $D/f8.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
+     "$D/out.npy",
+     "f8.npy"},
+    {"NpyFortranOrder",
+     "select --keys $D/fortran.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
+     "$D/out.npy",
+     "fortran.npy"},
+    {"NpyNegativeShape",
+     "select --keys $D/negshape.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json "
+     "--out $D/out.npy",
+     "negshape.npy"},
+    {"NpyShapeProductOverflows",
+     "select --keys $D/hugeshape.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json "
+     "--out $D/out.npy",
+     "hugeshape.npy"},
+    {"NpyShapeBeyondData",
+     "select --keys $D/bigdata.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json "
+     "--out $D/out.npy",
+     "bigdata.npy"},
+    // select: segments JSON
+    {"SegmentsGarbage",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg_garbage.json "
+     "--out $D/out.npy",
+     "invalid JSON"},
+    {"SegmentsEmptyFile",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg_empty.json "
+     "--out $D/out.npy",
+     "invalid JSON"},
+    {"SegmentsFourFields",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg_four.json "
+     "--out $D/out.npy",
+     "is not a list of 5 integers"},
+    {"SegmentsFloat",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg_float.json "
+     "--out $D/out.npy",
+     "is not a list of 5 integers"},
+    {"SegmentsUnsigned64",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg_u64.json "
+     "--out $D/out.npy",
+     ""},
+    {"SegmentsRowsBeyondInputs",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg_range.json "
+     "--out $D/out.npy",
+     ""},
+    {"SegmentsKeysBeyondBank",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg_keys.json "
+     "--out $D/out.npy",
+     ""},
+    {"SegmentsDeeplyNested",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg_deep.json "
+     "--out $D/out.npy",
+     "is not a list of 5 integers: a nested array"},
+    {"SelectTopkZero",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --topk 0 "
+     "--out $D/out.npy",
+     "topk"},
+    {"SelectOutputUnwritable",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
+     "/nonexistent/dir/out.npy",
+     "out.npy"},
+    // bench select
+    {"BenchDocLengthZero", "bench select --doc-length 0", "must be positive"},
+    {"BenchRepeatZero", "bench select --repeat 0", "--repeat must be at least 1"},
+    {"BenchHeadsZero", "bench select --heads 0", "head count must be positive"},
+    {"BenchUnknownDtype", "bench select --dtype bogus", "--dtype must be fp32, bf16 or both"},
+    {"BenchUnknownIsa", "bench select --isa bogus", "--isa must be auto, portable, avx2 or avx512"},
+};
+
+class BadInputTest : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(BadInputTest, OneErrorLineAndExitStatus2) {
+  const BadInput& input = GetParam();
+  const Outcome outcome = run_tool(input.arguments);
+  SCOPED_TRACE(std::string("sparsecp ") + input.arguments);
+  EXPECT_EQ(outcome.status, 2) << outcome.err;
+  EXPECT_THAT(outcome.err, StartsWith("error: "));
+  EXPECT_THAT(outcome.err, HasSubstr(input.message));
+  EXPECT_EQ(std::count(outcome.err.begin(), outcome.err.end(), '\n'), 1) << outcome.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cli, BadInputTest, ::testing::ValuesIn(kBadInputs),
+                         [](const ::testing::TestParamInfo<BadInput>& test) {
+                           return std::string(test.param.name);
+                         });
+
+// Valid extremes must still work: a ratio larger than every document (no row sees a
+// key: zero work), CP equal to the token count, sums beyond 32 bits.
+TEST(Limits, RatioLargerThanEveryDocumentIsValid) {
+  const Outcome outcome = run_tool("plan --lengths 3,5 --cp 2 --ratio 100 --mode zigzag --json");
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  EXPECT_THAT(outcome.out, HasSubstr("\"total_work\":0"));
+}
+
+TEST(Limits, CpEqualToTheTokenCountIsValid) {
+  const Outcome outcome = run_tool("plan --lengths 3,5 --cp 8 --mode greedy --block 1 --json");
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+}
+
+TEST(Limits, SumsBeyond32BitsAreValid) {
+  const Outcome outcome =
+      run_tool("plan --lengths 4294967296,4294967296,8 --cp 8 --mode zigzag --json");
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  EXPECT_THAT(outcome.out, HasSubstr("\"total_work\":4611686016279904262"));
+}
+
+}  // namespace
