@@ -9,6 +9,26 @@
 
 namespace sparsecp::cli {
 
+namespace {
+
+// A token as it can appear in a one-line error message: control and non-ASCII bytes as
+// \xHH (a NUL would otherwise end the message), at most 40 bytes shown.
+std::string printable(std::string_view token) {
+  std::string text;
+  for (const char c : token.substr(0, 40)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      text += c;
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      text += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
+    }
+  }
+  return token.size() > 40 ? text + "..." : text;
+}
+
+}  // namespace
+
 std::vector<int64_t> parse_lengths(std::string_view text, std::string_view origin) {
   std::vector<int64_t> lengths;
   size_t position = 0;
@@ -23,10 +43,10 @@ std::vector<int64_t> parse_lengths(std::string_view text, std::string_view origi
     const std::string_view token = text.substr(position, end - position);
     int64_t value = 0;
     const auto [stop, status] = std::from_chars(token.data(), token.data() + token.size(), value);
-    SPARSECP_CHECK(status != std::errc::result_out_of_range, origin, ": document length '", token,
-                   "' (entry ", lengths.size() + 1, ") does not fit in 64 bits");
+    SPARSECP_CHECK(status != std::errc::result_out_of_range, origin, ": document length '",
+                   printable(token), "' (entry ", lengths.size() + 1, ") does not fit in 64 bits");
     SPARSECP_CHECK(status == std::errc() && stop == token.data() + token.size(), origin,
-                   ": document length '", token, "' (entry ", lengths.size() + 1,
+                   ": document length '", printable(token), "' (entry ", lengths.size() + 1,
                    ") is not an integer");
     lengths.push_back(value);
     position = end;
