@@ -23,6 +23,7 @@
 
 #include "batch_input.hpp"
 #include "command.hpp"
+#include "sparsecp/agreement.hpp"
 #include "sparsecp/bf16.hpp"
 #include "sparsecp/cost.hpp"
 #include "sparsecp/error.hpp"
@@ -52,6 +53,7 @@ struct RunFlags {
   int repeats = 3;
   bool overlap = true;
   bool json = false;
+  bool check_agreement = true;
 };
 
 // Initialises MPI when the tool is the MPI program (it is, under mpirun) and
@@ -471,6 +473,21 @@ void run_job(const RunFlags& flags) {
   comm.all_reduce(failed, ReduceOp::kSum);
   if (!error.empty()) throw Error(error);
   SPARSECP_CHECK(failed[0] == 0, "another rank rejected the inputs");
+  if (flags.check_agreement) {
+    // Ranks handed different inputs (an MPMD launch, a per-rank lengths file) would
+    // plan different routes, or run different numbers of collectives and hang: every
+    // setting that shapes the collectives below must agree (agreement.hpp).
+    PlanningFingerprint fingerprint(lengths, cp, flags.ratio, options);
+    fingerprint.add("heads", flags.heads)
+        .add("head_dim", flags.head_dim)
+        .add("rope_dim", flags.rope_dim)
+        .add("q_rank", flags.q_rank)
+        .add("topk", flags.topk)
+        .add("model_seed", static_cast<int64_t>(flags.model_seed))
+        .add("repeats", flags.repeats)
+        .add("overlap", flags.overlap ? 1 : 0);
+    check_agreement(comm, fingerprint);
+  }
 
   const PlanOptions baseline{Mode::kNone, std::nullopt, std::nullopt};
   const ModeRun none = run_mode(model, lengths, baseline, flags.repeats, comm);
@@ -656,6 +673,10 @@ const Registration registration("run", [](CLI::App& app) {
   sub->add_flag("!--no-overlap", flags->overlap,
                 "Skip the overlap measurement (input exchange alone vs hidden behind the owner's "
                 "Q projection)");
+  sub->add_flag("!--no-agreement-check", flags->check_agreement,
+                "Skip the check (on by default) that every rank was given the same document "
+                "lengths, mode, block, threshold, model sizes, repeats and overlap setting; "
+                "without it, ranks given different inputs can hang or mix up rows");
   sub->add_flag("--json", flags->json,
                 "Print JSON (rank 0): {verified, cp, mode, zigzag_min_length, model, none: "
                 "{ranks: [{rank, rows, work, select_cpu_s, bytes_sent, bytes_received, "
