@@ -138,8 +138,37 @@ SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio
     if (piece.start < piece.end) leftover.push_back(piece);
   }
 
-  // Step 5: the rest, a piece at a time, to the least-loaded rank with row room.
+  // Step 5: the rest. Raise the level one costliest row at a time and fill the ranks
+  // in ascending load order (first fit, never the piece's owner), so that leftovers
+  // spread instead of landing on one rank; what still remains goes a piece at a time
+  // to the least-loaded rank with row room.
   result.leftover_pieces = static_cast<int64_t>(leftover.size());
+  const double step = std::max(model.row(visible_keys(longest - 1, ratio)), 1e-300);
+  double level = target;
+  for (int round = 0; round < 4 && !leftover.empty(); ++round) {
+    level += step;
+    std::vector<int64_t> order(static_cast<size_t>(cp));
+    for (int64_t r = 0; r < cp; ++r) order[static_cast<size_t>(r)] = r;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+      return result.load_after[static_cast<size_t>(x)] < result.load_after[static_cast<size_t>(y)];
+    });
+    std::vector<Piece> remaining;
+    for (Piece piece : leftover) {
+      for (const int64_t rank : order) {
+        const size_t q = static_cast<size_t>(rank);
+        if (rank == piece.owner || piece.start == piece.end) continue;
+        if (bound > 0 && result.received_fragments[q] >= bound) continue;
+        const int64_t count = std::min(
+            rows_fitting(model, ratio, piece.start, piece.end, level - result.load_after[q]),
+            row_cap - rows[q]);
+        if (count <= 0) continue;
+        place(piece, rank, count);
+        piece.start += count;
+      }
+      if (piece.start < piece.end) remaining.push_back(piece);
+    }
+    leftover = std::move(remaining);
+  }
   for (Piece piece : leftover) {
     while (piece.start < piece.end) {
       int64_t best = -1;

@@ -39,7 +39,7 @@ public:
   }
   std::string_view summary() const override {
     return "owners keep their rows; overloaded ranks shed heaviest tails to "
-           "ranks below 1.01 x mean";
+           "ranks below 1.001 x mean";
   }
   std::string_view unit() const override { return "row"; }
   int listing_order() const override { return 50; }

@@ -40,7 +40,7 @@ struct AutoOptions {
   CostModel cost = nominal_accelerator_cost_model();  // ns per row
   double bandwidth_gbps = 50;                         // GB/s = bytes per ns, per rank
   RowBytes row_bytes;                                 // bytes of a moved row
-  std::vector<double> spill_targets = {1.0, 1.01, 1.02, 1.05, 1.1};
+  std::vector<double> spill_targets = {1.0, 1.001, 1.01, 1.02, 1.05, 1.1};
   StrategyParams params;  // for the seed modes (block size clamped to the local rows)
 };
 

@@ -6,7 +6,7 @@
 // full. Rows moved equal the rows-moved lower bound (lower_bound.hpp) at the target.
 //
 // As a registered strategy it runs with SpillOptions' defaults: target imbalance
-// 1.01 on the causal pair count (the scale simulate reports), no fragment bound.
+// 1.001 on the causal pair count (the scale simulate reports), no fragment bound.
 // Other targets, a fragment bound or a calibrated cost model: call plan_spill, or use
 // `sparsecp spill`. Unit: one row.
 #pragma once
