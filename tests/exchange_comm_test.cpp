@@ -80,6 +80,35 @@ TEST(MpiCommunicator, SplitPathMatchesTheCollective) {
   }
 }
 
+TEST(MpiCommunicator, RanksAgreeOnThePathWhenOnlySomeCountsFit) {
+  // One row between every pair fits a 16-row message on every rank, except that rank 0
+  // sends 40 rows to the last rank: those two must not take the point-to-point path
+  // while the others wait in the collective (that deadlocked before the path was agreed).
+  MpiCommunicator comm(MPI_COMM_WORLD, {.max_message_rows = 16});
+  const int64_t size = comm.size();
+  const int64_t rank = comm.rank();
+  const auto rows = [&](int64_t from, int64_t to) { return from == 0 && to == size - 1 ? 40 : 1; };
+  std::vector<int64_t> send_counts(size), receive_counts(size);
+  std::vector<int32_t> send;
+  for (int64_t peer = 0; peer < size; ++peer) {
+    send_counts[peer] = rows(rank, peer);
+    receive_counts[peer] = rows(peer, rank);
+    for (int64_t row = 0; row < send_counts[peer]; ++row)
+      send.push_back(payload(rank, peer, row, 0, 7));
+  }
+  int64_t total = 0;
+  for (const int64_t count : receive_counts) total += count;
+  std::vector<int32_t> receive(static_cast<size_t>(total), 0);
+  all_to_all_rows<int32_t>(comm, send, send_counts, receive, receive_counts, 1).wait();
+  int64_t at = 0;
+  for (int64_t peer = 0; peer < size; ++peer) {
+    for (int64_t row = 0; row < receive_counts[peer]; ++row) {
+      ASSERT_EQ(receive[static_cast<size_t>(at++)], payload(peer, rank, row, 0, 7))
+          << "from " << peer;
+    }
+  }
+}
+
 TEST(MpiCommunicator, SubCommunicatorOfHalves) {
   // A CP group is usually a sub-communicator: split the world into interleaved
   // halves (world ranks 0,2,.. and 1,3,..) and exchange within each.

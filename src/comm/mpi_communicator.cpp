@@ -154,7 +154,14 @@ Work MpiCommunicator::all_to_all_rows(std::span<const std::byte> send,
   const RowType row_type(row_bytes);
   const int64_t limit = options_.max_message_rows;
   std::vector<MPI_Request> requests;
-  if (fits(send_counts, limit) && fits(receive_counts, limit)) {
+  // Every rank must take the same path: one rank in MPI_Ialltoallv while a peer posts
+  // point-to-point messages deadlocks both. Only this rank knows whether its own counts
+  // fit, so the choice is agreed with a one-integer all-reduce.
+  int fits_here = fits(send_counts, limit) && fits(receive_counts, limit) ? 1 : 0;
+  int fits_everywhere = 0;
+  check_mpi(MPI_Allreduce(&fits_here, &fits_everywhere, 1, MPI_INT, MPI_MIN, comm_),
+            "MPI_Allreduce");
+  if (fits_everywhere) {
     // MPI may read the count and displacement arrays until the operation
     // completes (MPI-3.1 section 5.12), so the Pending owns them.
     const size_t n = static_cast<size_t>(size_);
