@@ -10,3 +10,4 @@ sparsecp_add_test(cost_model_test ${PROJECT_SOURCE_DIR}/tests/cost_model_test.cp
 sparsecp_add_test(lower_bound_test ${PROJECT_SOURCE_DIR}/tests/lower_bound_test.cpp)
 sparsecp_add_test(spill_test ${PROJECT_SOURCE_DIR}/tests/spill_test.cpp)
 target_sources(sparsecp_cli PRIVATE ${PROJECT_SOURCE_DIR}/tools/sparsecp/cmd_spill.cpp)
+sparsecp_add_bench(bench_spill ${PROJECT_SOURCE_DIR}/bench/bench_spill.cpp)
