@@ -100,9 +100,12 @@ class Svg {
     if (!dash.empty()) body_ << " stroke-dasharray=\"" << dash << "\"";
     body_ << "/>\n";
   }
-  void polyline(const std::vector<std::pair<double, double>>& points, std::string_view stroke) {
+  void polyline(const std::vector<std::pair<double, double>>& points, std::string_view stroke,
+                std::string_view dash = "") {
     if (points.size() < 2) return;
-    body_ << "<polyline fill=\"none\" stroke=\"" << stroke << "\" stroke-width=\"2\" points=\"";
+    body_ << "<polyline fill=\"none\" stroke=\"" << stroke << "\" stroke-width=\"2\"";
+    if (!dash.empty()) body_ << " stroke-dasharray=\"" << dash << "\"";
+    body_ << " points=\"";
     for (const auto& [x, y] : points) body_ << num(x) << ',' << num(y) << ' ';
     body_ << "\"/>\n";
   }
@@ -143,17 +146,41 @@ class Colours {
   std::vector<std::string> names_;
 };
 
-// A plot frame: horizontal grid lines and y labels from `low` to `high`.
+// A plot frame: horizontal grid lines and y labels from `low` to `high`, linear or
+// logarithmic (then `low` > 0 and values below it sit on the axis).
 struct Frame {
   double left, top, width, height, low, high;
-  double y(double value) const { return top + height - (value - low) / (high - low) * height; }
+  bool log = false;
+  double y(double value) const {
+    if (log) {
+      const double v = std::log10(std::max(value, low));
+      return top + height - (v - std::log10(low)) / (std::log10(high) - std::log10(low)) * height;
+    }
+    return top + height - (value - low) / (high - low) * height;
+  }
 };
 
+// A tick label with as many decimals as the step needs.
+std::string tick_label(double value, double step) {
+  const int digits = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step) - 1e-9));
+  char text[32];
+  std::snprintf(text, sizeof text, "%.*f", std::min(digits, 6), value);
+  return text;
+}
+
 void draw_y_axis(Svg& svg, const Frame& f, double step, const std::string& unit) {
-  for (double tick = f.low; tick <= f.high + step * 1e-9; tick += step) {
-    const double y = f.y(tick);
-    svg.line(f.left, y, f.left + f.width, y, "#e3e3e3");
-    svg.text(f.left - 4, y + 4, label(tick) + unit, 10, "end", "normal", "#555");
+  if (f.log) {
+    for (double tick = f.low; tick <= f.high * (1 + 1e-9); tick *= 10) {
+      const double y = f.y(tick);
+      svg.line(f.left, y, f.left + f.width, y, "#e3e3e3");
+      svg.text(f.left - 4, y + 4, tick_label(tick, 1) + unit, 10, "end", "normal", "#555");
+    }
+  } else {
+    for (double tick = f.low; tick <= f.high + step * 1e-9; tick += step) {
+      const double y = f.y(tick);
+      svg.line(f.left, y, f.left + f.width, y, "#e3e3e3");
+      svg.text(f.left - 4, y + 4, tick_label(tick, step) + unit, 10, "end", "normal", "#555");
+    }
   }
   svg.line(f.left, f.top, f.left, f.top + f.height, "#888");
   svg.line(f.left, f.top + f.height, f.left + f.width, f.top + f.height, "#888");
@@ -229,11 +256,25 @@ double draw_legend(Svg& svg, const Colours& colours, double top) {
   return top + 24;
 }
 
-// Median `field` versus CP size, one panel per workload.
+// One "metric versus CP size" chart: one panel per workload, one line per strategy,
+// and optionally a dashed black line for a strategy-independent bound.
+struct Chart {
+  std::string heading = {};
+  std::string note = {};
+  double (*value)(const SummaryRow&) = nullptr;
+  double floor_value = 0;  // the axis starts here (1 for a log axis)
+  bool log = false;
+  double (*bound)(const SummaryRow&) = nullptr;
+  std::string bound_name = {};
+};
+
 double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colours& colours,
-                      double top, const std::string& heading, const std::string& note,
-                      double (*value)(const SummaryRow&), double floor_value,
-                      const std::string& unit) {
+                      double top, const Chart& chart) {
+  const auto value = chart.value;
+  const double floor_value = chart.floor_value;
+  const std::string unit;
+  const std::string& heading = chart.heading;
+  const std::string& note = chart.note;
   std::vector<std::string> workloads;
   std::vector<int64_t> cps;
   double highest = floor_value;
@@ -251,7 +292,9 @@ double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colou
   top += 46;
   if (highest <= floor_value) highest = floor_value + 1;
   const double step = nice_step(highest - floor_value, 5);
-  const double high = floor_value + std::ceil((highest - floor_value) / step - 1e-9) * step;
+  const double high = chart.log
+                          ? std::pow(10.0, std::ceil(std::log10(highest) - 1e-9))
+                          : floor_value + std::ceil((highest - floor_value) / step - 1e-9) * step;
   const int columns = static_cast<int>(std::min<size_t>(3, workloads.size()));
   const double panel_width = (kWidth - 2 * kMargin - (columns - 1) * kGap) / columns;
   const double panel_height = 260;
@@ -261,7 +304,8 @@ double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colou
     const double y =
         top + static_cast<double>(w / static_cast<size_t>(columns)) * (panel_height + kGap);
     svg.text(x + panel_width / 2 + 24, y + 12, workloads[w], 13, "middle", "bold");
-    const Frame frame{x + 52, y + 22, panel_width - 62, panel_height - 50, floor_value, high};
+    const Frame frame{x + 52,      y + 22, panel_width - 62, panel_height - 50,
+                      floor_value, high,   chart.log};
     draw_y_axis(svg, frame, step, unit);
     const auto x_of = [&](int64_t cp) {
       const auto index = std::find(cps.begin(), cps.end(), cp) - cps.begin();
@@ -297,6 +341,23 @@ double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colou
       }
       svg.polyline(points, colours.of(name));
     }
+    if (chart.bound) {
+      // The bound is a property of the batches: take it from any strategy's row.
+      std::vector<std::pair<double, double>> points;
+      for (const int64_t cp : cps) {
+        for (const auto& row : summary) {
+          if (row.workload != workloads[w] || row.cp != cp || !std::isfinite(chart.bound(row))) {
+            continue;
+          }
+          points.emplace_back(x_of(cp), frame.y(chart.bound(row)));
+          svg.circle(
+              points.back().first, points.back().second, 2.5, "#222",
+              chart.bound_name + ", cp " + std::to_string(cp) + ": " + label(chart.bound(row)));
+          break;
+        }
+      }
+      svg.polyline(points, "#222", "5,4");
+    }
   }
   const size_t rows =
       (workloads.size() + static_cast<size_t>(columns) - 1) / static_cast<size_t>(columns);
@@ -316,16 +377,32 @@ std::string render_simulation_svg(std::span<const SimulationResult> batch,
   top = draw_legend(svg, colours, top);
   if (!batch.empty()) top = draw_work_bars(svg, batch, colours, top) + 10;
   if (!summary.empty()) {
-    top = draw_versus_cp(
-              svg, summary, colours, top, "Imbalance (max / mean rank work) versus CP size",
-              "Median over batches; 1.0 is perfect balance. Lower is better.",
-              [](const SummaryRow& row) { return row.imbalance; }, 1.0, "") +
+    top = draw_versus_cp(svg, summary, colours, top,
+                         Chart{.heading = "Imbalance (max / mean rank work) versus CP size",
+                               .note = "Median over batches; 1.0 is perfect balance. Lower is "
+                                       "better.",
+                               .value = [](const SummaryRow& row) { return row.imbalance; },
+                               .floor_value = 1.0}) +
           10;
+    top =
+        draw_versus_cp(
+            svg, summary, colours, top,
+            Chart{.heading = "Bytes moved versus CP size (MiB)",
+                  .note = "Median over batches: selection inputs sent to workers plus top-k ids "
+                          "sent back. Dashed black: the fewest any plan must move to reach the "
+                          "mean. Lower is better.",
+                  .value = [](const SummaryRow& row) { return row.bytes_moved / 1048576.0; },
+                  .bound = [](const SummaryRow& row) { return row.bytes_moved_bound / 1048576.0; },
+                  .bound_name = "bound"}) +
+        10;
     top = draw_versus_cp(
-              svg, summary, colours, top, "Bytes moved versus CP size (MiB)",
-              "Median over batches: selection inputs sent to workers plus top-k ids sent back. "
-              "Lower is better.",
-              [](const SummaryRow& row) { return row.bytes_moved / (1024.0 * 1024.0); }, 0.0, "") +
+              svg, summary, colours, top,
+              Chart{.heading = "Fragments on the busiest rank versus CP size (log scale)",
+                    .note = "Median over batches of the most segments one rank selects; each is a "
+                            "separate piece of work for the selector. Lower is better.",
+                    .value = [](const SummaryRow& row) { return row.fragments_max; },
+                    .floor_value = 1.0,
+                    .log = true}) +
           10;
   }
   return svg.finish(top + kMargin);

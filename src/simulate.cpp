@@ -248,6 +248,8 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
         result.workload = source.workload;
         result.batch = source.batch;
         result.rows_moved_bound = rows_moved_bound;
+        result.bytes_moved_bound =
+            rows_moved_bound * (spec.row_bytes.input_bytes() + spec.row_bytes.result_bytes());
         results.push_back(std::move(result));
       }
       ++done;
@@ -279,7 +281,7 @@ SummaryRow row_of(const SimulationResult& r) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     row.imbalance = row.lower_bound = row.row_lower_bound = row.rows_moved = nan;
     row.moved_fraction = row.max_rows_moved_per_rank = row.bytes_moved = nan;
-    row.rows_moved_bound = row.moved_bound_fraction = nan;
+    row.rows_moved_bound = row.moved_bound_fraction = row.bytes_moved_bound = nan;
     row.max_bytes_sent_per_rank = row.fragments_max = row.rows_max = nan;
     row.padding_rows = row.plan_ms = nan;
     return row;
@@ -291,6 +293,7 @@ SummaryRow row_of(const SimulationResult& r) {
   row.moved_fraction =
       r.total_rows > 0 ? static_cast<double>(r.rows_moved) / static_cast<double>(r.total_rows) : 0;
   row.rows_moved_bound = static_cast<double>(r.rows_moved_bound);
+  row.bytes_moved_bound = static_cast<double>(r.bytes_moved_bound);
   row.moved_bound_fraction =
       r.total_rows > 0 ? static_cast<double>(r.rows_moved_bound) / static_cast<double>(r.total_rows)
                        : 0;
@@ -342,10 +345,10 @@ std::vector<SummaryRow> summarize(std::span<const SimulationResult> results) {
     for (double SummaryRow::*field :
          {&SummaryRow::imbalance, &SummaryRow::lower_bound, &SummaryRow::row_lower_bound,
           &SummaryRow::rows_moved, &SummaryRow::moved_fraction, &SummaryRow::rows_moved_bound,
-          &SummaryRow::moved_bound_fraction, &SummaryRow::max_rows_moved_per_rank,
-          &SummaryRow::bytes_moved, &SummaryRow::max_bytes_sent_per_rank,
-          &SummaryRow::fragments_max, &SummaryRow::rows_max, &SummaryRow::padding_rows,
-          &SummaryRow::plan_ms}) {
+          &SummaryRow::moved_bound_fraction, &SummaryRow::bytes_moved_bound,
+          &SummaryRow::max_rows_moved_per_rank, &SummaryRow::bytes_moved,
+          &SummaryRow::max_bytes_sent_per_rank, &SummaryRow::fragments_max, &SummaryRow::rows_max,
+          &SummaryRow::padding_rows, &SummaryRow::plan_ms}) {
       row.*field = med(field);
     }
     rows.push_back(std::move(row));
@@ -424,6 +427,7 @@ constexpr Field kFields[] = {
     {"moved_fraction", &SummaryRow::moved_fraction},
     {"rows_moved_bound", &SummaryRow::rows_moved_bound},
     {"moved_bound_fraction", &SummaryRow::moved_bound_fraction},
+    {"bytes_moved_bound", &SummaryRow::bytes_moved_bound},
     {"max_bytes_sent_per_rank", &SummaryRow::max_bytes_sent_per_rank},
 };
 

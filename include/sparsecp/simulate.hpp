@@ -85,6 +85,7 @@ struct SimulationResult {
   int64_t rows_moved_bound = 0;
   int64_t max_rows_moved_per_rank = 0;
   int64_t bytes_moved = 0;
+  int64_t bytes_moved_bound = 0;  // rows_moved_bound * (input + result bytes)
   int64_t max_bytes_sent_per_rank = 0;
   int64_t fragments_max = 0;
   int64_t fragments_total = 0;
@@ -153,6 +154,7 @@ struct SummaryRow {
   double moved_bound_fraction = 0;  // rows_moved_bound / total rows ("need%" in tables)
   double max_rows_moved_per_rank = 0;
   double bytes_moved = 0;
+  double bytes_moved_bound = 0;
   double max_bytes_sent_per_rank = 0;
   double fragments_max = 0;
   double rows_max = 0;
@@ -173,7 +175,8 @@ double median(std::vector<double> values);
 //   "rows_moved":..,"max_rows_moved_per_rank":..,"bytes_moved":..,"fragments_max":..,
 //   "rows_max":..,"padding_rows":..,"plan_ms":.., <extra keys>},...]}
 // Extra keys: batch (per-batch rows), batches, failures, row_lower_bound,
-// moved_fraction, rows_moved_bound, moved_bound_fraction, max_bytes_sent_per_rank, note. Non-finite
+// moved_fraction, rows_moved_bound, moved_bound_fraction, bytes_moved_bound,
+// max_bytes_sent_per_rank, note. Non-finite
 // numbers are null.
 void write_json(std::ostream& out, std::span<const SummaryRow> rows);
 
