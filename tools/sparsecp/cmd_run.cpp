@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <exception>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -74,10 +76,38 @@ class MpiSession {
     MPI_Finalized(&finalized);
     if (owned_ && !finalized) MPI_Finalize();
   }
+
+  // Called on the error path before the error propagates. MPI_Finalize waits for every
+  // rank, so a rank that failed alone (a transport error, out of memory, a bug) and
+  // then finalised would leave the others blocked in a collective, and itself in
+  // MPI_Finalize, forever. Errors that every rank raised together (input checks, the
+  // agreement checks of agreement.hpp and exchange.hpp) reach this point on every rank
+  // within moments; anything else aborts the job, naming this rank and the error.
+  void leave_on_error(const char* what) const {
+    if (!owned_) return;
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_Ibarrier(MPI_COMM_WORLD, &request);
+    const timespec pause{0, 1000000};  // 1 ms
+    for (int waited = 0; waited < kLeaveTimeoutMs; ++waited) {
+      int done = 0;
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (done) return;  // every rank is leaving on an error: finalise normally
+      nanosleep(&pause, nullptr);
+    }
+    std::fprintf(stderr,
+                 "error: %s\nerror: rank %d failed while other ranks were still running; "
+                 "aborting the job\n",
+                 what, rank);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
 
  private:
+  static constexpr int kLeaveTimeoutMs = 10000;
   bool owned_ = false;
 };
 
@@ -267,6 +297,11 @@ ModeRun run_mode(const Model& model, std::span<const int64_t> lengths, const Pla
     comm.reset_stats();
     IndexerInputExchange exchange =
         launch_indexer_inputs(model.inputs(), lengths, model.config.ratio, options, comm);
+    // Test hook (tests of failure handling): this rank fails alone, mid-exchange.
+    if (const char* fail_rank = std::getenv("SPARSECP_RUN_FAIL_RANK")) {
+      SPARSECP_CHECK(std::to_string(comm.rank()) != fail_rank, "injected failure on rank ",
+                     comm.rank(), " in the middle of an input exchange (SPARSECP_RUN_FAIL_RANK)");
+    }
     double start = now_seconds(CLOCK_MONOTONIC);
     const WorkerInputs worker = exchange.wait();
     input_wait.push_back(now_seconds(CLOCK_MONOTONIC) - start);
@@ -429,8 +464,7 @@ void print_table(const char* name, const std::vector<RankFigures>& ranks) {
       work_imbalance(ranks), imbalance_of(ranks, &RankFigures::select_cpu), slowest(ranks) * 1e3);
 }
 
-void run_job(const RunFlags& flags) {
-  const MpiSession session;
+void run_ranks(const RunFlags& flags) {
   MpiCommunicator comm(MPI_COMM_WORLD);
   const int64_t cp = comm.size();
   const int64_t rank = comm.rank();
@@ -625,6 +659,16 @@ void run_job(const RunFlags& flags) {
     std::fflush(stdout);
   }
   if (!verified) throw ExitStatus{1};
+}
+
+void run_job(const RunFlags& flags) {
+  const MpiSession session;
+  try {
+    run_ranks(flags);
+  } catch (const std::exception& error) {
+    session.leave_on_error(error.what());
+    throw;
+  }
 }
 
 const Registration registration("run", [](CLI::App& app) {
