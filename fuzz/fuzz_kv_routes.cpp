@@ -145,8 +145,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size_bytes) {
   }
 
   // Every rank of a valid, small sequence: cross-rank model checks.
-  if (size < 1 || size > 40 || local < 1 || boundaries.size() < 2 || boundaries.back() > 20000 ||
-      boundaries.back() != local * size) {
+  if (size < 1 || size > 40 || local < 1 || local > 20000 || boundaries.size() < 2 ||
+      boundaries.back() > 20000 || boundaries.back() != local * size) {
     return 0;
   }
   for (size_t i = 1; i < boundaries.size(); ++i) {
