@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "sparsecp/agreement.hpp"
 #include "sparsecp/error.hpp"
 
 namespace sparsecp {
@@ -56,8 +57,11 @@ class Fingerprint {
 // of (first failing rank, first rank with mismatched counts, fingerprint range).
 // Throws Error on every rank unless all ranks passed, the counts match and the
 // fingerprints agree.
+// When the row counts or fingerprints differ and `planning` is given, every rank names
+// the differing planning inputs (agreement.hpp) if they are the cause.
 void agree(Communicator& comm, const std::optional<std::string>& local_error, bool exchange_counts,
-           const IndexerRoute* route, int64_t fingerprint, const char* what) {
+           const IndexerRoute* route, int64_t fingerprint, const char* what,
+           const PlanningFingerprint* planning = nullptr) {
   const int64_t size = comm.size();
   const int64_t rank = comm.rank();
   const bool has_route = route != nullptr && !local_error;
@@ -83,6 +87,9 @@ void agree(Communicator& comm, const std::optional<std::string>& local_error, bo
   if (verdict[0] < size) {
     if (local_error) throw Error(*local_error);
     SPARSECP_FAIL(what, " aborted: rank ", verdict[0], " rejected its inputs");
+  }
+  if ((verdict[1] < size || verdict[2] != -verdict[3]) && planning != nullptr) {
+    check_agreement(comm, *planning, what);  // every rank is here; names what differs
   }
   if (verdict[1] < size) {
     if (count_failure < size) throw Error(count_message);
@@ -503,7 +510,8 @@ IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
   fingerprint.add(options.block_size.value_or(-1));
   fingerprint.add(options.zigzag_min_length.value_or(-1));
   add_fields(fingerprint, fields);
-  agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange");
+  const PlanningFingerprint planning(lengths, comm.size(), ratio, options);
+  agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange", &planning);
   return launch_agreed(fields, std::move(route), comm);
 }
 
