@@ -169,7 +169,8 @@ std::vector<int64_t> PlanningFingerprint::components() const {
 
 uint64_t PlanningFingerprint::value() const { return static_cast<uint64_t>(components()[kValue]); }
 
-void check_agreement(Communicator& comm, const PlanningFingerprint& fingerprint) {
+void check_agreement(Communicator& comm, const PlanningFingerprint& fingerprint,
+                     std::string_view context) {
   const std::vector<int64_t> mine = fingerprint.components();
   // min over ranks of v and of ~v (= ~max v): equal extremes <=> every rank agrees.
   int64_t extremes[2] = {mine[kValue], ~mine[kValue]};
@@ -195,11 +196,13 @@ void check_agreement(Communicator& comm, const PlanningFingerprint& fingerprint)
       ++differing;
     }
   }
-  if (first < 0) {  // cannot happen unless a rank's reduction was inconsistent
-    SPARSECP_FAIL("CP ranks disagree on the planning inputs (fingerprints range from ",
-                  hex(extremes[0]), " to ", hex(~extremes[1]), ")");
-  }
   std::ostringstream message;
+  if (!context.empty()) message << context << ": ";
+  if (first < 0) {  // cannot happen unless a rank's reduction was inconsistent
+    message << "CP ranks disagree on the planning inputs (fingerprints range from "
+            << hex(extremes[0]) << " to " << hex(~extremes[1]) << ")";
+    throw Error(message.str());
+  }
   message << "CP ranks disagree on the planning inputs: rank " << first << " has fingerprint "
           << hex(of(first)[kValue]) << ", rank 0 has " << hex(of(0)[kValue]) << " ("
           << describe_difference(of(first), first, of(0), 0, fingerprint) << "); " << differing

@@ -11,6 +11,7 @@
 
 #include "sparsecp/agreement.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/exchange.hpp"
 #include "sparsecp/mpi_communicator.hpp"
 
 namespace sparsecp {
@@ -127,6 +128,44 @@ TEST(Agreement, GroupStaysUsableAfterAMismatch) {
       EXPECT_EQ(message, "");
     }
   }
+}
+
+// The exchange's own agreement names the planning inputs that differ: here the last
+// rank splits the same total into other documents (its row counts differ too).
+TEST(Agreement, InputExchangeNamesDifferentLengths) {
+  Group g;
+  const int64_t local = 9;
+  std::vector<int64_t> lengths(static_cast<size_t>(g.size), local);
+  if (g.rank == g.size - 1 && g.size > 1) {
+    lengths[0] -= 4;
+    lengths[1] += 4;
+  }
+  std::vector<float> qr(static_cast<size_t>(local * 4), 1.0f);
+  std::vector<float> weights(static_cast<size_t>(local * 2), 1.0f);
+  std::vector<float> cos(static_cast<size_t>(local), 1.0f);
+  std::vector<float> sin(static_cast<size_t>(local), 0.0f);
+  const IndexerInputs inputs{TensorView::tokens(MatrixView::f32(qr.data(), local, 4)),
+                             TensorView::tokens(MatrixView::f32(weights.data(), local, 2)),
+                             TensorView::tokens(MatrixView::f32(cos.data(), local, 1)),
+                             TensorView::tokens(MatrixView::f32(sin.data(), local, 1))};
+  std::string message;
+  try {
+    launch_indexer_inputs(inputs, lengths, 4, {Mode::kZigzag, std::nullopt, std::nullopt}, g.comm)
+        .wait();
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  if (g.size == 1) {
+    EXPECT_EQ(message, "");
+    return;
+  }
+  EXPECT_THAT(message, HasSubstr("Indexer input exchange: CP ranks disagree on the planning "
+                                 "inputs: rank " +
+                                 std::to_string(g.size - 1) + " has fingerprint "));
+  EXPECT_THAT(message, HasSubstr("(document lengths differ: rank " + std::to_string(g.size - 1) +
+                                 " has " + std::to_string(g.size) + " documents, " +
+                                 std::to_string(g.size * local) + " tokens, rank 0 has "));
+  expect_same_message_everywhere(g.comm, message);
 }
 
 TEST(Agreement, FingerprintSeesEveryInput) {

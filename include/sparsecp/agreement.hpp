@@ -29,8 +29,10 @@
 //
 // Where it runs: `sparsecp run` checks before the first exchange (on by default,
 // `--no-agreement-check` turns it off). The library's exchange entry points
-// (exchange.hpp) always fold the same inputs into their own validity agreement, so a
-// mismatch there is an error on every rank too; this check adds the precise message.
+// (exchange.hpp) always fold the same inputs into their own validity agreement, in
+// every build type, so a mismatch there is an error on every rank too; when that
+// agreement finds differing inputs, launch_indexer_inputs runs this check to name
+// them (no extra collective while the ranks agree).
 //
 // Not in the seed: the Python module trusts its callers to pass identical inputs.
 #pragma once
@@ -92,8 +94,10 @@ class PlanningFingerprint {
 };
 
 // Collective over `comm`: throws sparsecp::Error on every rank unless every rank
-// passed an equal fingerprint (see the header comment for the message). Costs one
-// 2-value allreduce when the ranks agree.
-void check_agreement(Communicator& comm, const PlanningFingerprint& fingerprint);
+// passed an equal fingerprint (see the header comment for the message; a non-empty
+// `context`, e.g. "Indexer input exchange", is put in front of it followed by ": ").
+// Costs one 2-value allreduce when the ranks agree.
+void check_agreement(Communicator& comm, const PlanningFingerprint& fingerprint,
+                     std::string_view context = {});
 
 }  // namespace sparsecp
