@@ -2,12 +2,14 @@
 // `sparsecp bench select`: the fused kernel against BLAS and a materialising baseline.
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -271,6 +273,38 @@ void run_bench(const BenchCommand& c) {
   config.threads = c.threads;
   config.isa = parse_isa(c.isa);
   validate_select_config(config);
+  {
+    // Sizes first: a product that overflows int64 is undefined behaviour below, and a
+    // problem larger than the machine's memory would only fail after minutes of paging.
+    const auto product = [](std::initializer_list<int64_t> factors) {
+      int64_t result = 1;
+      for (const int64_t factor : factors) {
+        SPARSECP_CHECK(!__builtin_mul_overflow(result, factor, &result),
+                       "bench select: problem size overflows 64 bits (--documents, "
+                       "--doc-length, --heads, --head-dim, --q-rank, --sgemm-size)");
+      }
+      return result;
+    };
+    const int64_t rows = product({c.rows == 0 ? c.doc_length : c.rows, c.documents});
+    const int64_t bank = product({c.doc_length / c.ratio, c.documents});
+    const int64_t width = product({c.heads, c.head_dim});
+    const int64_t floats[] = {
+        product({rows, width, 3}),      product({rows, c.heads, 2}),
+        product({bank, c.head_dim, 2}), product({rows, c.q_rank, 2}),
+        product({c.q_rank, width, 2}),  product({rows, c.rope_dim}),
+        product({rows, c.topk, 3}),     product({c.sgemm_size, c.sgemm_size, 3})};
+    int64_t total = 0;
+    for (const int64_t count : floats) {
+      SPARSECP_CHECK(!__builtin_add_overflow(total, count, &total),
+                     "bench select: problem size overflows 64 bits");
+    }
+    const double need = 4.0 * static_cast<double>(total);
+    const double have =
+        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    SPARSECP_CHECK(need <= have, "bench select needs about ", need / (1 << 30),
+                   " GiB of buffers, more than this machine's ", have / (1 << 30),
+                   " GiB of memory");
+  }
   const int64_t per_doc = c.rows == 0 ? c.doc_length : c.rows;
   const int64_t rows = per_doc * c.documents;
   const int64_t keys_per_doc = c.doc_length / c.ratio;
