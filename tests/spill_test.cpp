@@ -5,8 +5,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -289,6 +293,80 @@ TEST(Auto, BandwidthDecides) {
               HasSubstr("bandwidth must be positive"));
   const StrategyPlan registered = find_strategy("auto").plan(lengths, 4, 4, StrategyParams{});
   EXPECT_THAT(registered.note, HasSubstr("chose "));
+}
+
+// --- the commands `sparsecp spill` and `sparsecp calibrate` ---------------------------
+
+// Runs a shell command; returns (exit status, stdout).
+std::pair<int, std::string> run(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << command;
+  if (!pipe) return {-1, ""};
+  std::string out;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(SpillCommand, JsonMatchesTheLibrary) {
+  const auto [status, out] =
+      run(std::string(SPARSECP_CLI_PATH) + " spill --lengths 5000,300,2699,1 --cp 4 --json");
+  ASSERT_EQ(status, 0) << out;
+  const auto json = nlohmann::json::parse(out);
+  ASSERT_EQ(json["batches"].size(), 1u);
+  const auto& batch = json["batches"][0];
+  const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
+  const SpillPlan spill = plan_spill(lengths, 4, 4);
+  EXPECT_EQ(batch["rows_moved"].get<int64_t>(), spill.rows_moved);
+  EXPECT_EQ(batch["rows_moved_lower_bound"].get<int64_t>(),
+            rows_moved_lower_bound(lengths, 4, 4, 1.001).total);
+  EXPECT_TRUE(batch["target_met"].get<bool>());
+  EXPECT_LE(batch["imbalance"].get<double>(), 1.001);
+  ASSERT_EQ(batch["ranks"].size(), 4u);
+  ASSERT_EQ(batch["seed_modes"].size(), 3u);
+  for (const auto& mode : batch["seed_modes"]) {
+    EXPECT_GT(mode["busiest_rows_sent_received"].get<int64_t>(),
+              batch["busiest_rows_sent_received"].get<int64_t>())
+        << mode["strategy"];
+  }
+}
+
+TEST(SpillCommand, BadInputExitsWithStatusTwo) {
+  const auto [status, out] =
+      run(std::string(SPARSECP_CLI_PATH) + " spill --lengths 4,4 --cp 2 --target 0.5 2>&1");
+  EXPECT_EQ(status, 2);
+  EXPECT_THAT(out, HasSubstr("error: spill target imbalance must be at least 1, got 0.5"));
+}
+
+TEST(CalibrateCommand, FitsAndSavesALoadableModel) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("sparsecp_calibrate_test_" + std::to_string(testing::test_seed()) + ".txt"))
+          .string();
+  const auto [status, out] = run(std::string(SPARSECP_CLI_PATH) +
+                                 " calibrate --heads 2 --head-dim 16 --rope-dim 8 --q-rank 8 "
+                                 "--topk 4 --rows 8 --visible 0,2,8,32 --repeats 1 --json --out " +
+                                 path);
+  ASSERT_EQ(status, 0) << out;
+  const auto json = nlohmann::json::parse(out);
+  EXPECT_EQ(json["points"].size(), 8u);  // 4 points at 8 and 2 rows
+  const CostModel model = load_cost_model(path);
+  EXPECT_EQ(model.a, json["a_ns"].get<double>());
+  EXPECT_EQ(model.b, json["b_ns"].get<double>());
+  EXPECT_EQ(model.c, json["c_ns"].get<double>());
+  EXPECT_EQ(model.topk, 4);
+  EXPECT_EQ(model.unit, "ns");
+  std::filesystem::remove(path);
+  // The saved model drives spill.
+  save_cost_model(path, model.a + model.b + model.c > 0 ? model : CostModel{});
+  const auto [spill_status, spill_out] = run(std::string(SPARSECP_CLI_PATH) +
+                                             " spill --lengths 5000,300,2699,1 --cp 4 "
+                                             "--cost-model " +
+                                             path + " --json");
+  EXPECT_EQ(spill_status, 0) << spill_out;
+  std::filesystem::remove(path);
 }
 
 }  // namespace

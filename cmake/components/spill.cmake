@@ -14,3 +14,6 @@ sparsecp_add_bench(bench_spill ${PROJECT_SOURCE_DIR}/bench/bench_spill.cpp)
 # spill end to end in the MPI executor: bit-identical to selecting locally ('none').
 sparsecp_add_mpi_test(spill_mpi_test NP 1 2 3 4 SOURCES ${PROJECT_SOURCE_DIR}/tests/spill_mpi_test.cpp)
 target_sources(sparsecp_cli PRIVATE ${PROJECT_SOURCE_DIR}/tools/sparsecp/cmd_calibrate.cpp)
+if(TARGET spill_test)
+  add_dependencies(spill_test sparsecp_cli)  # runs `sparsecp spill` and `sparsecp calibrate`
+endif()
