@@ -71,6 +71,14 @@ void BatchOptions::add_to(CLI::App& command) {
                                   "File of document lengths (integers separated by commas and/or "
                                   "whitespace)");
   explicit_lengths->excludes(file);
+  // An explicit but empty list must not fall back to the generated batch.
+  explicit_lengths->check(CLI::Validator(
+      [](std::string& text) {
+        return text.find_first_not_of(", \t\n\r") == std::string::npos
+                   ? std::string("no document lengths given")
+                   : std::string();
+      },
+      "", "non-empty"));
   command
       .add_option("--dist", distribution,
                   "Generated batch when no lengths are given: fixed, uniform, lognormal, "
