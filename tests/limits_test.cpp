@@ -171,6 +171,7 @@ const BadInput kBadInputs[] = {
     {"UnknownMode", "plan --lengths 8,8 --cp 2 --mode bogus",
      "indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'"},
     // Garbage text and files.
+    {"LengthsEmpty", "plan --lengths '' --cp 1", "no document lengths given"},
     {"LengthsWords", "plan --lengths abc --cp 1", "is not an integer"},
     {"LengthsOnlySeparators", "plan --lengths ,,, --cp 1", "no document lengths given"},
     {"LengthsFloat", "plan --lengths 1.5,2 --cp 1", "is not an integer"},
@@ -290,6 +291,9 @@ const BadInput kBadInputs[] = {
     {"BenchHeadsZero", "bench select --heads 0", "head count must be positive"},
     {"BenchUnknownDtype", "bench select --dtype bogus", "--dtype must be fp32, bf16 or both"},
     {"BenchUnknownIsa", "bench select --isa bogus", "--isa must be auto, portable, avx2 or avx512"},
+    {"BenchSizeOverflows", "bench select --documents 4611686018427387904 --doc-length 4",
+     "problem size overflows 64 bits"},
+    {"BenchBeyondMemory", "bench select --sgemm-size 100000", "GiB of memory"},
 };
 
 class BadInputTest : public ::testing::TestWithParam<BadInput> {};
