@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -9,34 +10,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tool_runner.hpp"
+
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-struct Outcome {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs the tool with `arguments` (shell words) and captures stdout, stderr and status.
-Outcome run_tool(const std::string& arguments) {
-  const std::string err_path = ::testing::TempDir() + "sparsecp_cli_test_stderr.txt";
-  const std::string command = std::string(SPARSECP_CLI_PATH) + " " + arguments + " 2>" + err_path;
-  Outcome outcome;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return outcome;
-  std::array<char, 4096> buffer{};
-  size_t read = 0;
-  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    outcome.out.append(buffer.data(), read);
-  const int status = pclose(pipe);
-  outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  outcome.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
-  return outcome;
-}
+using Outcome = sparsecp::testing::ToolRun;
+using sparsecp::testing::run_tool;
 
 // One line on stderr beginning "error:", exit status 2, nothing on stdout.
 void expect_user_error(const Outcome& outcome, const std::string& text) {

@@ -32,6 +32,7 @@
 #include "sparsecp/compression_plan.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/sequence_gather.hpp"
+#include "tool_runner.hpp"
 
 namespace sparsecp {
 namespace {
@@ -878,29 +879,8 @@ TEST(SequenceLayout, MoveSequenceDimRoundTrips) {
 // ---------------------------------------------------------------------------
 // The `sparsecp dispatch` command as a user and a script see it.
 
-struct Outcome {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-Outcome run_tool(const std::string& arguments) {
-  const std::string err_path = ::testing::TempDir() + "sparsecp_dispatch_test_stderr.txt";
-  const std::string command = std::string(SPARSECP_CLI_PATH) + " " + arguments + " 2>" + err_path;
-  Outcome outcome;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return outcome;
-  std::array<char, 4096> buffer{};
-  size_t read = 0;
-  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-    outcome.out.append(buffer.data(), read);
-  }
-  const int status = pclose(pipe);
-  outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  outcome.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
-  return outcome;
-}
+using Outcome = testing::ToolRun;
+using testing::run_tool;
 
 TEST(DispatchCommand, ReportsIntervalsAndAllGatherRows) {
   const Outcome text =

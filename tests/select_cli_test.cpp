@@ -10,6 +10,7 @@
 #include "select_test_support.hpp"
 #include "sparsecp/npy.hpp"
 #include "sparsecp/select.hpp"
+#include "tool_runner.hpp"
 
 namespace sparsecp {
 namespace {
@@ -20,16 +21,8 @@ struct Result {
 };
 
 Result run(const std::string& arguments) {
-  const std::string command = std::string(SPARSECP_CLI_PATH) + " " + arguments + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  Result result;
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  const testing::ToolRun tool = testing::run_tool(arguments);
+  return {tool.status, tool.out + tool.err};
 }
 
 class SelectCli : public ::testing::Test {

@@ -1,0 +1,44 @@
+// Test helper: runs the built `sparsecp` tool and captures what a user would see.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace sparsecp::testing {
+
+struct ToolRun {
+  int status = -1;  // exit status; -1 if the tool did not exit normally
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `SPARSECP_CLI_PATH <arguments>` through the shell (so quoting works as typed).
+inline ToolRun run_tool(const std::string& arguments) {
+  // One stderr file per process and test: CTest runs tests of one program in parallel.
+  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string err_path = ::testing::TempDir() + "sparsecp_tool_" + std::to_string(getpid()) +
+                               "_" + (test ? test->name() : "none") + ".stderr";
+  const std::string command = std::string(SPARSECP_CLI_PATH) + " " + arguments + " 2>" + err_path;
+  ToolRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return run;
+  std::array<char, 4096> buffer{};
+  size_t read = 0;
+  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    run.out.append(buffer.data(), read);
+  const int status = pclose(pipe);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path);
+  run.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  std::remove(err_path.c_str());
+  return run;
+}
+
+}  // namespace sparsecp::testing
