@@ -63,9 +63,9 @@ std::vector<int64_t> generate_batch(const WorkloadSpec& spec) {
   SPARSECP_CHECK(spec.tokens > 0, "workload token count must be positive, got ", spec.tokens);
   SPARSECP_CHECK(spec.cp > 0, "workload CP size must be positive, got ", spec.cp);
   SPARSECP_CHECK(spec.scale >= 0, "workload length scale must be non-negative, got ", spec.scale);
-  const double scale = spec.scale > 0
-                           ? static_cast<double>(spec.scale)
-                           : std::max(1.0, static_cast<double>(spec.tokens / spec.cp) / 4.0);
+  const int64_t local_rows = spec.tokens / spec.cp;  // whole rows per rank
+  const double scale = spec.scale > 0 ? static_cast<double>(spec.scale)
+                                      : std::max(1.0, static_cast<double>(local_rows) / 4.0);
   SplitMix64 random(spec.seed);
   std::vector<int64_t> lengths;
   int64_t total = 0;

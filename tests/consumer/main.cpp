@@ -1,8 +1,7 @@
 // A downstream project: plans the SYSTEM.md example batch through the installed package.
+#include <cstdio>
 #include <sparsecp/plan.hpp>
 #include <sparsecp/route.hpp>
-
-#include <cstdio>
 #include <vector>
 
 int main() {
