@@ -37,8 +37,9 @@ std::string outcome(Communicator& comm, const PlanningFingerprint& fingerprint) 
 
 // Every rank's message must be identical: gather a hash of it (sum of one-hot slots).
 void expect_same_message_everywhere(Communicator& comm, const std::string& message) {
-  int64_t hash = 1469598103934665603LL;
-  for (const char c : message) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211LL;
+  uint64_t fnv = 1469598103934665603ULL;  // FNV-1a, unsigned: wraps by definition
+  for (const char c : message) fnv = (fnv ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  const auto hash = static_cast<int64_t>(fnv);
   int64_t extremes[2] = {hash, ~hash};
   comm.all_reduce(extremes, ReduceOp::kMin);
   EXPECT_EQ(extremes[0], ~extremes[1]) << "ranks got different messages; this rank: " << message;
