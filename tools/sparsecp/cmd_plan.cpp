@@ -65,7 +65,12 @@ void run_plan(const PlanCommand& command) {
   const PlanFlags& flags = command.flags;
   const std::vector<int64_t> lengths = flags.batch.load(flags.cp);
   int64_t total_rows = 0;
-  for (const int64_t length : lengths) total_rows += length;
+  for (const int64_t length : lengths) {
+    // Before the planner's own validation: the sum must not overflow first.
+    SPARSECP_CHECK(!__builtin_add_overflow(total_rows, length, &total_rows),
+                   "Indexer balance document lengths sum beyond 64 bits (document of ", length,
+                   " tokens)");
+  }
 
   if (!flags.mode.empty()) {
     const PlanOptions options = flags.options(parse_mode(flags.mode));
