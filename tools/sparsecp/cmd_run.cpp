@@ -484,7 +484,11 @@ void run_ranks(const RunFlags& flags) {
                    "--mode none is the baseline every run already includes; choose zigzag, greedy "
                    "or hybrid");
     int64_t total = 0;
-    for (const int64_t length : lengths) total += length;
+    for (const int64_t length : lengths) {
+      SPARSECP_CHECK(!__builtin_add_overflow(total, length, &total),
+                     "Indexer balance document lengths sum beyond 64 bits (document of ", length,
+                     " tokens)");
+    }
     options.block_size = flags.block_size;
     if (!options.block_size && options.mode != Mode::kZigzag) {
       // The seed's default of 2048 rows may exceed a small shard; cap it there.
