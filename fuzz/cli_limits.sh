@@ -4,7 +4,8 @@
 # Usage: fuzz/cli_limits.sh BUILD/sparsecp [DATA_DIR]   (run from anywhere)
 # DATA_DIR holds the bad files the cases name ($D); fuzz/make_bad_inputs.py writes them.
 # A case "passes" when it exits 2 with exactly one stderr line starting "error: ",
-# within the time limit and under 1 GiB of memory (address space capped at 4 GiB);
+# within the time limit and under 1 GiB of memory (address space capped at 4 GiB, or
+# CLI_LIMITS_VMEM KiB: "unlimited" for sanitizer builds);
 # a "valid:" case passes when it exits 0 with nothing on stderr, within the same limits.
 # Cases under mpirun pass when every rank prints the same error line and mpirun exits 2.
 set -uo pipefail
@@ -27,7 +28,7 @@ while IFS= read -r line; do
   cmd=${line//sparsecp /$tool }
   cmd=${cmd//\$D/$D}
   start=$(date +%s.%N)
-  err=$( (ulimit -v 4194304; OMP_NUM_THREADS=2 /usr/bin/time -f 'RSS %M' -o /tmp/cli_limits.rss \
+  err=$( (ulimit -v "${CLI_LIMITS_VMEM:-4194304}"; OMP_NUM_THREADS=2 /usr/bin/time -f 'RSS %M' -o /tmp/cli_limits.rss \
           timeout "$limit" bash -c "$cmd" >/dev/null </dev/null) 2>&1 )
   status=$?
   seconds=$(printf '%.2f' "$(echo "$(date +%s.%N) - $start" | bc)")
