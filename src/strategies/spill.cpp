@@ -6,8 +6,8 @@
 
 namespace sparsecp {
 
-StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp,
-                                 int64_t ratio, const SpillOptions &options) {
+StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                                 const SpillOptions& options) {
   SpillPlan spill = plan_spill(lengths, cp, ratio, options);
   StrategyPlan result;
   result.plan = std::move(spill.plan);
@@ -15,8 +15,7 @@ StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp,
   result.largest_unit_work = strategies::largest_row_work(lengths, ratio);
   if (!spill.target_met) {
     double most = 0;
-    for (const double load : spill.load_after)
-      most = std::max(most, load);
+    for (const double load : spill.load_after) most = std::max(most, load);
     char text[128];
     std::snprintf(text, sizeof text, "target %.4g not met: %.4g",
                   spill.target_load / spill.mean_load, most / spill.mean_load);
@@ -32,7 +31,7 @@ StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp,
 namespace {
 
 class Spill final : public Strategy {
-public:
+ public:
   std::string_view name() const override { return "spill"; }
   std::string_view source() const override {
     return "sparsecp plan_spill (include/sparsecp/spill.hpp)";
@@ -45,12 +44,12 @@ public:
   int listing_order() const override { return 50; }
 
   StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
-                    const StrategyParams &) const override {
+                    const StrategyParams&) const override {
     return spill_strategy_plan(lengths, cp, ratio, SpillOptions{});
   }
 };
 
-} // namespace
+}  // namespace
 
 std::vector<std::unique_ptr<const Strategy>> make_spill_strategies() {
   std::vector<std::unique_ptr<const Strategy>> made;
@@ -58,4 +57,4 @@ std::vector<std::unique_ptr<const Strategy>> make_spill_strategies() {
   return made;
 }
 
-} // namespace sparsecp
+}  // namespace sparsecp
