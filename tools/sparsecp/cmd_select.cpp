@@ -124,8 +124,11 @@ void run_select(const SelectCommand& c) {
   config.threads = c.threads;
   config.isa = parse_isa(c.isa);
   const int64_t rows = weights.shape[0];
-  std::vector<int32_t> out(
-      static_cast<size_t>(std::max<int64_t>(rows, 0) * std::max<int64_t>(c.topk, 0)));
+  int64_t out_size = 0;
+  SPARSECP_CHECK(
+      !__builtin_mul_overflow(std::max<int64_t>(rows, 0), std::max<int64_t>(c.topk, 0), &out_size),
+      "--topk ", c.topk, " for ", rows, " rows: the [rows, topk] output overflows 64 bits");
+  std::vector<int32_t> out(static_cast<size_t>(out_size));
   const MatrixView key_view = keys.view(keys.shape[0], keys.shape[1]);
   const MatrixView weight_view = weights.view(rows, config.heads);
   if (!c.q.empty()) {
