@@ -281,6 +281,10 @@ const BadInput kBadInputs[] = {
      "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --topk 0 "
      "--out $D/out.npy",
      "topk"},
+    {"SelectTopkOverflows",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --topk "
+     "9223372036854775807 --out $D/out.npy",
+     "output overflows 64 bits"},
     {"SelectOutputUnwritable",
      "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
      "/nonexistent/dir/out.npy",
