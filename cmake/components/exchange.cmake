@@ -15,7 +15,7 @@ sparsecp_add_mpi_test(exchange_select_test NP 1 2 3 4 SOURCES ${PROJECT_SOURCE_D
 
 # The main job end to end on a small batch: 3 ranks, every mode's check must pass.
 if(SPARSECP_BUILD_TESTS)
-  foreach(run_mode IN ITEMS zigzag greedy hybrid)
+  foreach(run_mode IN ITEMS zigzag greedy hybrid spill)
     add_test(NAME cli_run_${run_mode}.np3
              COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 3 $<TARGET_FILE:sparsecp_cli>
                      run --mode ${run_mode} --tokens 3000 --heads 2 --head-dim 16 --rope-dim 8 --q-rank 12

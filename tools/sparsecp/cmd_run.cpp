@@ -34,6 +34,7 @@
 #include "sparsecp/plan.hpp"
 #include "sparsecp/route.hpp"
 #include "sparsecp/select.hpp"
+#include "sparsecp/strategy.hpp"
 #include "sparsecp/workload.hpp"
 
 namespace sparsecp::cli {
@@ -275,6 +276,16 @@ void barrier(const MpiCommunicator& comm) {
   }
 }
 
+// Launches one balanced input exchange: from a route planned beforehand by a registered
+// strategy (spill, auto, ...) when `planned` is set, else from the seed mode `options`.
+IndexerInputExchange launch(const IndexerInputs& inputs, std::span<const int64_t> lengths,
+                            int64_t ratio, const PlanOptions& options,
+                            const std::shared_ptr<const IndexerRoute>& planned,
+                            MpiCommunicator& comm) {
+  return planned ? launch_indexer_inputs(inputs, planned, comm)
+                 : launch_indexer_inputs(inputs, lengths, ratio, options, comm);
+}
+
 struct ModeRun {
   RankFigures figures;
   SelectedKeys result;  // this rank's own rows, [local, topk]
@@ -284,7 +295,8 @@ struct ModeRun {
 // One mode, `repeats` times, through the overlapped path. CPU time of the selection
 // is the calling thread's (one selection thread) or the process's (several).
 ModeRun run_mode(const Model& model, std::span<const int64_t> lengths, const PlanOptions& options,
-                 int repeats, MpiCommunicator& comm) {
+                 const std::shared_ptr<const IndexerRoute>& planned, int repeats,
+                 MpiCommunicator& comm) {
   const clockid_t cpu_clock =
       model.config.threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID;
   const MatrixView wq_b =
@@ -296,7 +308,7 @@ ModeRun run_mode(const Model& model, std::span<const int64_t> lengths, const Pla
     barrier(comm);
     comm.reset_stats();
     IndexerInputExchange exchange =
-        launch_indexer_inputs(model.inputs(), lengths, model.config.ratio, options, comm);
+        launch(model.inputs(), lengths, model.config.ratio, options, planned, comm);
     // Test hook (tests of failure handling): this rank fails alone, mid-exchange.
     if (const char* fail_rank = std::getenv("SPARSECP_RUN_FAIL_RANK")) {
       SPARSECP_CHECK(std::to_string(comm.rank()) != fail_rank, "injected failure on rank ",
@@ -356,7 +368,9 @@ struct OverlapFigures {
 };
 
 OverlapFigures measure_overlap(const Model& model, std::span<const int64_t> lengths,
-                               const PlanOptions& options, int repeats, MpiCommunicator& comm) {
+                               const PlanOptions& options,
+                               const std::shared_ptr<const IndexerRoute>& planned, int repeats,
+                               MpiCommunicator& comm) {
   const MatrixView wq_b =
       MatrixView::bf16(model.wq_b.data(), model.q_rank, model.config.heads * model.config.head_dim);
   const int64_t width = model.config.heads * model.config.head_dim;
@@ -378,12 +392,12 @@ OverlapFigures measure_overlap(const Model& model, std::span<const int64_t> leng
   for (int repeat = 0; repeat < repeats; ++repeat) {
     barrier(comm);
     double start = now_seconds(CLOCK_MONOTONIC);
-    launch_indexer_inputs(model.inputs(), lengths, model.config.ratio, options, comm).wait();
+    launch(model.inputs(), lengths, model.config.ratio, options, planned, comm).wait();
     alone.push_back(now_seconds(CLOCK_MONOTONIC) - start);
     for (const bool poll : {false, true}) {
       barrier(comm);
       IndexerInputExchange exchange =
-          launch_indexer_inputs(model.inputs(), lengths, model.config.ratio, options, comm);
+          launch(model.inputs(), lengths, model.config.ratio, options, planned, comm);
       start = now_seconds(CLOCK_MONOTONIC);
       owner_projection(poll ? &exchange : nullptr);
       if (!poll) work.push_back(now_seconds(CLOCK_MONOTONIC) - start);
@@ -474,13 +488,19 @@ void run_ranks(const RunFlags& flags) {
   // that a rank that cannot read them does not leave the others waiting.
   std::vector<int64_t> lengths;
   PlanOptions options;
+  std::shared_ptr<const IndexerRoute> planned;  // set for strategies beyond the seed modes
   Model model;
   std::string error;
   try {
     SPARSECP_CHECK(flags.repeats >= 1, "--repeats must be at least 1, got ", flags.repeats);
     lengths = flags.batch.load(cp);
-    options.mode = parse_mode(flags.mode);
-    SPARSECP_CHECK(options.mode != Mode::kNone,
+    const bool seed_mode = flags.mode == "none" || flags.mode == "zigzag" ||
+                           flags.mode == "greedy" || flags.mode == "hybrid";
+    // Any other registered strategy (spill, auto, ...) plans here and runs its route;
+    // the seed modes plan inside the exchange, as the seed does.
+    const Strategy* strategy = seed_mode ? nullptr : &find_strategy(flags.mode);
+    options.mode = seed_mode ? parse_mode(flags.mode) : Mode::kZigzag;
+    SPARSECP_CHECK(!seed_mode || options.mode != Mode::kNone,
                    "--mode none is the baseline every run already includes; choose zigzag, greedy "
                    "or hybrid");
     int64_t total = 0;
@@ -500,8 +520,20 @@ void run_ranks(const RunFlags& flags) {
     } else {
       options.zigzag_min_length = flags.zigzag_min_length;
     }
-    validate_plan_inputs(lengths, cp, flags.ratio, options.mode, options.block_size);
-    validate_hybrid_threshold(options.mode, options.zigzag_min_length);
+    if (strategy) {
+      validate_plan_inputs(lengths, cp, flags.ratio, Mode::kNone, std::nullopt);
+      StrategyParams params;
+      params.block_size =
+          flags.block_size.value_or(std::clamp<int64_t>(total / cp, 1, kDefaultBlockSize));
+      params.zigzag_min_length = flags.zigzag_min_length;
+      const StrategyPlan plan = strategy->plan(lengths, cp, flags.ratio, params);
+      planned =
+          std::make_shared<const IndexerRoute>(make_route(plan.plan, lengths, rank, flags.ratio));
+      options = PlanOptions{};  // the fingerprint below then names the strategy instead
+    } else {
+      validate_plan_inputs(lengths, cp, flags.ratio, options.mode, options.block_size);
+      validate_hybrid_threshold(options.mode, options.zigzag_min_length);
+    }
     model = make_model(flags, lengths, rank, total / cp);
   } catch (const std::exception& e) {
     error = e.what();
@@ -524,15 +556,20 @@ void run_ranks(const RunFlags& flags) {
         .add("model_seed", static_cast<int64_t>(flags.model_seed))
         .add("repeats", flags.repeats)
         .add("overlap", flags.overlap ? 1 : 0);
+    // FNV-1a of the strategy name: "spill" and "auto" share the seed options above.
+    uint64_t name_hash = 1469598103934665603ULL;
+    for (const char c : flags.mode)
+      name_hash = (name_hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+    fingerprint.add("strategy", static_cast<int64_t>(name_hash));
     check_agreement(comm, fingerprint);
   }
 
   const PlanOptions baseline{Mode::kNone, std::nullopt, std::nullopt};
-  const ModeRun none = run_mode(model, lengths, baseline, flags.repeats, comm);
-  const ModeRun balanced = run_mode(model, lengths, options, flags.repeats, comm);
-  const OverlapFigures overlap = flags.overlap
-                                     ? measure_overlap(model, lengths, options, flags.repeats, comm)
-                                     : OverlapFigures{};
+  const ModeRun none = run_mode(model, lengths, baseline, nullptr, flags.repeats, comm);
+  const ModeRun balanced = run_mode(model, lengths, options, planned, flags.repeats, comm);
+  const OverlapFigures overlap =
+      flags.overlap ? measure_overlap(model, lengths, options, planned, flags.repeats, comm)
+                    : OverlapFigures{};
 
   barrier(comm);
   // Bit-identical top-k on every rank: compare row by row, count mismatches.
@@ -566,7 +603,7 @@ void run_ranks(const RunFlags& flags) {
   }
   const double speedup =
       slowest(balanced_ranks) > 0 ? slowest(none_ranks) / slowest(balanced_ranks) : 0.0;
-  const std::string mode = std::string(mode_name(options.mode));
+  const std::string mode = planned ? flags.mode : std::string(mode_name(options.mode));
   const auto hidden = [&](int64_t wait_ns) {
     return overlap_ns[0] > 0
                ? std::clamp(1.0 - static_cast<double>(wait_ns) / static_cast<double>(overlap_ns[0]),
@@ -694,7 +731,8 @@ const Registration registration("run", [](CLI::App& app) {
   sub->add_option("--ratio", flags->ratio, "Key compression ratio of the indexer layer")
       ->capture_default_str();
   sub->add_option("--mode", flags->mode,
-                  "Balanced mode to compare with none: zigzag, greedy or hybrid")
+                  "Balanced mode to compare with none: a seed mode (zigzag, greedy, hybrid) or any "
+                  "other strategy of 'sparsecp simulate --list' (e.g. spill, auto, snake)")
       ->capture_default_str();
   sub->add_option("--block", flags->block_size,
                   "Greedy/hybrid: rows per pooled block (default 2048, or the rows per rank when "
