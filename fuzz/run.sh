@@ -36,7 +36,8 @@ for target in "${targets[@]}"; do
   status=0
   (cd "$work/$target" && "$build/$target" -max_total_time="$seconds" -timeout=10 \
       -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/$target/artifacts/" \
-      "$work/$target/corpus" "$here/corpus/$target" >"$log" 2>&1) || status=$?
+      "$work/$target/corpus" $( [ -d "$here/corpus/$target" ] && echo "$here/corpus/$target") \
+      >"$log" 2>&1) || status=$?
   executions=$(awk '/stat::number_of_executed_units/ {print $2}' "$log" || true)
   summary=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 | sed -E 's/.*cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+)\/([^ ]+).*/cov \1, features \2, corpus \3 inputs (\4)/' || true)
   crashes=$(find "$work/$target/artifacts" -type f | wc -l)
