@@ -55,8 +55,8 @@ void write_tensor(const std::string& name, std::vector<int64_t> shape, uint64_t 
 bool run_select(const std::string& out, bool reference) {
   CLI::App app{"fuzz"};
   for (auto& [name, add] : sparsecp::cli::command_registry()) add(app);
-  std::string line = "select --keys " + directory + "k.npy --weights " + directory +
-                     "w.npy --q " + directory + "q.npy --segments " + directory +
+  std::string line = "select --keys " + directory + "k.npy --weights " + directory + "w.npy --q " +
+                     directory + "q.npy --segments " + directory +
                      "segments.json --ratio 4 --topk 3 --threads 1 --out " + out;
   if (reference) line += " --reference";
   std::FILE* saved = stdout;  // the command reports what it wrote; keep the log clean
