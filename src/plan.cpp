@@ -20,6 +20,23 @@ __extension__ using Wide = __int128;
 // Far beyond any CP group; it bounds the per-rank bookkeeping a hostile input can request.
 constexpr int64_t kMaxCp = int64_t{1} << 20;
 
+// Blocks of at most `block` rows over document rows [0, end); written so that a block
+// size near 2^63 cannot overflow `start + block`.
+void append_blocks(std::vector<Task>& tasks, int64_t document, int64_t end, int64_t block) {
+  for (int64_t start = 0; start < end;) {
+    const int64_t stop = start + std::min(block, end - start);
+    tasks.push_back({document, start, stop});
+    start = stop;
+  }
+}
+
+// The seed's per-worker row cap, 2 * local, saturating for shards beyond 2^62 rows.
+int64_t row_cap(int64_t total, int64_t cp) {
+  const int64_t local = total / cp;
+  return local > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
+                                                         : 2 * local;
+}
+
 int64_t task_work(const Task& task, int64_t ratio) {
   return range_work(task.start, task.end, ratio);
 }
@@ -68,7 +85,7 @@ Assignments zigzag_tasks(std::span<const int64_t> lengths, int64_t cp) {
 
 // Seed `_assign_greedy_tasks`: tasks in descending work (ties by document, start,
 // end) go to the least (work, rows, rank) worker whose rows stay within `capacity`.
-void assign_greedy_tasks(Assignments& assignments, std::vector<Task> tasks, int64_t ratio,
+void assign_greedy_tasks(Assignments& assignments, std::span<const Task> tasks, int64_t ratio,
                          int64_t capacity) {
   using Worker = std::tuple<int64_t, int64_t, int64_t>;  // (work, rows, rank)
   std::vector<Worker> workers;
@@ -117,13 +134,10 @@ Assignments greedy_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t r
                          int64_t total) {
   std::vector<Task> tasks;
   for (size_t document = 0; document < lengths.size(); ++document) {
-    for (int64_t start = 0; start < lengths[document]; start += block) {
-      tasks.push_back(
-          {static_cast<int64_t>(document), start, std::min(start + block, lengths[document])});
-    }
+    append_blocks(tasks, static_cast<int64_t>(document), lengths[document], block);
   }
   Assignments assignments(static_cast<size_t>(cp));
-  assign_greedy_tasks(assignments, std::move(tasks), ratio, 2 * (total / cp));
+  assign_greedy_tasks(assignments, tasks, ratio, row_cap(total, cp));
   return assignments;
 }
 
@@ -147,11 +161,9 @@ Assignments hybrid_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t r
       }
       pool_end = remainder;
     }
-    for (int64_t start = 0; start < pool_end; start += block) {
-      pooled.push_back({doc, start, std::min(start + block, pool_end)});
-    }
+    append_blocks(pooled, doc, pool_end, block);
   }
-  assign_greedy_tasks(assignments, std::move(pooled), ratio, 2 * (total / cp));
+  assign_greedy_tasks(assignments, pooled, ratio, row_cap(total, cp));
   return assignments;
 }
 
