@@ -9,6 +9,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev     # command line and JSON
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
   python3                             # test-data checks and seed comparisons
+  clang libomp-14-dev libclang-rt-14-dev       # fuzzing (libFuzzer) and TSan with OpenMP (Archer)
 )
 missing=()
 for package in "${packages[@]}"; do
