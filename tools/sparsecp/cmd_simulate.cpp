@@ -1,6 +1,7 @@
 // `sparsecp simulate`: every balancing strategy side by side on packed batches.
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <fstream>
@@ -163,6 +164,12 @@ void run_simulate(const SimulateCommand& command) {
                  "--rope-dim must be even and non-negative, got ", command.rope_dim);
   SPARSECP_CHECK(command.qr_rank >= 0 && command.index_heads >= 0 && command.topk >= 1,
                  "--qr-rank and --index-heads must be non-negative and --topk positive");
+  SPARSECP_CHECK(command.snake_block >= 1, "--snake-block must be positive, got ",
+                 command.snake_block);
+  SPARSECP_CHECK(command.lpt_align >= 1, "--lpt-align must be positive, got ", command.lpt_align);
+  SPARSECP_CHECK(command.lpt_steps >= 0, "--lpt-steps must be non-negative, got ",
+                 command.lpt_steps);
+  SPARSECP_CHECK(!spec.file_batches.empty() || !spec.seeds.empty(), "--seeds names no seed");
   StrategyParams& params = spec.params;
   params.block_size = command.block;
   params.zigzag_min_length = command.zigzag_min_length;
@@ -182,6 +189,12 @@ void run_simulate(const SimulateCommand& command) {
   const ProgressBar progress(isatty(STDERR_FILENO) == 1);
   const std::vector<SimulationResult> results =
       run_sweep(spec, [&](int64_t done, int64_t total) { progress(done, total); });
+  // Some strategies may reject a batch (reported in their rows); if every one rejected
+  // every batch, nothing was simulated and that is the user's error.
+  const auto planned = std::find_if(results.begin(), results.end(),
+                                    [](const SimulationResult& r) { return r.error.empty(); });
+  SPARSECP_CHECK(results.empty() || planned != results.end(),
+                 "nothing could be simulated: ", results.front().error);
   const std::vector<SummaryRow> rows =
       command.all_batches ? per_batch_rows(results) : summarize(results);
 
