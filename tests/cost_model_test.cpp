@@ -15,16 +15,6 @@
 namespace sparsecp {
 namespace {
 
-// A cost model without designated initializers (-Wmissing-field-initializers).
-CostModel linear_model(double a, double b, double c, int64_t topk) {
-  CostModel model;
-  model.a = a;
-  model.b = b;
-  model.c = c;
-  model.topk = topk;
-  return model;
-}
-
 using ::testing::HasSubstr;
 
 template <typename F>
@@ -79,12 +69,12 @@ TEST(CostModel, PrefixEqualsSumOfRowsOnRandomModels) {
 }
 
 TEST(CostModel, RowCostNeverDecreasesAlongADocument) {
-  const CostModel model = linear_model(3, 0.5, 2, 5);
+  const CostModel model = CostModel::linear(3, 0.5, 2, 5);
   for (int64_t vis = 0; vis < 50; ++vis) EXPECT_LE(model.row(vis), model.row(vis + 1));
 }
 
 TEST(CostModel, TextRoundTripsExactly) {
-  CostModel model = linear_model(61.52345678901234, 0.041, 1e-3, 2048);
+  CostModel model = CostModel::linear(61.52345678901234, 0.041, 1e-3, 2048);
   model.unit = "ns";
   model.note = "heads 64 head_dim 128, test machine";
   const CostModel back = parse_cost_model(format_cost_model(model), "text");
@@ -101,7 +91,7 @@ TEST(CostModel, FileRoundTripAndMissingFile) {
       (std::filesystem::temp_directory_path() /
        ("sparsecp_cost_model_test_" + std::to_string(testing::test_seed()) + ".txt"))
           .string();
-  const CostModel model = linear_model(2, 0.25, 0.5, 64);
+  const CostModel model = CostModel::linear(2, 0.25, 0.5, 64);
   save_cost_model(path, model);
   const CostModel back = load_cost_model(path);
   EXPECT_EQ(back.a, 2);

@@ -17,16 +17,6 @@
 namespace sparsecp {
 namespace {
 
-// A cost model without designated initializers (-Wmissing-field-initializers).
-CostModel linear_model(double a, double b, double c, int64_t topk) {
-  CostModel model;
-  model.a = a;
-  model.b = b;
-  model.c = c;
-  model.topk = topk;
-  return model;
-}
-
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -104,9 +94,9 @@ TEST(LowerBound, FastEqualsReferenceOnRandomBatches) {
     const auto lengths = testing::random_batch(random, cp, 9, 200);
     CostModel model;
     if (trial % 3 == 1) {
-      model = linear_model(0.5, 0.25, 1, 1 + int64_t(random.next() % 20));
+      model = CostModel::linear(0.5, 0.25, 1, 1 + int64_t(random.next() % 20));
     } else if (trial % 3 == 2) {
-      model = linear_model(1, 0, 0, 512);  // every row alike
+      model = CostModel::linear(1, 0, 0, 512);  // every row alike
     }
     const BalanceBound fast = balance_bound(lengths, cp, ratio, model);
     const BalanceBound slow = balance_bound_reference(lengths, cp, ratio, model);
@@ -208,7 +198,7 @@ TEST(LowerBound, RejectsBadInputs) {
               HasSubstr("equal contiguous CP partition"));
   EXPECT_THAT(error_of([&] { rows_moved_lower_bound(lengths, 2, 4, 0.99); }),
               HasSubstr("target imbalance must be at least 1, got 0.99"));
-  EXPECT_THAT(error_of([&] { balance_bound(lengths, 2, 4, linear_model(-1, 1, 0, 512)); }),
+  EXPECT_THAT(error_of([&] { balance_bound(lengths, 2, 4, CostModel::linear(-1, 1, 0, 512)); }),
               HasSubstr("coefficient a"));
 }
 

@@ -26,16 +26,6 @@
 namespace sparsecp {
 namespace {
 
-// A cost model without designated initializers (-Wmissing-field-initializers).
-CostModel linear_model(double a, double b, double c, int64_t topk) {
-  CostModel model;
-  model.a = a;
-  model.b = b;
-  model.c = c;
-  model.topk = topk;
-  return model;
-}
-
 using ::testing::HasSubstr;
 
 std::vector<std::vector<Task>> ranks_of(const TaskPlan& plan) {
@@ -176,7 +166,7 @@ TEST(Spill, BalancesTheCostModelItIsGiven) {
     const int64_t cp = 2 + static_cast<int64_t>(random.next() % 7);
     const auto lengths = testing::random_batch(random, cp, 10, 3000);
     SpillOptions options;
-    options.cost = linear_model(2, 0.25, 1, 8);
+    options.cost = CostModel::linear(2, 0.25, 1, 8);
     const SpillPlan spill = plan_spill(lengths, cp, 4, options);
     check_plan_covers(spill.plan, lengths);
     for (int64_t r = 0; r < cp; ++r) {
@@ -194,7 +184,7 @@ TEST(Spill, BalancesTheCostModelItIsGiven) {
   }
   // Every row alike: contiguous shards are already balanced, nothing moves.
   SpillOptions flat;
-  flat.cost = linear_model(1, 0, 0, 512);
+  flat.cost = CostModel::linear(1, 0, 0, 512);
   EXPECT_EQ(plan_spill(std::vector<int64_t>{1000, 24}, 4, 4, flat).rows_moved, 0);
 }
 

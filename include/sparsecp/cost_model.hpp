@@ -46,6 +46,16 @@ struct CostModel {
   std::string unit = "pairs";  // what one cost unit is ("pairs" or "ns")
   std::string note;            // where the figures come from (one line)
 
+  // A model from its three coefficients (units stay "pairs" unless set afterwards).
+  static CostModel linear(double a, double b, double c, int64_t topk) {
+    CostModel model;
+    model.a = a;
+    model.b = b;
+    model.c = c;
+    model.topk = topk;
+    return model;
+  }
+
   // The seed's causal pair count (a = 0, b = 1, c = 0).
   bool is_causal() const { return a == 0 && b == 1 && c == 0; }
 
