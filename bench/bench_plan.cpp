@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
-#include "sparsecp/plan.hpp"
-#include "sparsecp/route.hpp"
-#include "sparsecp/workload.hpp"
+#include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/workload.hpp"
 
 namespace {
 

@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "sparsecp/bf16.hpp"
-#include "sparsecp/select.hpp"
-#include "sparsecp/workload.hpp"
+#include "sparsecp/kernels/bf16.hpp"
+#include "sparsecp/kernels/select.hpp"
+#include "sparsecp/planning/workload.hpp"
 
 namespace {
 

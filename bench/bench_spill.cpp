@@ -8,11 +8,11 @@
 
 #include <vector>
 
-#include "sparsecp/lower_bound.hpp"
-#include "sparsecp/plan.hpp"
-#include "sparsecp/route.hpp"
-#include "sparsecp/spill.hpp"
-#include "sparsecp/workload.hpp"
+#include "sparsecp/planning/lower_bound.hpp"
+#include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/spill.hpp"
+#include "sparsecp/planning/workload.hpp"
 
 namespace {
 

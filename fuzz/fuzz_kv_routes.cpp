@@ -24,9 +24,9 @@
 #include <optional>
 #include <vector>
 
-#include "sparsecp/compression_plan.hpp"
-#include "sparsecp/dispatch.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/planning/compression_plan.hpp"
+#include "sparsecp/planning/dispatch.hpp"
 
 using namespace sparsecp;
 

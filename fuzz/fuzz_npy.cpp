@@ -1,4 +1,4 @@
-// libFuzzer target: the .npy reader (src/npy.cpp), which `sparsecp select` uses on
+// libFuzzer target: the .npy reader (src/io/npy.cpp), which `sparsecp select` uses on
 // user files.
 //
 // Any image must either parse or raise sparsecp::Error. A parsed array holds exactly
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "sparsecp/error.hpp"
-#include "sparsecp/npy.hpp"
+#include "sparsecp/io/npy.hpp"
 
 namespace {
 [[noreturn]] void fail(const char* what) {

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "sparsecp/error.hpp"
-#include "sparsecp/plan.hpp"
-#include "sparsecp/route.hpp"
+#include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/route.hpp"
 
 using namespace sparsecp;
 

@@ -21,7 +21,7 @@
 
 #include "command.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/npy.hpp"
+#include "sparsecp/io/npy.hpp"
 
 // The tool's main.cpp defines the registry; this target has its own main.
 namespace sparsecp::cli {

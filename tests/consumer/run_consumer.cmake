@@ -22,7 +22,46 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIAB
 if(status)
   message(FATAL_ERROR "building the consumer failed: ${status}")
 endif()
-execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE status)
+foreach(consumer IN ITEMS plan_consumer full_consumer)
+  execute_process(COMMAND ${WORK_DIR}/build/${consumer} RESULT_VARIABLE status)
+  if(status)
+    message(FATAL_ERROR "${consumer} failed: ${status}")
+  endif()
+endforeach()
+
+# The planning layer without kernels or MPI (planning, transport, io): configured with
+# kernels and MPI off, it must build, install
+# and serve a consumer without MPI, OpenMP or BLAS being looked for.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/planning-build -G ${GENERATOR}
+                        -DCMAKE_BUILD_TYPE=Release -DSPARSECP_WITH_KERNELS=OFF -DSPARSECP_WITH_MPI=OFF
+                RESULT_VARIABLE status OUTPUT_VARIABLE configure_log ERROR_VARIABLE configure_log)
 if(status)
-  message(FATAL_ERROR "the consumer failed: ${status}")
+  message(FATAL_ERROR "configuring the planning-only build failed: ${status}\n${configure_log}")
+endif()
+if(configure_log MATCHES "Found (MPI|OpenMP)|openblas")
+  message(FATAL_ERROR "the planning-only build looked for MPI, OpenMP or BLAS:\n${configure_log}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/planning-build
+                RESULT_VARIABLE status)
+if(status)
+  message(FATAL_ERROR "building the planning-only layers failed: ${status}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${WORK_DIR}/planning-build --prefix ${WORK_DIR}/planning-prefix
+                RESULT_VARIABLE status OUTPUT_QUIET)
+if(status)
+  message(FATAL_ERROR "installing the planning layer alone failed: ${status}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/planning-consumer
+                        -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/planning-prefix -DCMAKE_BUILD_TYPE=Release
+                RESULT_VARIABLE status)
+if(status)
+  message(FATAL_ERROR "configuring the planning-only consumer failed: ${status}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/planning-consumer RESULT_VARIABLE status)
+if(status)
+  message(FATAL_ERROR "building the planning-only consumer failed: ${status}")
+endif()
+execute_process(COMMAND ${WORK_DIR}/planning-consumer/plan_consumer RESULT_VARIABLE status)
+if(status)
+  message(FATAL_ERROR "the planning-only consumer failed: ${status}")
 endif()

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "sparsecp/workload.hpp"
+#include "sparsecp/planning/workload.hpp"
 
 namespace sparsecp::cli {
 

@@ -26,12 +26,12 @@
 #include <vector>
 
 #include "command.hpp"
-#include "sparsecp/bf16.hpp"
-#include "sparsecp/cost.hpp"
-#include "sparsecp/cost_model.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/select.hpp"
-#include "sparsecp/workload.hpp"
+#include "sparsecp/kernels/bf16.hpp"
+#include "sparsecp/kernels/select.hpp"
+#include "sparsecp/planning/cost.hpp"
+#include "sparsecp/planning/cost_model.hpp"
+#include "sparsecp/planning/workload.hpp"
 
 namespace sparsecp::cli {
 namespace {
@@ -329,7 +329,8 @@ const Registration registration("calibrate", [](CLI::App& app) {
       "few visible-key counts, fit the per-row cost a + b*vis + c*min(topk, vis) in\n"
       "nanoseconds by non-negative least squares, print the fit with each point's residual,\n"
       "and save the model for `sparsecp spill --cost-model` and the auto strategy\n"
-      "(format: include/sparsecp/cost_model.hpp). Times are the selecting thread's CPU time,\n"
+      "(format: include/sparsecp/planning/cost_model.hpp). Times are the selecting thread's CPU "
+      "time,\n"
       "median of --repeats; bf16 qr, Wq_b and keys, fp32 weights and RoPE.");
   sub->add_option("--heads", flags->heads, "Index heads")->capture_default_str();
   sub->add_option("--head-dim", flags->head_dim, "Index head dimension")->capture_default_str();

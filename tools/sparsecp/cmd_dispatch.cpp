@@ -11,8 +11,8 @@
 
 #include "batch_input.hpp"
 #include "command.hpp"
-#include "sparsecp/dispatch.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/planning/dispatch.hpp"
 
 namespace sparsecp::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include "command.hpp"
 #include "plan_options.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/plan.hpp"
+#include "sparsecp/planning/plan.hpp"
 
 namespace sparsecp::cli {
 namespace {
@@ -147,7 +147,7 @@ const Registration registration("plan", [](CLI::App& app) {
       "Without --mode, compares 'none' (no balancing) with zigzag, greedy and hybrid.");
   command->flags.add_to(*sub,
                         "none | zigzag | greedy | hybrid (default: compare all four). See "
-                        "include/sparsecp/plan.hpp for what each does");
+                        "include/sparsecp/planning/plan.hpp for what each does");
   sub->add_flag("--json", command->json,
                 "Print JSON: {cp, ratio, mode, ranks:[{rank, tasks:[[document,start,end]], rows, "
                 "work}], imbalance, ...}; without --mode, {cp, ratio, plans:[...]}");

@@ -10,7 +10,7 @@
 #include "command.hpp"
 #include "plan_options.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/route.hpp"
+#include "sparsecp/planning/route.hpp"
 
 namespace sparsecp::cli {
 namespace {

@@ -25,17 +25,17 @@
 
 #include "batch_input.hpp"
 #include "command.hpp"
-#include "sparsecp/agreement.hpp"
-#include "sparsecp/bf16.hpp"
-#include "sparsecp/cost.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/exchange.hpp"
-#include "sparsecp/mpi_communicator.hpp"
-#include "sparsecp/plan.hpp"
-#include "sparsecp/route.hpp"
-#include "sparsecp/select.hpp"
-#include "sparsecp/strategy.hpp"
-#include "sparsecp/workload.hpp"
+#include "sparsecp/kernels/bf16.hpp"
+#include "sparsecp/kernels/select.hpp"
+#include "sparsecp/planning/cost.hpp"
+#include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/strategy.hpp"
+#include "sparsecp/planning/workload.hpp"
+#include "sparsecp/transport/agreement.hpp"
+#include "sparsecp/transport/exchange.hpp"
+#include "sparsecp/transport/mpi_communicator.hpp"
 
 namespace sparsecp::cli {
 namespace {

@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "command.hpp"
-#include "sparsecp/bf16.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/npy.hpp"
-#include "sparsecp/select.hpp"
-#include "sparsecp/workload.hpp"
+#include "sparsecp/io/npy.hpp"
+#include "sparsecp/kernels/bf16.hpp"
+#include "sparsecp/kernels/select.hpp"
+#include "sparsecp/planning/workload.hpp"
 
 namespace sparsecp::cli {
 namespace {

@@ -14,9 +14,9 @@
 #include "batch_input.hpp"
 #include "command.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/report_svg.hpp"
-#include "sparsecp/simulate.hpp"
-#include "sparsecp/strategy.hpp"
+#include "sparsecp/io/report_svg.hpp"
+#include "sparsecp/planning/simulate.hpp"
+#include "sparsecp/planning/strategy.hpp"
 
 namespace sparsecp::cli {
 namespace {

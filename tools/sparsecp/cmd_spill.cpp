@@ -11,14 +11,14 @@
 
 #include "batch_input.hpp"
 #include "command.hpp"
-#include "sparsecp/cost.hpp"
-#include "sparsecp/cost_model.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/lower_bound.hpp"
-#include "sparsecp/simulate.hpp"
-#include "sparsecp/spill.hpp"
-#include "sparsecp/strategy.hpp"
-#include "sparsecp/workload.hpp"
+#include "sparsecp/planning/cost.hpp"
+#include "sparsecp/planning/cost_model.hpp"
+#include "sparsecp/planning/lower_bound.hpp"
+#include "sparsecp/planning/simulate.hpp"
+#include "sparsecp/planning/spill.hpp"
+#include "sparsecp/planning/strategy.hpp"
+#include "sparsecp/planning/workload.hpp"
 
 namespace sparsecp::cli {
 namespace {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -31,6 +32,9 @@ int main(int argc, char** argv) {
       "packed batch, routes the rows between ranks, and runs the selection.\n"
       "Run 'sparsecp <command> --help' for a command's options and examples.",
       "sparsecp"};
+  app.footer(
+      "Errors: invalid input prints one line 'error: <message>' and exits with status 2.\n"
+      "Set SPARSECP_ERROR_DETAIL=1 to also print the error's kind and source location.");
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every command");
   auto& registry = sparsecp::cli::command_registry();
@@ -61,6 +65,12 @@ int main(int argc, char** argv) {
     return e.status;
   } catch (const sparsecp::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    // Debug detail (kind, source file and line) only on request: the user's message
+    // stays one line.
+    if (const char* detail = std::getenv("SPARSECP_ERROR_DETAIL");
+        detail && *detail && *detail != '0') {
+      std::fprintf(stderr, "error detail: %s\n", e.detail().c_str());
+    }
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of memory\n");

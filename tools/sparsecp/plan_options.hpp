@@ -7,7 +7,7 @@
 #include <string>
 
 #include "batch_input.hpp"
-#include "sparsecp/plan.hpp"
+#include "sparsecp/planning/plan.hpp"
 
 namespace sparsecp::cli {
 

@@ -1,0 +1,155 @@
+// sparsecp: worker-side selection — Index-Q projection, RoPE and Lightning Indexer
+// top-k over packed segments.
+//
+// A worker receives, for each of its `rows` query rows (worker order, see route.hpp):
+//   qr      [rows, q_rank]          low-rank query residual
+//   weights [rows, heads]           merge weights (already scaled by head_dim^-0.5 *
+//                                   n_heads^-0.5, as the model does)
+//   cos/sin [rows, rope_dim / 2]    the row's original RoPE factors
+// plus the layer's Wq_b and the full compressed Index K bank [bank, head_dim], and the
+// route's segments. It returns, per row, the `topk` selected bank key ids.
+//
+// Projection (seed `_project_worker_index_query` / `_project_index_query`):
+//   q = RoPE(qr @ Wq_b), viewed as [rows, heads, head_dim]. RoPE rotates the trailing
+//   `rope_dim` channels of every head in interleaved pairs, in fp32: for pair i,
+//   channels (x0, x1) = (D - rope_dim + 2i, D - rope_dim + 2i + 1) become
+//   (x0 * cos[i] - x1 * sin[i], x1 * cos[i] + x0 * sin[i]); earlier channels pass.
+//   With bf16 qr/Wq_b the GEMM accumulates in fp32, its result is rounded to bf16 (a
+//   bf16 Linear's output), RoPE runs in fp32 and its result is rounded to bf16 again
+//   (the seed's `_apply_v41_rope` casting back); the values are returned as fp32.
+//
+// Scoring and top-k (seed "Packed Lightning Indexer", `_select_indices`):
+//   I[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :])   (ReLU(x) = x > 0 ? x : 0)
+//   over exactly the keys row t sees: the row at document position p of a segment
+//   sees bank keys [key_begin, key_begin + floor((p + 1) / ratio)) (route.hpp).
+//   Output per row: the `topk` best visible key ids — higher score first, equal scores
+//   to the lower id, NaN above +inf (a total order, so ties are deterministic) —
+//   sorted ascending and padded with -1. Rows that see no key, and rows covered by no
+//   segment, are all -1.
+//   Precision follows the key bank: with fp32 keys, q is used in fp32 (bf16 q is
+//   widened); with bf16 keys, q is rounded to bf16 (round to nearest even; exact for
+//   a bf16 projection) and each product is accumulated in fp32. Weights are fp32
+//   (bf16 weights are widened).
+//
+// Guarantees:
+//   * A row's result depends only on that row's inputs, its visible keys and the
+//     kernel ISA (fixed per process unless forced): never on the thread count, on
+//     which other rows share the call, or on where its keys fall in a tile. Every
+//     (row, key) score is computed by the same instruction sequence wherever it is.
+//   * The fast path never materialises [rows, heads, keys] or [rows, keys]: it works
+//     in tiles of rows x keys, skips tiles no row sees, and keeps per-row top-k
+//     state. Extra memory is bounded by threads x (key tile + score tile + top-k
+//     state of a row block); see `select_scratch_bytes`.
+//   * On small-integer inputs (every dot product exact in fp32) the fast and the
+//     `_reference` functions return identical results, ties included.
+//   * Invalid shapes, dtypes, segments or config throw sparsecp::Error naming the
+//     value; the seed's texts are used where it has one.
+//
+// Layouts: every matrix is dense row-major (C order) with the shape given above; a
+// MatrixView does not own its data. bf16 values are raw IEEE bfloat16 bits in
+// uint16_t (the upper half of an fp32).
+//
+// Threads: `SelectConfig::threads` (0 = OpenMP's default). The projection's GEMM
+// uses OpenBLAS, whose own thread count is OpenBLAS's setting.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "sparsecp/planning/segment.hpp"
+#include "sparsecp/tensor.hpp"
+
+namespace sparsecp {
+
+// DType, MatrixView: tensor.hpp.
+
+// Layout of Wq_b. kInOut: [q_rank, heads * head_dim] (qr @ Wq_b). kOutIn:
+// [heads * head_dim, q_rank], i.e. PyTorch's `q_b_proj.weight` (qr @ Wq_b^T).
+enum class WeightLayout { kInOut, kOutIn };
+
+// Which SIMD kernel scores. kAuto picks the best the CPU supports, once per process
+// (AVX-512 with AVX512_BF16 dot products > AVX-512 > AVX2+FMA > portable). Forcing an
+// ISA the CPU lacks throws Error. Results may differ between ISAs in the last bits
+// of real-valued scores (different but fixed summation orders); they never differ
+// on exact (small-integer) inputs.
+enum class KernelIsa { kAuto, kPortable, kAvx2, kAvx512 };
+
+// Name of an ISA: "auto", "portable", "avx2", "avx512".
+const char* kernel_isa_name(KernelIsa isa);
+
+// The ISA kAuto resolves to on this CPU, and whether the CPU can run `isa`.
+KernelIsa best_kernel_isa();
+bool kernel_isa_supported(KernelIsa isa);
+
+// Shape and options of one selection call (DeepSeek-V4 indexer defaults).
+struct SelectConfig {
+  int64_t heads = 64;      // index heads
+  int64_t head_dim = 128;  // D
+  int64_t rope_dim = 64;   // trailing rotated channels per head; even, <= head_dim
+  int64_t topk = 512;      // selected keys per row
+  int64_t ratio = 4;       // compression ratio: one key per `ratio` raw tokens
+  int threads = 0;         // worker threads; 0 = OpenMP default. Never changes results.
+  KernelIsa isa = KernelIsa::kAuto;
+};
+
+// Throws Error unless heads, head_dim, topk, ratio >= 1 and threads >= 0. (rope_dim is
+// checked by the projection only: even and within [0, head_dim].)
+void validate_select_config(const SelectConfig& config);
+
+// ---------------------------------------------------------------------------------
+// Projection. Seed `_project_worker_index_query`.
+//
+// qr [rows, q_rank]; wq_b [q_rank, width] (kInOut) or [width, q_rank] (kOutIn), same
+// dtype as qr; cos, sin [rows, rope_dim / 2] (fp32 or bf16, used in fp32).
+// Writes q_out [rows, heads, head_dim] fp32 (q_out.size() == rows * width).
+// Errors: "Indexer query width {w} is not divisible by head_dim {d}" (seed text);
+// width / head_dim != config.heads; mismatched rows, q_rank, dtypes or sizes.
+void project_index_query(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixView sin,
+                         const SelectConfig& config, std::span<float> q_out,
+                         WeightLayout layout = WeightLayout::kInOut);
+// Plain loops, same contract; the specification the fast path is tested against.
+void project_index_query_reference(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixView sin,
+                                   const SelectConfig& config, std::span<float> q_out,
+                                   WeightLayout layout = WeightLayout::kInOut);
+
+// ---------------------------------------------------------------------------------
+// Scoring + top-k. Seed `_select_indices` on packed segments (csa_tnd_plan).
+//
+// q [rows, heads * head_dim] (fp32 or bf16), weights [rows, heads], keys
+// [bank, head_dim] (fp32 or bf16), segments as in route.hpp, addressing rows of q
+// and keys of the bank. Writes out [rows, topk] int32 (out.size() == rows * topk).
+// Errors: shape mismatches; segments outside [0, rows) x [0, bank], overlapping
+// segments, residual outside [0, ratio), or more rows than document positions.
+void select_topk(MatrixView q, MatrixView weights, MatrixView keys,
+                 std::span<const Segment> segments, const SelectConfig& config,
+                 std::span<int32_t> out);
+void select_topk_reference(MatrixView q, MatrixView weights, MatrixView keys,
+                           std::span<const Segment> segments, const SelectConfig& config,
+                           std::span<int32_t> out);
+
+// ---------------------------------------------------------------------------------
+// Worker convenience: project_index_query then select_topk (the `select_tasks`
+// closure of the seed's balanced path). qr and wq_b share a dtype; with bf16 the
+// projected q is bf16-exact, so bf16 keys score it without further rounding.
+// Temporary memory: rows * heads * head_dim fp32 for q (as the seed's worker Q).
+void select_worker_rows(MatrixView qr, MatrixView weights, MatrixView cos, MatrixView sin,
+                        MatrixView wq_b, MatrixView keys, std::span<const Segment> segments,
+                        const SelectConfig& config, std::span<int32_t> out,
+                        WeightLayout layout = WeightLayout::kInOut);
+void select_worker_rows_reference(MatrixView qr, MatrixView weights, MatrixView cos, MatrixView sin,
+                                  MatrixView wq_b, MatrixView keys,
+                                  std::span<const Segment> segments, const SelectConfig& config,
+                                  std::span<int32_t> out,
+                                  WeightLayout layout = WeightLayout::kInOut);
+
+// Upper bound of the fast path's scratch memory in bytes for `threads` threads
+// (0 = OpenMP default) under `config`: threads x (packed key tile + q block + score
+// tile + top-k candidates of one row block). Independent of rows and bank size.
+std::size_t select_scratch_bytes(const SelectConfig& config, DType key_dtype, int threads = 0);
+
+// Score FLOPs of a call: 2 * heads * head_dim per visible (row, key) pair. Throws like
+// select_topk on invalid segments.
+double select_score_flops(std::span<const Segment> segments, const SelectConfig& config);
+
+}  // namespace sparsecp

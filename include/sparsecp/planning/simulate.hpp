@@ -1,0 +1,189 @@
+// sparsecp: simulate balancing strategies side by side on packed batches.
+//
+// `simulate_plan` runs one strategy on one batch and measures what a user choosing a
+// strategy cares about; `run_sweep` does that for every strategy, CP size and batch of
+// a sweep; `summarize` reduces the batches of each (strategy, cp, workload) to medians;
+// the writers print the summaries as a table, JSON or CSV (report_svg.hpp draws them).
+//
+// Definitions (all per batch; "owner" of a row is the rank whose contiguous shard of
+// sum(lengths) / cp rows holds it):
+//   work[r]         causal (query, key) pairs rank r selects (cost.hpp), real rows only.
+//   imbalance       max(work) / mean(work); 1.0 when there is no work.
+//   lower_bound     max(mean, largest_unit_work) / mean: no plan that keeps the
+//                   strategy's indivisible units whole can do better. The unit is the
+//                   strategy's own (Strategy::unit()): a single row for row-granular
+//                   strategies (zigzag, per-doc-zigzag, round-robin), a block (greedy,
+//                   hybrid, snake), a fragment (lpt-search), the whole shard (none, so
+//                   its bound is its own imbalance).
+//   row_lower_bound max(mean, costliest single row) / mean: the physical limit for any
+//                   row-granular plan.
+//   rows_moved      rows selected on a rank other than their owner;
+//                   max_rows_moved_per_rank is the most any one owner sends away.
+//   bytes_moved     rows_moved * (input bytes + result bytes) of RowBytes: inputs go
+//                   owner -> worker, int32 top-k ids come back.
+//   rows_moved_bound  the fewest rows any plan must move for every rank to end at or
+//                   below the mean work: each owner above the mean sheds its costliest
+//                   rows first (min_rows_to_balance). A property of the batch, the same
+//                   for every strategy.
+//   max_bytes_sent_per_rank  the most bytes one rank puts on the wire in the two
+//                   all-to-alls: its moved rows' inputs as owner plus the results of
+//                   rows it selects for other owners as worker.
+//   fragments[r]    tasks (maximal contiguous document pieces) rank r selects; each is
+//                   a separate segment for the selector.
+//   rows[r]         query rows rank r selects (memory for its inputs and results).
+//   padding_rows    synthetic rows the strategy's layout computes for nothing.
+//   plan_ms         wall-clock milliseconds of Strategy::plan on this machine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sparsecp/planning/strategy.hpp"
+
+namespace sparsecp {
+
+// Bytes per moved row, with DeepSeek-V4-like defaults: bf16 low-rank query residual of
+// rank 1536, 64 fp32 merge weights, fp32 RoPE cos and sin of 32 each; int32 top-k 512
+// key ids come back.
+struct RowBytes {
+  int64_t qr_rank = 1536;
+  int64_t qr_bytes = 2;
+  int64_t index_heads = 64;
+  int64_t weight_bytes = 4;
+  int64_t rope_pairs = 32;
+  int64_t rope_bytes = 4;
+  int64_t topk = 512;
+  int64_t index_bytes = 4;
+
+  // Owner -> worker bytes of one row (3584 with the defaults).
+  int64_t input_bytes() const {
+    return qr_rank * qr_bytes + index_heads * weight_bytes + 2 * rope_pairs * rope_bytes;
+  }
+  // Worker -> owner bytes of one row (2048 with the defaults).
+  int64_t result_bytes() const { return topk * index_bytes; }
+};
+
+// One strategy on one batch.
+struct SimulationResult {
+  std::string strategy;
+  int64_t cp = 0;
+  std::string workload;  // distribution name, or "file"
+  int64_t batch = 0;     // the generator seed, or the line of the lengths file
+  int64_t total_rows = 0;
+  std::vector<int64_t> work, rows, fragments, rows_sent, padding;  // per rank
+  int64_t total_work = 0;
+  int64_t largest_unit_work = 0;
+  double imbalance = 0;
+  double lower_bound = 0;
+  double row_lower_bound = 0;
+  int64_t rows_moved = 0;
+  int64_t rows_moved_bound = 0;
+  int64_t max_rows_moved_per_rank = 0;
+  int64_t bytes_moved = 0;
+  int64_t bytes_moved_bound = 0;  // rows_moved_bound * (input + result bytes)
+  int64_t max_bytes_sent_per_rank = 0;
+  int64_t fragments_max = 0;
+  int64_t fragments_total = 0;
+  int64_t rows_max = 0;
+  int64_t padding_rows = 0;
+  double plan_ms = 0;
+  std::string note;
+  std::string error;  // non-empty when the strategy rejected the batch (its Error text)
+};
+
+// The fewest rows that must leave their owners so that no rank's causal work exceeds
+// the mean: every owner above the mean sheds its costliest rows (the latest positions
+// of its documents) until it is at or below the mean. Lengths must be valid (as for
+// plan_tasks); 0 when the contiguous plan is already perfectly balanced.
+int64_t min_rows_to_balance(std::span<const int64_t> lengths, int64_t cp, int64_t ratio);
+
+// Plans `lengths` with `strategy` and measures the plan. A strategy's Error becomes
+// `error` (the other figures stay 0) so that one rejected batch does not end a sweep;
+// invalid batches (which every strategy rejects) are still reported that way.
+SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t> lengths,
+                               int64_t cp, int64_t ratio, const StrategyParams& params,
+                               const RowBytes& row_bytes = {});
+
+// What to sweep. Generated batches use WorkloadSpec{distribution, tokens, doc_scale,
+// cp, seed} (workload.hpp), so with doc_scale 0 document lengths scale with the shard
+// (a quarter of it, the generator's default); `file_batches` are used as given for
+// every CP size and must divide by each.
+struct SweepSpec {
+  std::vector<const Strategy*> strategies;
+  std::vector<int64_t> cps = {4, 8, 16, 32, 64};
+  std::vector<std::string> distributions = {"lognormal", "pareto", "mixture"};
+  std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
+  int64_t tokens = 1 << 20;
+  int64_t doc_scale = 0;
+  std::vector<std::vector<int64_t>> file_batches;  // when non-empty, replaces generators
+  int64_t ratio = 4;
+  StrategyParams params;  // block_size is clamped to each batch's local rows
+  RowBytes row_bytes;
+};
+
+// Batches a sweep will plan: |cps| * (|distributions| * |seeds| or |file_batches|).
+int64_t sweep_batches(const SweepSpec& spec);
+
+// Runs every strategy on every batch, in (cp, workload, batch, strategy) order.
+// Throws Error before planning anything when the spec is unusable (no strategy, a
+// non-positive or non-dividing CP size, an unknown distribution, ...). `progress`
+// (optional) is called after each batch with (done, total).
+std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
+                                        const std::function<void(int64_t, int64_t)>& progress = {});
+
+// Medians over the batches of one (strategy, cp, workload), in first-seen order.
+// Failed batches are counted in `failures` and left out of the medians.
+struct SummaryRow {
+  std::string strategy;
+  int64_t cp = 0;
+  std::string workload;
+  std::optional<int64_t> batch;  // set when the row is one batch, not a median
+  int64_t batches = 0;
+  int64_t failures = 0;
+  double imbalance = 0;
+  double lower_bound = 0;
+  double row_lower_bound = 0;
+  double rows_moved = 0;
+  double moved_fraction = 0;  // rows_moved / total rows
+  double rows_moved_bound = 0;
+  double moved_bound_fraction = 0;  // rows_moved_bound / total rows ("need%" in tables)
+  double max_rows_moved_per_rank = 0;
+  double bytes_moved = 0;
+  double bytes_moved_bound = 0;
+  double max_bytes_sent_per_rank = 0;
+  double fragments_max = 0;
+  double rows_max = 0;
+  double padding_rows = 0;
+  double plan_ms = 0;
+  std::string note;  // the first note or error seen
+};
+
+std::vector<SummaryRow> summarize(std::span<const SimulationResult> results);
+
+// Each result as its own row (batch set), for --all-batches reports.
+std::vector<SummaryRow> per_batch_rows(std::span<const SimulationResult> results);
+
+// Median of `values` (mean of the middle two for an even count); NaN when empty.
+double median(std::vector<double> values);
+
+// {"results":[{"strategy":..,"cp":..,"workload":..,"imbalance":..,"lower_bound":..,
+//   "rows_moved":..,"max_rows_moved_per_rank":..,"bytes_moved":..,"fragments_max":..,
+//   "rows_max":..,"padding_rows":..,"plan_ms":.., <extra keys>},...]}
+// Extra keys: batch (per-batch rows), batches, failures, row_lower_bound,
+// moved_fraction, rows_moved_bound, moved_bound_fraction, bytes_moved_bound,
+// max_bytes_sent_per_rank, note. Non-finite
+// numbers are null.
+void write_json(std::ostream& out, std::span<const SummaryRow> rows);
+
+// The same fields as CSV with a header line (RFC 4180 quoting).
+void write_csv(std::ostream& out, std::span<const SummaryRow> rows);
+
+// A readable table, one block per (workload, cp).
+void write_table(std::ostream& out, std::span<const SummaryRow> rows);
+
+}  // namespace sparsecp

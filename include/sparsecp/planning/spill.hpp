@@ -1,0 +1,83 @@
+// sparsecp: the `spill` planner — balance by moving the fewest rows.
+//
+// Every seed mode re-deals most rows: zigzag, greedy and hybrid send 86-98% of all
+// rows away from their owners, although an overloaded rank only has to shed its
+// excess work, and its heaviest rows are the tails of the documents it holds.
+// Spill does exactly that:
+//
+//   1. Every rank keeps its own contiguous rows (plan.hpp's mode 'none').
+//   2. Target load T = max(target_imbalance * mean, costliest single row): the
+//      requested balance, or the best any row-granular plan can reach.
+//   3. Each rank above T sheds its heaviest rows — per-document tails — until its
+//      excess L[r] - T is covered: the fewest rows that can carry it
+//      (lower_bound.hpp's `heaviest_rows`), so rows moved equal the rows-moved lower
+//      bound at T by construction.
+//   4. The shed tails, in packed order, fill the ranks below T in rank order, each up
+//      to its deficit T - L[r]: a tail moves whole while it fits and is split at a row
+//      only where a receiver is full ("next fit"), so a plan has at most one split per
+//      receiver. A receiver also stops at the seed's cap of 2 x local rows, and after
+//      `max_received_fragments` received pieces when that bound is set.
+//   5. What no receiver can take (row slivers left below each receiver's deficit, or
+//      the caps) goes, a piece at a time, to the least-loaded rank other than its
+//      owner with row room; only then can a rank end above T. `SpillPlan::target_met`
+//      says whether every rank ended at most at T.
+//
+// Guarantees: every row is assigned exactly once; no rank selects more than
+// 2 * local rows; the plan is a pure function of the inputs (identical on every
+// rank, no communication); rows moved == rows_moved_lower_bound_at(T) (the sum of
+// `rows_shed`). Balance is on the given cost model (default: the seed's causal pairs,
+// so the seed's imbalance figure applies directly); with a calibrated model
+// (cost_model.hpp) spill balances predicted time instead.
+//
+// Target met: whenever the slack cp * T - total load is at least cp x the costliest
+// row (each receiver can stop at most one row short of its deficit, each donor
+// overshoots its excess by less than one row), and neither cap binds.
+//
+// Cost: O((documents + cp) * log(longest document)) plus building the TaskPlan.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sparsecp/planning/cost_model.hpp"
+#include "sparsecp/planning/plan.hpp"
+
+namespace sparsecp {
+
+struct SpillOptions {
+  // Requested max(load) / mean(load), >= 1. 1.0 asks for the balance bound itself.
+  // Default 1.001: on the standard sweep (CP 4-64, lognormal/pareto/mixture, 1M
+  // tokens) it moves 1.4% more rows than 1.01 for a 10x tighter balance, and unlike
+  // 1.0 it leaves enough slack for the target to be met exactly (docs/RESULTS.md).
+  double target_imbalance = 1.001;
+  // > 0: a rank receives at most this many pieces from other ranks (extra segments
+  // for its selector) while another receiver with room and fewer pieces remains;
+  // 0: unbounded. The bound yields only to the two hard rules (coverage, row cap).
+  int64_t max_received_fragments = 0;
+  // What a row costs (default: causal pairs, the seed's measure).
+  CostModel cost;
+};
+
+struct SpillPlan {
+  TaskPlan plan;
+  double target_load = 0;                   // T
+  double mean_load = 0;                     // M
+  std::vector<double> load_before;          // per rank, contiguous
+  std::vector<double> load_after;           // per rank, this plan
+  std::vector<int64_t> rows_shed;           // per rank, rows it sends away
+  std::vector<int64_t> rows_received;       // per rank, rows it selects for others
+  std::vector<int64_t> received_fragments;  // per rank, pieces it received
+  int64_t rows_moved = 0;                   // sum of rows_shed
+  bool target_met = false;                  // max(load_after) <= T
+  bool fragment_bound_met = true;           // no rank above max_received_fragments
+  int64_t leftover_pieces = 0;              // pieces placed by step 5
+};
+
+// Validates like plan_tasks (seed texts), then target_imbalance >= 1,
+// max_received_fragments >= 0 and the cost model.
+SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                     const SpillOptions& options = {});
+
+}  // namespace sparsecp

@@ -1,0 +1,30 @@
+// sparsecp strategies: spill — owners keep their rows and shed only their excess.
+//
+// Source: sparsecp's own planner (include/sparsecp/planning/spill.hpp, issue 7). Every rank
+// keeps its contiguous rows; a rank above the target load sheds its heaviest rows
+// (document tails) to the ranks below it, splitting a tail only where a receiver is
+// full. Rows moved equal the rows-moved lower bound (lower_bound.hpp) at the target.
+//
+// As a registered strategy it runs with SpillOptions' defaults: target imbalance
+// 1.001 on the causal pair count (the scale simulate reports), no fragment bound.
+// Other targets, a fragment bound or a calibrated cost model: call plan_spill, or use
+// `sparsecp spill`. Unit: one row.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "sparsecp/planning/spill.hpp"
+#include "sparsecp/planning/strategy.hpp"
+
+namespace sparsecp {
+
+// The strategy "spill".
+std::vector<std::unique_ptr<const Strategy>> make_spill_strategies();
+
+// plan_spill wrapped as a StrategyPlan (largest unit: the costliest row; a note when
+// the target or the fragment bound was not met).
+StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                                 const SpillOptions& options);
+
+}  // namespace sparsecp

@@ -1,0 +1,508 @@
+// Fast worker-side selection: BLAS projection + RoPE, then a tiled, fused
+// score-and-top-k over packed segments with per-row candidate buffers.
+//
+// Work decomposition: each TND sequence (csa_tnd_plan) is cut into blocks of
+// kBlockRows consecutive rows; a block walks the key tiles its last row can see
+// (kTileKeys keys each, packed once per block into 16-key panels) and every row
+// scores only the panels holding keys it sees. Blocks are independent and are
+// handed to OpenMP threads dynamically, largest first. Scratch is per thread.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "select_internal.hpp"
+#include "sparsecp/error.hpp"
+#include "sparsecp/kernels/bf16.hpp"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#define SPARSECP_SELECT_X86 1
+#else
+#define SPARSECP_SELECT_X86 0
+#endif
+
+namespace sparsecp {
+namespace sd = select_detail;
+
+// --- CPU features and kernel choice ---------------------------------------------------
+
+namespace select_detail {
+namespace {
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool avx512 = false;
+  bool avx512_bf16 = false;
+};
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if SPARSECP_SELECT_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1u;
+  const bool fma = (c >> 12) & 1u;
+  if (!osxsave) return f;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  const bool ymm_state = (xcr0_lo & 0x6u) == 0x6u;
+  const bool zmm_state = (xcr0_lo & 0xe6u) == 0xe6u;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  f.avx2 = ymm_state && fma && ((b >> 5) & 1u);
+  const bool avx512 = ((b >> 16) & 1u) && ((b >> 17) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u);
+  f.avx512 = f.avx2 && zmm_state && avx512;
+  if (f.avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = (a >> 5) & 1u;
+#endif
+  return f;
+}
+
+const CpuFeatures& features() {
+  static const CpuFeatures cached = detect();
+  return cached;
+}
+
+}  // namespace
+
+bool cpu_has_avx2() { return features().avx2; }
+bool cpu_has_avx512() { return features().avx512; }
+bool cpu_has_avx512_bf16() { return features().avx512_bf16; }
+
+}  // namespace select_detail
+
+const char* kernel_isa_name(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAuto:
+      return "auto";
+    case KernelIsa::kPortable:
+      return "portable";
+    case KernelIsa::kAvx2:
+      return "avx2";
+    case KernelIsa::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+bool kernel_isa_supported(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAuto:
+    case KernelIsa::kPortable:
+      return true;
+    case KernelIsa::kAvx2:
+      return SPARSECP_SELECT_X86 && sd::cpu_has_avx2();
+    case KernelIsa::kAvx512:
+      return SPARSECP_SELECT_X86 && sd::cpu_has_avx512();
+  }
+  return false;
+}
+
+KernelIsa best_kernel_isa() {
+  if (kernel_isa_supported(KernelIsa::kAvx512)) return KernelIsa::kAvx512;
+  if (kernel_isa_supported(KernelIsa::kAvx2)) return KernelIsa::kAvx2;
+  return KernelIsa::kPortable;
+}
+
+namespace {
+
+constexpr int64_t kTileKeys = 256;  // keys per tile: 16 panels
+constexpr int64_t kBlockRows = 32;  // rows per work item
+
+struct Kernel {
+  sd::ScoreRowFn score_row = nullptr;
+  bool bf16 = false;         // bf16 pair packs, VDPBF16PS
+  bool avx512_pack = false;  // transpose panels with AVX-512
+};
+
+Kernel resolve_kernel(KernelIsa isa, DType key_dtype) {
+  if (isa == KernelIsa::kAuto) isa = best_kernel_isa();
+  SPARSECP_CHECK(kernel_isa_supported(isa), "Indexer kernel ISA '", kernel_isa_name(isa),
+                 "' is not supported by this CPU");
+#if SPARSECP_SELECT_X86
+  if (isa == KernelIsa::kAvx512) {
+    if (key_dtype == DType::kBFloat16 && sd::cpu_has_avx512_bf16()) {
+      return {sd::score_row_bf16_avx512, true, true};
+    }
+    return {sd::score_row_f32_avx512, false, true};
+  }
+  if (isa == KernelIsa::kAvx2) return {sd::score_row_f32_avx2, false, false};
+#endif
+  (void)key_dtype;
+  return {sd::score_row_f32_portable, false, false};
+}
+
+int resolve_threads(int threads) {
+  return threads > 0 ? threads : std::max(1, omp_get_max_threads());
+}
+
+// 64-byte aligned scratch that grows but never shrinks.
+class AlignedScratch {
+ public:
+  void* get(std::size_t bytes) {
+    if (bytes > size_) {
+      bytes = (bytes + 63) / 64 * 64;
+      memory_.reset(static_cast<std::byte*>(std::aligned_alloc(64, bytes)));
+      SPARSECP_CHECK(memory_ != nullptr, "Indexer selection could not allocate ", bytes,
+                     " bytes of scratch");
+      size_ = bytes;
+    }
+    return memory_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> memory_;
+  std::size_t size_ = 0;
+};
+
+struct ThreadScratch {
+  AlignedScratch keys;    // packed key tile
+  AlignedScratch query;   // converted q rows of a block (when not used in place)
+  AlignedScratch scores;  // one row's scores over a tile
+  std::vector<uint64_t> candidates;
+  std::vector<int64_t> counts;
+  std::vector<uint64_t> thresholds;
+  std::vector<float> weights;  // widened bf16 merge weights of a block
+};
+
+struct Block {
+  const TndSequence* sequence;
+  int64_t row_begin;  // original rows [row_begin, row_end) inside the sequence
+  int64_t row_end;
+  int64_t cost;
+};
+
+struct Call {
+  MatrixView q, weights, keys;
+  const SelectConfig* config;
+  Kernel kernel;
+  int64_t depth;        // steps per dot product: head_dim, or pairs for bf16
+  int64_t panel_elems;  // elements (float or bf16) per packed panel
+  bool q_in_place;      // fp32 kernel reads the caller's fp32 q directly
+  std::span<int32_t> out;
+};
+
+// Packs keys [first, first + count) of the bank into panels of kernel layout.
+void pack_tile(const Call& call, int64_t first, int64_t count, void* dst) {
+  const int64_t dim = call.config->head_dim;
+  const int64_t panels = (count + sd::kPanelKeys - 1) / sd::kPanelKeys;
+  const bool keys_bf16 = call.keys.dtype == DType::kBFloat16;
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t key0 = first + p * sd::kPanelKeys;
+    const int64_t rows = std::min<int64_t>(sd::kPanelKeys, first + count - key0);
+#if SPARSECP_SELECT_X86
+    const std::size_t elem = call.kernel.bf16 || keys_bf16 ? 2 : 4;
+    const bool u32_rows = call.kernel.bf16 ? dim % 2 == 0 : !keys_bf16;
+    if (call.kernel.avx512_pack && u32_rows) {
+      const auto* src = static_cast<const char*>(call.keys.data) + key0 * dim * elem;
+      auto* panel = reinterpret_cast<uint32_t*>(static_cast<char*>(dst) +
+                                                p * call.panel_elems * (call.kernel.bf16 ? 2 : 4));
+      const int64_t cols = call.kernel.bf16 ? dim / 2 : dim;
+      sd::pack_panel_u32_avx512(src, cols, rows, cols, panel);
+      continue;
+    }
+#endif
+    if (call.kernel.bf16) {
+      auto* panel = static_cast<uint16_t*>(dst) + p * call.panel_elems;
+      const auto* src = static_cast<const uint16_t*>(call.keys.data);
+      for (int64_t pair = 0; pair < call.depth; ++pair) {
+        for (int64_t k = 0; k < sd::kPanelKeys; ++k) {
+          for (int64_t e = 0; e < 2; ++e) {
+            const int64_t d = 2 * pair + e;
+            panel[(pair * sd::kPanelKeys + k) * 2 + e] =
+                k < rows && d < dim ? src[(key0 + k) * dim + d] : uint16_t{0};
+          }
+        }
+      }
+    } else {
+      float* panel = static_cast<float*>(dst) + p * call.panel_elems;
+      for (int64_t d = 0; d < dim; ++d) {
+        for (int64_t k = 0; k < sd::kPanelKeys; ++k) {
+          panel[d * sd::kPanelKeys + k] = k < rows ? sd::element(call.keys, key0 + k, d) : 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// Brings rows [row_begin, row_end) of q into the kernel's layout (unless used in place).
+const void* prepare_query(const Call& call, int64_t row_begin, int64_t row_end,
+                          ThreadScratch& scratch) {
+  const int64_t width = call.config->heads * call.config->head_dim;
+  if (call.q_in_place) return static_cast<const float*>(call.q.data) + row_begin * width;
+  const int64_t rows = row_end - row_begin;
+  const int64_t heads = call.config->heads;
+  const int64_t dim = call.config->head_dim;
+  const bool round = call.keys.dtype == DType::kBFloat16;
+  if (call.kernel.bf16) {
+    auto* pairs = static_cast<uint32_t*>(
+        scratch.query.get(static_cast<std::size_t>(rows * heads * call.depth) * 4));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        uint32_t* head = pairs + (r * heads + h) * call.depth;
+        for (int64_t p = 0; p < call.depth; ++p) {
+          const int64_t d = 2 * p;
+          const uint32_t lo = float_to_bf16(sd::element(call.q, row_begin + r, h * dim + d));
+          const uint32_t hi =
+              d + 1 < dim ? float_to_bf16(sd::element(call.q, row_begin + r, h * dim + d + 1)) : 0u;
+          head[p] = lo | (hi << 16);
+        }
+      }
+    }
+    return pairs;
+  }
+  auto* values = static_cast<float*>(scratch.query.get(static_cast<std::size_t>(rows * width) * 4));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < width; ++c) {
+      const float value = sd::element(call.q, row_begin + r, c);
+      values[r * width + c] = round ? round_to_bf16(value) : value;
+    }
+  }
+  return values;
+}
+
+void run_block(const Call& call, const Block& block, ThreadScratch& scratch) {
+  const SelectConfig& config = *call.config;
+  const TndSequence& sequence = *block.sequence;
+  const int64_t rows = block.row_end - block.row_begin;
+  const int64_t first_position = sequence.first_position + (block.row_begin - sequence.row_begin);
+  const int64_t last_visible = TndPlan::visible_keys(first_position + rows - 1, config.ratio);
+  const int64_t topk = config.topk;
+  const int64_t capacity = std::min(2 * topk, last_visible);
+
+  scratch.candidates.resize(static_cast<std::size_t>(rows * capacity));
+  scratch.counts.assign(static_cast<std::size_t>(rows), 0);
+  scratch.thresholds.assign(static_cast<std::size_t>(rows), 0);
+  const void* query = prepare_query(call, block.row_begin, block.row_end, scratch);
+  const int64_t q_row_elems = config.heads * call.depth;  // floats or uint32 pairs
+  const int64_t tile_panels = kTileKeys / sd::kPanelKeys;
+  void* tile = scratch.keys.get(static_cast<std::size_t>(tile_panels * call.panel_elems) *
+                                (call.kernel.bf16 ? 2 : 4));
+  auto* scores = static_cast<float*>(scratch.scores.get(kTileKeys * sizeof(float)));
+  const float* weights = nullptr;
+  if (call.weights.dtype == DType::kFloat32) {
+    weights = static_cast<const float*>(call.weights.data) + block.row_begin * config.heads;
+  } else {
+    scratch.weights.resize(static_cast<std::size_t>(rows * config.heads));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < config.heads; ++h) {
+        scratch.weights[static_cast<std::size_t>(r * config.heads + h)] =
+            sd::element(call.weights, block.row_begin + r, h);
+      }
+    }
+    weights = scratch.weights.data();
+  }
+
+  for (int64_t t0 = 0; t0 < last_visible; t0 += kTileKeys) {
+    const int64_t tile_keys = std::min(kTileKeys, last_visible - t0);
+    pack_tile(call, sequence.key_begin + t0, tile_keys, tile);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t visible = TndPlan::visible_keys(first_position + r, config.ratio);
+      if (visible <= t0) continue;  // this row sees nothing in the tile
+      const int64_t count = std::min(tile_keys, visible - t0);
+      sd::ScoreRowArgs args;
+      args.q_pack =
+          call.kernel.bf16
+              ? static_cast<const void*>(static_cast<const uint32_t*>(query) + r * q_row_elems)
+              : static_cast<const void*>(static_cast<const float*>(query) + r * q_row_elems);
+      args.weights = weights + r * config.heads;
+      args.key_pack = tile;
+      args.panels = (count + sd::kPanelKeys - 1) / sd::kPanelKeys;
+      args.heads = config.heads;
+      args.head_dim = config.head_dim;
+      args.scores = scores;
+      call.kernel.score_row(args);
+
+      // Offer the row's visible keys of this tile to its candidate buffer.
+      uint64_t* buffer = scratch.candidates.data() + r * capacity;
+      int64_t& held = scratch.counts[static_cast<std::size_t>(r)];
+      uint64_t& threshold = scratch.thresholds[static_cast<std::size_t>(r)];
+      const int64_t key0 = sequence.key_begin + t0;
+      for (int64_t i = 0; i < count; ++i) {
+        const uint64_t candidate = sd::candidate(scores[i], key0 + i);
+        if (candidate <= threshold) continue;
+        buffer[held++] = candidate;
+        if (held == capacity && capacity > topk) {
+          std::nth_element(buffer, buffer + topk - 1, buffer + held, std::greater<>());
+          held = topk;
+          threshold = buffer[topk - 1];
+        }
+      }
+    }
+  }
+
+  for (int64_t r = 0; r < rows; ++r) {
+    uint64_t* buffer = scratch.candidates.data() + r * capacity;
+    int64_t held = scratch.counts[static_cast<std::size_t>(r)];
+    if (held > topk) {
+      std::nth_element(buffer, buffer + topk - 1, buffer + held, std::greater<>());
+      held = topk;
+    }
+    int32_t* out = call.out.data() + (block.row_begin + r) * topk;
+    for (int64_t i = 0; i < held; ++i) out[i] = sd::candidate_key(buffer[i]);
+    std::sort(out, out + held);
+    std::fill(out + held, out + topk, -1);
+  }
+}
+
+}  // namespace
+
+void select_topk(MatrixView q, MatrixView weights, MatrixView keys,
+                 std::span<const Segment> segments, const SelectConfig& config,
+                 std::span<int32_t> out) {
+  const auto plan = sd::validate_select(q, weights, keys, segments, config, out);
+  std::fill(out.begin(), out.end(), -1);
+  if (!plan) return;
+  Call call{q, weights, keys, &config, resolve_kernel(config.isa, keys.dtype), 0, 0, false, out};
+  call.depth = call.kernel.bf16 ? (config.head_dim + 1) / 2 : config.head_dim;
+  call.panel_elems = call.depth * sd::kPanelKeys * (call.kernel.bf16 ? 2 : 1);
+  call.q_in_place =
+      !call.kernel.bf16 && q.dtype == DType::kFloat32 && keys.dtype == DType::kFloat32;
+
+  std::vector<Block> blocks;
+  for (const TndSequence& sequence : plan->sequences()) {
+    for (int64_t row = sequence.row_begin; row < sequence.row_end; row += kBlockRows) {
+      const int64_t end = std::min(row + kBlockRows, sequence.row_end);
+      const int64_t last = sequence.first_position + (end - 1 - sequence.row_begin);
+      blocks.push_back(
+          {&sequence, row, end, (end - row) * TndPlan::visible_keys(last, config.ratio)});
+    }
+  }
+  // Largest first, so the dynamic schedule ends with small blocks. Order never
+  // affects results: blocks write disjoint rows.
+  std::stable_sort(blocks.begin(), blocks.end(),
+                   [](const Block& a, const Block& b) { return a.cost > b.cost; });
+  const int threads =
+      std::min<int64_t>(resolve_threads(config.threads), static_cast<int64_t>(blocks.size()));
+  std::vector<ThreadScratch> scratch(static_cast<std::size_t>(std::max(threads, 1)));
+  const auto count = static_cast<int64_t>(blocks.size());
+  bool failed = false;
+#pragma omp parallel num_threads(std::max(threads, 1))
+  {
+    ThreadScratch& mine = scratch[static_cast<std::size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; ++i) {
+      try {
+        run_block(call, blocks[static_cast<std::size_t>(i)], mine);
+      } catch (...) {
+#pragma omp atomic write
+        failed = true;
+      }
+    }
+  }
+  SPARSECP_CHECK(!failed, "Indexer selection could not allocate its scratch memory");
+}
+
+// --- projection --------------------------------------------------------------------------
+
+namespace {
+std::vector<float> widen(MatrixView view) {
+  std::vector<float> values(static_cast<std::size_t>(view.rows * view.cols));
+  const auto* bits = static_cast<const uint16_t*>(view.data);
+  const auto count = static_cast<int64_t>(values.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) values[static_cast<std::size_t>(i)] = bf16_to_float(bits[i]);
+  return values;
+}
+}  // namespace
+
+void project_index_query(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixView sin,
+                         const SelectConfig& config, std::span<float> q_out, WeightLayout layout) {
+  const int64_t width = sd::validate_projection(qr, wq_b, cos, sin, config, q_out, layout);
+  const int64_t rows = qr.rows;
+  const int64_t rank = qr.cols;
+  if (rows == 0 || width == 0) return;
+  SPARSECP_CHECK(rows <= INT_MAX && width <= INT_MAX && rank <= INT_MAX, "Indexer projection [",
+                 rows, ", ", rank, "] x [", rank, ", ", width, "] exceeds the BLAS's int sizes");
+  const bool bf16 = qr.dtype == DType::kBFloat16;
+  if (rank == 0) {
+    std::fill(q_out.begin(), q_out.end(), 0.0f);
+  } else {
+    const CBLAS_TRANSPOSE trans = layout == WeightLayout::kInOut ? CblasNoTrans : CblasTrans;
+    const int ldb = static_cast<int>(layout == WeightLayout::kInOut ? width : rank);
+    // The distro's OpenBLAS is built without its bf16 GEMM, so bf16 operands are
+    // widened (exactly) to fp32 and multiplied by sgemm: the same products, fp32
+    // accumulation. Costs rows x q_rank + q_rank x width fp32 temporaries.
+    std::vector<float> widened_qr, widened_wq;
+    const float* a = static_cast<const float*>(qr.data);
+    const float* b = static_cast<const float*>(wq_b.data);
+    if (bf16) {
+      widened_qr = widen(qr);
+      widened_wq = widen(wq_b);
+      a = widened_qr.data();
+      b = widened_wq.data();
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans, static_cast<int>(rows), static_cast<int>(width),
+                static_cast<int>(rank), 1.0f, a, static_cast<int>(rank), b, ldb, 0.0f, q_out.data(),
+                static_cast<int>(width));
+  }
+  const int64_t first = config.head_dim - config.rope_dim;
+  const int64_t pairs = config.rope_dim / 2;
+  const int threads = resolve_threads(config.threads);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < rows; ++t) {
+    float* row = q_out.data() + t * width;
+    if (bf16) {
+      for (int64_t c = 0; c < width; ++c) row[c] = round_to_bf16(row[c]);
+    }
+    for (int64_t h = 0; h < config.heads; ++h) {
+      float* head = row + h * config.head_dim + first;
+      for (int64_t i = 0; i < pairs; ++i) {
+        const float c = sd::element(cos, t, i);
+        const float s = sd::element(sin, t, i);
+        const float x0 = head[2 * i];
+        const float x1 = head[2 * i + 1];
+        const float y0 = x0 * c - x1 * s;
+        const float y1 = x1 * c + x0 * s;
+        head[2 * i] = bf16 ? round_to_bf16(y0) : y0;
+        head[2 * i + 1] = bf16 ? round_to_bf16(y1) : y1;
+      }
+    }
+  }
+}
+
+void select_worker_rows(MatrixView qr, MatrixView weights, MatrixView cos, MatrixView sin,
+                        MatrixView wq_b, MatrixView keys, std::span<const Segment> segments,
+                        const SelectConfig& config, std::span<int32_t> out, WeightLayout layout) {
+  validate_select_config(config);
+  SPARSECP_CHECK(qr.rows >= 0 && qr.rows <= INT64_MAX / 4 / (config.heads * config.head_dim),
+                 "Indexer query residual rows ", qr.rows, " out of range");
+  std::vector<float> q(static_cast<std::size_t>(qr.rows * config.heads * config.head_dim));
+  project_index_query(qr, wq_b, cos, sin, config, q, layout);
+  select_topk(MatrixView::f32(q.data(), qr.rows, config.heads * config.head_dim), weights, keys,
+              segments, config, out);
+}
+
+std::size_t select_scratch_bytes(const SelectConfig& config, DType key_dtype, int threads) {
+  validate_select_config(config);
+  const Kernel kernel = resolve_kernel(config.isa, key_dtype);
+  const int64_t depth = kernel.bf16 ? (config.head_dim + 1) / 2 : config.head_dim;
+  const int64_t tile = kTileKeys * depth * 4;  // fp32 floats or bf16 pairs
+  const int64_t query = kBlockRows * config.heads * config.head_dim * 4;  // worst case
+  const int64_t scores = kTileKeys * 4;
+  const int64_t candidates = kBlockRows * (2 * config.topk * 8 + 16 + config.heads * 4);
+  return static_cast<std::size_t>(resolve_threads(threads)) *
+         static_cast<std::size_t>(tile + query + scores + candidates);
+}
+
+double select_score_flops(std::span<const Segment> segments, const SelectConfig& config) {
+  validate_select_config(config);
+  const auto plan = csa_tnd_plan(segments, config.ratio);
+  if (!plan) return 0.0;
+  double pairs = 0.0;
+  for (const TndSequence& s : plan->sequences()) {
+    for (int64_t p = s.first_position; p < s.first_position + (s.row_end - s.row_begin); ++p) {
+      pairs += static_cast<double>(TndPlan::visible_keys(p, config.ratio));
+    }
+  }
+  return pairs * 2.0 * static_cast<double>(config.heads * config.head_dim);
+}
+
+}  // namespace sparsecp

@@ -1,0 +1,536 @@
+#include "sparsecp/planning/simulate.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/planning/cost.hpp"
+#include "sparsecp/planning/workload.hpp"
+
+namespace sparsecp {
+
+namespace {
+
+int64_t max_of(const std::vector<int64_t>& values) {
+  return values.empty() ? 0 : *std::max_element(values.begin(), values.end());
+}
+
+}  // namespace
+
+int64_t min_rows_to_balance(std::span<const int64_t> lengths, int64_t cp, int64_t ratio) {
+  validate_plan_inputs(lengths, cp, ratio, Mode::kNone, std::nullopt);
+  int64_t total = 0;
+  int64_t total_work = 0;
+  int64_t longest = 0;
+  for (const int64_t length : lengths) {
+    total += length;
+    total_work += work_prefix(length, ratio);
+    longest = std::max(longest, length);
+  }
+  const double mean = static_cast<double>(total_work) / static_cast<double>(cp);
+  const int64_t local = total / cp;
+  int64_t needed = 0;
+  // Owner r's document pieces, in document coordinates.
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  size_t document = 0;
+  int64_t document_start = 0;
+  for (int64_t owner = 0; owner < cp; ++owner) {
+    pieces.clear();
+    const int64_t begin = owner * local;
+    const int64_t end = begin + local;
+    while (document_start + lengths[document] <= begin) document_start += lengths[document++];
+    int64_t start = document_start;
+    for (size_t d = document; d < lengths.size() && start < end; start += lengths[d++]) {
+      pieces.emplace_back(std::max(begin, start) - start,
+                          std::min(end, start + lengths[d]) - start);
+    }
+    // Rows of cost >= c (cost = visible keys floor((p + 1) / ratio)): p >= c * ratio - 1.
+    const auto shed = [&](int64_t c) {
+      int64_t rows = 0;
+      int64_t work = 0;
+      for (const auto& [s, e] : pieces) {
+        const int64_t from = std::max(s, c * ratio - 1);
+        if (from < e) {
+          rows += e - from;
+          work += range_work(from, e, ratio);
+        }
+      }
+      return std::make_pair(rows, work);
+    };
+    const int64_t owned = shed(0).second;
+    if (static_cast<double>(owned) <= mean) continue;
+    // The largest c such that shedding every row of cost >= c suffices (c = 1 does).
+    int64_t low = 1;
+    int64_t high = longest / ratio + 1;  // shedding rows of cost >= high sheds nothing
+    while (high - low > 1) {
+      const int64_t middle = low + (high - low) / 2;
+      if (static_cast<double>(owned - shed(middle).second) <= mean) {
+        low = middle;
+      } else {
+        high = middle;
+      }
+    }
+    const auto [rows_above, work_above] = shed(low + 1);
+    const double excess = static_cast<double>(owned - work_above) - mean;
+    needed += rows_above +
+              std::max<int64_t>(
+                  0, static_cast<int64_t>(std::ceil(excess / static_cast<double>(low) - 1e-9)));
+  }
+  return needed;
+}
+
+SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t> lengths,
+                               int64_t cp, int64_t ratio, const StrategyParams& params,
+                               const RowBytes& row_bytes) {
+  SimulationResult result;
+  result.strategy = std::string(strategy.name());
+  result.cp = cp;
+  for (const int64_t length : lengths) result.total_rows += length;
+  StrategyPlan planned;
+  try {
+    const auto begin = std::chrono::steady_clock::now();
+    planned = strategy.plan(lengths, cp, ratio, params);
+    const auto end = std::chrono::steady_clock::now();
+    result.plan_ms = std::chrono::duration<double, std::milli>(end - begin).count();
+  } catch (const Error& error) {
+    result.error = error.what();
+    return result;
+  }
+  const TaskPlan& plan = planned.plan;
+  const PlanStats stats = plan_stats(plan, lengths, ratio);
+  result.work = stats.rows.empty() ? std::vector<int64_t>{} : stats.work;
+  result.rows = stats.rows;
+  result.total_work = stats.total_work;
+  result.imbalance = stats.imbalance;
+  result.rows_moved = stats.rows_moved;
+  result.largest_unit_work = planned.largest_unit_work;
+  result.padding = planned.padding_rows;
+  result.padding.resize(static_cast<size_t>(cp), 0);
+  result.note = planned.note;
+
+  // Who sends what: split each task by the owners of its packed rows.
+  std::vector<int64_t> starts(lengths.size() + 1, 0);
+  for (size_t d = 0; d < lengths.size(); ++d) starts[d + 1] = starts[d] + lengths[d];
+  const int64_t local = result.total_rows / cp;
+  result.fragments.assign(static_cast<size_t>(cp), 0);
+  result.rows_sent.assign(static_cast<size_t>(cp), 0);
+  std::vector<int64_t> rows_served(static_cast<size_t>(cp), 0);  // selected for other owners
+  for (int64_t worker = 0; worker < cp; ++worker) {
+    const auto tasks = plan.tasks(worker);
+    result.fragments[static_cast<size_t>(worker)] = static_cast<int64_t>(tasks.size());
+    for (const Task& task : tasks) {
+      int64_t begin = starts[static_cast<size_t>(task.document)] + task.start;
+      const int64_t end = starts[static_cast<size_t>(task.document)] + task.end;
+      while (begin < end) {
+        const int64_t owner = begin / local;
+        const int64_t piece_end = std::min(end, (owner + 1) * local);
+        if (owner != worker) {
+          result.rows_sent[static_cast<size_t>(owner)] += piece_end - begin;
+          rows_served[static_cast<size_t>(worker)] += piece_end - begin;
+        }
+        begin = piece_end;
+      }
+    }
+  }
+  result.max_rows_moved_per_rank = max_of(result.rows_sent);
+  result.bytes_moved = result.rows_moved * (row_bytes.input_bytes() + row_bytes.result_bytes());
+  for (int64_t rank = 0; rank < cp; ++rank) {
+    result.max_bytes_sent_per_rank =
+        std::max(result.max_bytes_sent_per_rank,
+                 result.rows_sent[static_cast<size_t>(rank)] * row_bytes.input_bytes() +
+                     rows_served[static_cast<size_t>(rank)] * row_bytes.result_bytes());
+  }
+  result.fragments_max = max_of(result.fragments);
+  result.fragments_total = plan.task_count();
+  result.rows_max = max_of(result.rows);
+  for (const int64_t padding : result.padding) result.padding_rows += padding;
+
+  int64_t longest = 0;
+  for (const int64_t length : lengths) longest = std::max(longest, length);
+  const double mean = static_cast<double>(result.total_work) / static_cast<double>(cp);
+  const auto bound = [&](int64_t unit) {
+    return mean > 0 ? std::max(mean, static_cast<double>(unit)) / mean : 1.0;
+  };
+  result.lower_bound = bound(result.largest_unit_work);
+  result.row_lower_bound = bound(longest / ratio);
+  return result;
+}
+
+int64_t sweep_batches(const SweepSpec& spec) {
+  const size_t per_cp = spec.file_batches.empty() ? spec.distributions.size() * spec.seeds.size()
+                                                  : spec.file_batches.size();
+  return static_cast<int64_t>(spec.cps.size() * per_cp);
+}
+
+std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
+                                        const std::function<void(int64_t, int64_t)>& progress) {
+  SPARSECP_CHECK(!spec.strategies.empty(), "simulate needs at least one strategy");
+  SPARSECP_CHECK(!spec.cps.empty(), "simulate needs at least one CP size");
+  SPARSECP_CHECK(spec.ratio >= 1, "compression ratio must be positive, got ", spec.ratio);
+  for (const int64_t cp : spec.cps) {
+    SPARSECP_CHECK(cp >= 1, "CP size must be positive, got ", cp);
+  }
+  // Each batch: workload name, batch id, and its lengths per CP size (generated
+  // batches depend on cp through the default document scale).
+  struct Source {
+    std::string workload;
+    int64_t batch;
+    const std::vector<int64_t>* fixed;
+    uint64_t seed;
+  };
+  std::vector<Source> sources;
+  if (!spec.file_batches.empty()) {
+    for (size_t line = 0; line < spec.file_batches.size(); ++line) {
+      const auto& lengths = spec.file_batches[line];
+      int64_t total = 0;
+      for (const int64_t length : lengths) total += length;
+      for (const int64_t cp : spec.cps) {
+        SPARSECP_CHECK(total % cp == 0, "batch ", line + 1, " holds ", total,
+                       " tokens, which CP size ", cp, " does not divide");
+      }
+      sources.push_back({"file", static_cast<int64_t>(line + 1), &lengths, 0});
+    }
+  } else {
+    SPARSECP_CHECK(!spec.distributions.empty(), "simulate needs at least one distribution");
+    SPARSECP_CHECK(!spec.seeds.empty(), "simulate needs at least one seed");
+    SPARSECP_CHECK(spec.tokens > 0, "token count must be positive, got ", spec.tokens);
+    const auto names = workload_distributions();
+    for (const auto& name : spec.distributions) {
+      SPARSECP_CHECK(std::find(names.begin(), names.end(), name) != names.end(),
+                     "unknown workload distribution '", name,
+                     "' (expected fixed, uniform, lognormal, pareto, bimodal or mixture)");
+    }
+    for (const int64_t cp : spec.cps) {
+      SPARSECP_CHECK(spec.tokens % cp == 0, "token count ", spec.tokens,
+                     " is not divisible by CP size ", cp);
+    }
+    for (const auto& name : spec.distributions) {
+      for (const uint64_t seed : spec.seeds) {
+        sources.push_back({name, static_cast<int64_t>(seed), nullptr, seed});
+      }
+    }
+  }
+  std::vector<SimulationResult> results;
+  const int64_t total = sweep_batches(spec);
+  int64_t done = 0;
+  for (const int64_t cp : spec.cps) {
+    for (const Source& source : sources) {
+      std::vector<int64_t> generated;
+      if (source.fixed == nullptr) {
+        generated = generate_batch(WorkloadSpec{.distribution = source.workload,
+                                                .tokens = spec.tokens,
+                                                .scale = spec.doc_scale,
+                                                .cp = cp,
+                                                .seed = source.seed});
+      }
+      const std::vector<int64_t>& lengths = source.fixed ? *source.fixed : generated;
+      int64_t rows_moved_bound = 0;
+      try {
+        rows_moved_bound = min_rows_to_balance(lengths, cp, spec.ratio);
+      } catch (const Error&) {
+        // An invalid batch: every strategy reports the error itself.
+      }
+      int64_t rows = 0;
+      for (const int64_t length : lengths) rows += length;
+      StrategyParams params = spec.params;
+      // The seed requires block <= local rows; small shards get one-shard blocks.
+      params.block_size = std::max<int64_t>(1, std::min(params.block_size, rows / cp));
+      for (const Strategy* strategy : spec.strategies) {
+        SimulationResult result =
+            simulate_plan(*strategy, lengths, cp, spec.ratio, params, spec.row_bytes);
+        result.workload = source.workload;
+        result.batch = source.batch;
+        result.rows_moved_bound = rows_moved_bound;
+        result.bytes_moved_bound =
+            rows_moved_bound * (spec.row_bytes.input_bytes() + spec.row_bytes.result_bytes());
+        results.push_back(std::move(result));
+      }
+      ++done;
+      if (progress) progress(done, total);
+    }
+  }
+  return results;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
+namespace {
+
+SummaryRow row_of(const SimulationResult& r) {
+  SummaryRow row;
+  row.strategy = r.strategy;
+  row.cp = r.cp;
+  row.workload = r.workload;
+  row.batch = r.batch;
+  row.batches = 1;
+  row.note = r.error.empty() ? r.note : r.error;
+  if (!r.error.empty()) {
+    row.failures = 1;
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    row.imbalance = row.lower_bound = row.row_lower_bound = row.rows_moved = nan;
+    row.moved_fraction = row.max_rows_moved_per_rank = row.bytes_moved = nan;
+    row.rows_moved_bound = row.moved_bound_fraction = row.bytes_moved_bound = nan;
+    row.max_bytes_sent_per_rank = row.fragments_max = row.rows_max = nan;
+    row.padding_rows = row.plan_ms = nan;
+    return row;
+  }
+  row.imbalance = r.imbalance;
+  row.lower_bound = r.lower_bound;
+  row.row_lower_bound = r.row_lower_bound;
+  row.rows_moved = static_cast<double>(r.rows_moved);
+  row.moved_fraction =
+      r.total_rows > 0 ? static_cast<double>(r.rows_moved) / static_cast<double>(r.total_rows) : 0;
+  row.rows_moved_bound = static_cast<double>(r.rows_moved_bound);
+  row.bytes_moved_bound = static_cast<double>(r.bytes_moved_bound);
+  row.moved_bound_fraction =
+      r.total_rows > 0 ? static_cast<double>(r.rows_moved_bound) / static_cast<double>(r.total_rows)
+                       : 0;
+  row.max_rows_moved_per_rank = static_cast<double>(r.max_rows_moved_per_rank);
+  row.bytes_moved = static_cast<double>(r.bytes_moved);
+  row.max_bytes_sent_per_rank = static_cast<double>(r.max_bytes_sent_per_rank);
+  row.fragments_max = static_cast<double>(r.fragments_max);
+  row.rows_max = static_cast<double>(r.rows_max);
+  row.padding_rows = static_cast<double>(r.padding_rows);
+  row.plan_ms = r.plan_ms;
+  return row;
+}
+
+}  // namespace
+
+std::vector<SummaryRow> per_batch_rows(std::span<const SimulationResult> results) {
+  std::vector<SummaryRow> rows;
+  rows.reserve(results.size());
+  for (const auto& result : results) rows.push_back(row_of(result));
+  return rows;
+}
+
+std::vector<SummaryRow> summarize(std::span<const SimulationResult> results) {
+  std::vector<std::tuple<std::string, int64_t, std::string>> keys;
+  std::map<std::tuple<std::string, int64_t, std::string>, std::vector<SummaryRow>> groups;
+  for (const auto& result : results) {
+    auto key = std::make_tuple(result.strategy, result.cp, result.workload);
+    auto [it, inserted] = groups.try_emplace(key);
+    if (inserted) keys.push_back(key);
+    it->second.push_back(row_of(result));
+  }
+  std::vector<SummaryRow> rows;
+  for (const auto& key : keys) {
+    const auto& group = groups[key];
+    SummaryRow row;
+    std::tie(row.strategy, row.cp, row.workload) = key;
+    row.batches = static_cast<int64_t>(group.size());
+    std::vector<const SummaryRow*> good;
+    for (const auto& one : group) {
+      row.failures += one.failures;
+      if (row.note.empty()) row.note = one.note;
+      if (one.failures == 0) good.push_back(&one);
+    }
+    const auto med = [&](double SummaryRow::*field) {
+      std::vector<double> values;
+      for (const SummaryRow* one : good) values.push_back(one->*field);
+      return median(std::move(values));
+    };
+    for (double SummaryRow::*field :
+         {&SummaryRow::imbalance, &SummaryRow::lower_bound, &SummaryRow::row_lower_bound,
+          &SummaryRow::rows_moved, &SummaryRow::moved_fraction, &SummaryRow::rows_moved_bound,
+          &SummaryRow::moved_bound_fraction, &SummaryRow::bytes_moved_bound,
+          &SummaryRow::max_rows_moved_per_rank, &SummaryRow::bytes_moved,
+          &SummaryRow::max_bytes_sent_per_rank, &SummaryRow::fragments_max, &SummaryRow::rows_max,
+          &SummaryRow::padding_rows, &SummaryRow::plan_ms}) {
+      row.*field = med(field);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+namespace {
+
+void json_string(std::ostream& out, std::string_view text) {
+  out << '"';
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out << "\\\"";
+        break;
+      case '\\':
+        out << "\\\\";
+        break;
+      case '\n':
+        out << "\\n";
+        break;
+      case '\t':
+        out << "\\t";
+        break;
+      case '\r':
+        out << "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+          out << escaped;
+        } else {
+          out << c;
+        }
+    }
+  }
+  out << '"';
+}
+
+// Shortest round-trip form; integers without a fraction; null when not finite.
+std::string number(double value) {
+  if (!std::isfinite(value)) return "null";
+  if (value == std::floor(value) && std::fabs(value) < 9.0e15) {
+    return std::to_string(static_cast<int64_t>(value));
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  // Prefer the shortest representation that reads back exactly.
+  for (int precision = 6; precision < 17; ++precision) {
+    char shorter[32];
+    std::snprintf(shorter, sizeof shorter, "%.*g", precision, value);
+    if (std::strtod(shorter, nullptr) == value) return shorter;
+  }
+  return text;
+}
+
+struct Field {
+  const char* name;
+  double SummaryRow::*value;
+};
+
+// The JSON/CSV numeric columns, in output order after strategy, cp and workload.
+constexpr Field kFields[] = {
+    {"imbalance", &SummaryRow::imbalance},
+    {"lower_bound", &SummaryRow::lower_bound},
+    {"rows_moved", &SummaryRow::rows_moved},
+    {"max_rows_moved_per_rank", &SummaryRow::max_rows_moved_per_rank},
+    {"bytes_moved", &SummaryRow::bytes_moved},
+    {"fragments_max", &SummaryRow::fragments_max},
+    {"rows_max", &SummaryRow::rows_max},
+    {"padding_rows", &SummaryRow::padding_rows},
+    {"plan_ms", &SummaryRow::plan_ms},
+    {"row_lower_bound", &SummaryRow::row_lower_bound},
+    {"moved_fraction", &SummaryRow::moved_fraction},
+    {"rows_moved_bound", &SummaryRow::rows_moved_bound},
+    {"moved_bound_fraction", &SummaryRow::moved_bound_fraction},
+    {"bytes_moved_bound", &SummaryRow::bytes_moved_bound},
+    {"max_bytes_sent_per_rank", &SummaryRow::max_bytes_sent_per_rank},
+};
+
+std::string csv_cell(std::string_view text) {
+  if (text.find_first_of(",\"\n\r") == std::string_view::npos) return std::string(text);
+  std::string quoted = "\"";
+  for (const char c : text) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  return quoted + '"';
+}
+
+}  // namespace
+
+void write_json(std::ostream& out, std::span<const SummaryRow> rows) {
+  out << "{\"results\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SummaryRow& row = rows[i];
+    out << (i == 0 ? "\n" : ",\n") << "{\"strategy\":";
+    json_string(out, row.strategy);
+    out << ",\"cp\":" << row.cp << ",\"workload\":";
+    json_string(out, row.workload);
+    for (const Field& field : kFields)
+      out << ",\"" << field.name << "\":" << number(row.*field.value);
+    if (row.batch) out << ",\"batch\":" << *row.batch;
+    out << ",\"batches\":" << row.batches << ",\"failures\":" << row.failures << ",\"note\":";
+    json_string(out, row.note);
+    out << '}';
+  }
+  out << "\n]}\n";
+}
+
+void write_csv(std::ostream& out, std::span<const SummaryRow> rows) {
+  out << "strategy,cp,workload";
+  for (const Field& field : kFields) out << ',' << field.name;
+  out << ",batch,batches,failures,note\n";
+  for (const SummaryRow& row : rows) {
+    out << csv_cell(row.strategy) << ',' << row.cp << ',' << csv_cell(row.workload);
+    for (const Field& field : kFields) {
+      const double value = row.*field.value;
+      out << ',' << (std::isfinite(value) ? number(value) : "");
+    }
+    out << ',' << (row.batch ? std::to_string(*row.batch) : "") << ',' << row.batches << ','
+        << row.failures << ',' << csv_cell(row.note) << '\n';
+  }
+}
+
+namespace {
+
+std::string fixed(double value, int digits) {
+  if (!std::isfinite(value)) return "-";
+  std::ostringstream text;
+  text << std::fixed << std::setprecision(digits) << value;
+  return text.str();
+}
+
+}  // namespace
+
+void write_table(std::ostream& out, std::span<const SummaryRow> rows) {
+  // Blocks in first-seen (workload, cp, batch) order.
+  std::vector<std::tuple<std::string, int64_t, std::optional<int64_t>>> blocks;
+  for (const auto& row : rows) {
+    auto key = std::make_tuple(row.workload, row.cp, row.batch);
+    if (std::find(blocks.begin(), blocks.end(), key) == blocks.end()) blocks.push_back(key);
+  }
+  const char* header =
+      "  strategy         imbalance  bound  moved%  need%  max moved/rank  MiB moved  frag max  "
+      "rows max  padding  plan ms";
+  for (const auto& [workload, cp, batch] : blocks) {
+    out << workload << ", cp " << cp;
+    if (batch) {
+      out << ", batch " << *batch << '\n';
+    } else {
+      int64_t batches = 0;
+      for (const auto& row : rows) {
+        if (row.workload == workload && row.cp == cp && !row.batch) {
+          batches = std::max(batches, row.batches);
+        }
+      }
+      out << " (median of " << batches << (batches == 1 ? " batch)" : " batches)") << '\n';
+    }
+    out << header << '\n';
+    for (const auto& row : rows) {
+      if (row.workload != workload || row.cp != cp || row.batch != batch) continue;
+      char line[256];
+      std::snprintf(line, sizeof line, "  %-16s %9s %6s %7s %6s %15s %10s %9s %9s %8s %8s",
+                    row.strategy.c_str(), fixed(row.imbalance, 3).c_str(),
+                    fixed(row.lower_bound, 3).c_str(), fixed(100 * row.moved_fraction, 1).c_str(),
+                    fixed(100 * row.moved_bound_fraction, 1).c_str(),
+                    fixed(row.max_rows_moved_per_rank, 0).c_str(),
+                    fixed(row.bytes_moved / (1024.0 * 1024.0), 1).c_str(),
+                    fixed(row.fragments_max, 0).c_str(), fixed(row.rows_max, 0).c_str(),
+                    fixed(row.padding_rows, 0).c_str(), fixed(row.plan_ms, 2).c_str());
+      out << line;
+      if (row.failures > 0)
+        out << "  (" << row.failures << " failed: " << row.note << ')';
+      else if (!row.note.empty())
+        out << "  (" << row.note << ')';
+      out << '\n';
+    }
+    out << '\n';
+  }
+}
+
+}  // namespace sparsecp

@@ -1,0 +1,178 @@
+#include "sparsecp/planning/strategies/auto.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "packed_sequence.hpp"
+#include "sparsecp/error.hpp"
+#include "sparsecp/planning/strategies/spill.hpp"
+
+namespace sparsecp {
+
+CostModel nominal_accelerator_cost_model() {
+  constexpr double kFlopsPerNs = 4e5;  // 400 TFLOP/s
+  CostModel model;
+  model.a = 2.0 * 1536 * 64 * 128 / kFlopsPerNs;
+  model.b = 2.0 * 64 * 128 / kFlopsPerNs;
+  model.c = 0;
+  model.topk = 512;
+  model.unit = "ns";
+  model.note = "nominal: 64 heads x 128, q_rank 1536, 400 TFLOP/s";
+  return model;
+}
+
+AutoCandidate predict_step(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t ratio,
+                           const AutoOptions& options) {
+  const int64_t cp = plan.cp();
+  std::vector<int64_t> starts(lengths.size() + 1, 0);
+  for (size_t d = 0; d < lengths.size(); ++d) starts[d + 1] = starts[d] + lengths[d];
+  const int64_t local = starts.back() / cp;
+  std::vector<double> compute(static_cast<size_t>(cp), 0);
+  std::vector<int64_t> rows_out(static_cast<size_t>(cp), 0);
+  std::vector<int64_t> rows_in(static_cast<size_t>(cp), 0);
+  AutoCandidate candidate;
+  for (int64_t worker = 0; worker < cp; ++worker) {
+    for (const Task& task : plan.tasks(worker)) {
+      compute[static_cast<size_t>(worker)] += options.cost.range(task.start, task.end, ratio);
+      int64_t begin = starts[static_cast<size_t>(task.document)] + task.start;
+      const int64_t end = starts[static_cast<size_t>(task.document)] + task.end;
+      while (begin < end) {
+        const int64_t owner = begin / local;
+        const int64_t stop = std::min(end, (owner + 1) * local);
+        if (owner != worker) {
+          rows_out[static_cast<size_t>(owner)] += stop - begin;
+          rows_in[static_cast<size_t>(worker)] += stop - begin;
+          candidate.rows_moved += stop - begin;
+        }
+        begin = stop;
+      }
+    }
+  }
+  int64_t busiest_rows = 0;
+  double total = 0;
+  for (int64_t r = 0; r < cp; ++r) {
+    busiest_rows =
+        std::max({busiest_rows, rows_out[static_cast<size_t>(r)], rows_in[static_cast<size_t>(r)]});
+    candidate.compute_ns = std::max(candidate.compute_ns, compute[static_cast<size_t>(r)]);
+    total += compute[static_cast<size_t>(r)];
+  }
+  const double rows = static_cast<double>(busiest_rows);
+  candidate.inputs_ns =
+      rows * static_cast<double>(options.row_bytes.input_bytes()) / options.bandwidth_gbps;
+  candidate.results_ns =
+      rows * static_cast<double>(options.row_bytes.result_bytes()) / options.bandwidth_gbps;
+  candidate.step_ns = candidate.inputs_ns + candidate.compute_ns + candidate.results_ns;
+  candidate.imbalance = total > 0 ? candidate.compute_ns * static_cast<double>(cp) / total : 1.0;
+  return candidate;
+}
+
+namespace {
+
+std::string describe(const AutoCandidate& c) {
+  char text[160];
+  std::snprintf(text, sizeof text, "%s %.3g ms (compute %.3g + exchange %.3g)", c.name.c_str(),
+                c.step_ns * 1e-6, c.compute_ns * 1e-6, (c.inputs_ns + c.results_ns) * 1e-6);
+  return text;
+}
+
+}  // namespace
+
+AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                       const AutoOptions& options) {
+  const int64_t total = strategies::validate_batch(lengths, cp, ratio);
+  validate_cost_model(options.cost);
+  SPARSECP_CHECK(std::isfinite(options.bandwidth_gbps) && options.bandwidth_gbps > 0,
+                 "auto bandwidth must be positive, got ", options.bandwidth_gbps, " GB/s");
+  for (const double target : options.spill_targets) {
+    SPARSECP_CHECK(std::isfinite(target) && target >= 1,
+                   "auto spill targets must be at least 1, got ", target);
+  }
+  StrategyParams params = options.params;
+  params.block_size = std::clamp<int64_t>(params.block_size, 1, total / cp);
+
+  AutoChoice choice;
+  std::vector<StrategyPlan> plans;
+  const auto consider = [&](std::string name, const auto& make) {
+    AutoCandidate candidate;
+    StrategyPlan planned;
+    try {
+      planned = make();
+      candidate = predict_step(planned.plan, lengths, ratio, options);
+    } catch (const Error& error) {
+      candidate.error = error.what();
+    }
+    candidate.name = std::move(name);
+    choice.candidates.push_back(std::move(candidate));
+    plans.push_back(std::move(planned));
+  };
+  for (const char* name : {"none", "zigzag", "greedy", "hybrid"}) {
+    const Strategy& strategy = find_strategy(name);
+    consider(name, [&] { return strategy.plan(lengths, cp, ratio, params); });
+  }
+  for (const double target : options.spill_targets) {
+    char name[32];
+    std::snprintf(name, sizeof name, "spill(%g)", target);
+    SpillOptions spill;
+    spill.target_imbalance = target;
+    spill.cost = options.cost;
+    consider(name, [&] { return spill_strategy_plan(lengths, cp, ratio, spill); });
+  }
+  bool found = false;
+  for (size_t i = 0; i < choice.candidates.size(); ++i) {
+    const AutoCandidate& c = choice.candidates[i];
+    if (!c.error.empty()) continue;
+    if (!found || c.step_ns < choice.candidates[choice.chosen].step_ns) choice.chosen = i;
+    found = true;
+  }
+  SPARSECP_CHECK(found,
+                 "auto: every candidate rejected the batch: ", choice.candidates.front().error);
+  // The runner-up: the fastest other candidate.
+  std::optional<size_t> second;
+  for (size_t i = 0; i < choice.candidates.size(); ++i) {
+    const AutoCandidate& c = choice.candidates[i];
+    if (i == choice.chosen || !c.error.empty()) continue;
+    if (!second || c.step_ns < choice.candidates[*second].step_ns) second = i;
+  }
+  choice.reason = "chose " + describe(choice.candidates[choice.chosen]);
+  if (second) choice.reason += "; next " + describe(choice.candidates[*second]);
+  choice.plan = std::move(plans[choice.chosen]);
+  return choice;
+}
+
+namespace {
+
+class Auto final : public Strategy {
+ public:
+  std::string_view name() const override { return "auto"; }
+  std::string_view source() const override {
+    return "sparsecp choose_plan (include/sparsecp/planning/strategies/auto.hpp)";
+  }
+  std::string_view summary() const override {
+    return "per batch, the seed mode or spill target with the lowest predicted "
+           "step time";
+  }
+  std::string_view unit() const override { return "chosen plan's"; }
+  int listing_order() const override { return 51; }
+
+  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                    const StrategyParams& params) const override {
+    AutoOptions options;
+    options.params = params;
+    AutoChoice choice = choose_plan(lengths, cp, ratio, options);
+    StrategyPlan result = std::move(choice.plan);
+    result.note = choice.reason;
+    return result;
+  }
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<const Strategy>> make_auto_strategies() {
+  std::vector<std::unique_ptr<const Strategy>> made;
+  made.push_back(std::make_unique<Auto>());
+  return made;
+}
+
+}  // namespace sparsecp

@@ -1,0 +1,60 @@
+#include "sparsecp/planning/strategies/spill.hpp"
+
+#include <cstdio>
+
+#include "packed_sequence.hpp"
+
+namespace sparsecp {
+
+StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                                 const SpillOptions& options) {
+  SpillPlan spill = plan_spill(lengths, cp, ratio, options);
+  StrategyPlan result;
+  result.plan = std::move(spill.plan);
+  result.padding_rows.assign(static_cast<size_t>(cp), 0);
+  result.largest_unit_work = strategies::largest_row_work(lengths, ratio);
+  if (!spill.target_met) {
+    double most = 0;
+    for (const double load : spill.load_after) most = std::max(most, load);
+    char text[128];
+    std::snprintf(text, sizeof text, "target %.4g not met: %.4g",
+                  spill.target_load / spill.mean_load, most / spill.mean_load);
+    result.note = text;
+  }
+  if (!spill.fragment_bound_met) {
+    result.note += result.note.empty() ? "" : "; ";
+    result.note += "fragment bound exceeded";
+  }
+  return result;
+}
+
+namespace {
+
+class Spill final : public Strategy {
+ public:
+  std::string_view name() const override { return "spill"; }
+  std::string_view source() const override {
+    return "sparsecp plan_spill (include/sparsecp/planning/spill.hpp)";
+  }
+  std::string_view summary() const override {
+    return "owners keep their rows; overloaded ranks shed heaviest tails to "
+           "ranks below 1.001 x mean";
+  }
+  std::string_view unit() const override { return "row"; }
+  int listing_order() const override { return 50; }
+
+  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                    const StrategyParams&) const override {
+    return spill_strategy_plan(lengths, cp, ratio, SpillOptions{});
+  }
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<const Strategy>> make_spill_strategies() {
+  std::vector<std::unique_ptr<const Strategy>> made;
+  made.push_back(std::make_unique<Spill>());
+  return made;
+}
+
+}  // namespace sparsecp

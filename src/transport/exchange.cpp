@@ -1,0 +1,597 @@
+#include "sparsecp/transport/exchange.hpp"
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/transport/agreement.hpp"
+
+namespace sparsecp {
+
+// Grants the implementation access to the handles' private constructors.
+struct ExchangeAccess {
+  static auto pending_state() { return std::make_unique<PendingRows::State>(); }
+  static auto exchange_state() { return std::make_unique<IndexerInputExchange::State>(); }
+  template <typename State>
+  static auto make(std::unique_ptr<State> state) {
+    if constexpr (std::is_same_v<State, PendingRows::State>) {
+      return PendingRows(std::move(state));
+    } else {
+      return IndexerInputExchange(std::move(state));
+    }
+  }
+};
+
+namespace {
+
+// memcpy that accepts empty ranges with null pointers (memcpy itself does not).
+void copy_bytes(std::byte* target, const std::byte* source, int64_t bytes) {
+  if (bytes > 0) std::memcpy(target, source, static_cast<size_t>(bytes));
+}
+
+// ---------------------------------------------------------------------------------
+// Agreement: every rank learns whether every rank may proceed.
+
+// A 62-bit fingerprint (so that its negation fits int64) of values that must be
+// identical on every rank.
+class Fingerprint {
+ public:
+  void add(int64_t value) {
+    uint64_t z = state_ ^ (static_cast<uint64_t>(value) + 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    state_ = z ^ (z >> 31);
+  }
+  int64_t value() const { return static_cast<int64_t>(state_ >> 2); }
+
+ private:
+  uint64_t state_ = 0x5EED5EED5EED5EEDULL;
+};
+
+// Runs on every rank, whatever happened locally, and issues the same collectives
+// everywhere: with `exchange_counts` (identical on all ranks) an all-to-all of the
+// route's row counts (zeros from a rank without a valid route), then one allreduce
+// of (first failing rank, first rank with mismatched counts, fingerprint range).
+// Throws Error on every rank unless all ranks passed, the counts match and the
+// fingerprints agree.
+// When the row counts or fingerprints differ and `planning` is given, every rank names
+// the differing planning inputs (agreement.hpp) if they are the cause.
+void agree(Communicator& comm, const std::optional<std::string>& local_error, bool exchange_counts,
+           const IndexerRoute* route, int64_t fingerprint, const char* what,
+           const PlanningFingerprint* planning = nullptr) {
+  const int64_t size = comm.size();
+  const int64_t rank = comm.rank();
+  const bool has_route = route != nullptr && !local_error;
+  int64_t count_failure = size;
+  std::string count_message;
+  if (exchange_counts) {
+    std::vector<int64_t> counts(static_cast<size_t>(size), 0);
+    if (has_route) counts = route->input_splits;
+    const std::vector<int64_t> arriving = comm.all_to_all_counts(counts);
+    for (int64_t peer = 0; peer < size && has_route; ++peer) {
+      if (arriving[peer] != route->output_splits[peer]) {
+        count_failure = rank;
+        count_message = std::string(what) + " row counts disagree: rank " + std::to_string(rank) +
+                        " expects " + std::to_string(route->output_splits[peer]) +
+                        " rows from rank " + std::to_string(peer) + ", which sends " +
+                        std::to_string(arriving[peer]);
+        break;
+      }
+    }
+  }
+  int64_t verdict[4] = {local_error ? rank : size, count_failure, fingerprint, -fingerprint};
+  comm.all_reduce(verdict, ReduceOp::kMin);
+  if (verdict[0] < size) {
+    if (local_error) throw Error(*local_error);
+    SPARSECP_FAIL(what, " aborted: rank ", verdict[0], " rejected its inputs");
+  }
+  if ((verdict[1] < size || verdict[2] != -verdict[3]) && planning != nullptr) {
+    check_agreement(comm, *planning, what);  // every rank is here; names what differs
+  }
+  if (verdict[1] < size) {
+    if (count_failure < size) throw Error(count_message);
+    SPARSECP_FAIL(what, " aborted: rank ", verdict[1], " received row counts that disagree with ",
+                  "its route (routes differ between ranks)");
+  }
+  SPARSECP_CHECK(verdict[2] == -verdict[3], what,
+                 " inputs differ between ranks: lengths, ratio, options, field widths, dtypes "
+                 "and topk must be identical on every rank");
+}
+
+// Runs `check` and turns an Error into a message for agree().
+template <typename Check>
+std::optional<std::string> capture(Check&& check) {
+  try {
+    check();
+  } catch (const std::exception& error) {
+    return std::string(error.what());
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------
+// Validation.
+
+int64_t owner_rows(const IndexerRoute& route) {
+  return static_cast<int64_t>(route.send_rows.size() + route.local_sources.size());
+}
+
+int64_t sum_of(std::span<const int64_t> values, const char* name) {
+  int64_t total = 0;
+  for (const int64_t value : values) {
+    SPARSECP_CHECK(value >= 0, "Indexer route ", name, " holds a negative count ", value);
+    SPARSECP_CHECK(!__builtin_add_overflow(total, value, &total), "Indexer route ", name,
+                   " overflows 64 bits");
+  }
+  return total;
+}
+
+// Every row index in range and every owner row / worker position used exactly
+// once, so that no output row is left unwritten and no copy leaves its buffer.
+void check_route(const IndexerRoute& route, int64_t size, int64_t rank) {
+  SPARSECP_CHECK(static_cast<int64_t>(route.input_splits.size()) == size &&
+                     static_cast<int64_t>(route.output_splits.size()) == size,
+                 "Indexer route has ", route.input_splits.size(), " input and ",
+                 route.output_splits.size(), " output splits for a CP group of ", size, " ranks");
+  SPARSECP_CHECK(route.input_splits[rank] == 0 && route.output_splits[rank] == 0,
+                 "Indexer route sends ", route.input_splits[rank], " rows to its own rank ", rank,
+                 "; local rows must use local_sources/local_targets");
+  SPARSECP_CHECK(
+      sum_of(route.input_splits, "input_splits") == static_cast<int64_t>(route.send_rows.size()),
+      "Indexer route input_splits add up to ", sum_of(route.input_splits, ""),
+      " rows but send_rows holds ", route.send_rows.size());
+  SPARSECP_CHECK(sum_of(route.output_splits, "output_splits") ==
+                     static_cast<int64_t>(route.receive_rows.size()),
+                 "Indexer route output_splits add up to ", sum_of(route.output_splits, ""),
+                 " rows but receive_rows holds ", route.receive_rows.size());
+  SPARSECP_CHECK(route.local_sources.size() == route.local_targets.size(), "Indexer route has ",
+                 route.local_sources.size(), " local sources but ", route.local_targets.size(),
+                 " local targets");
+  SPARSECP_CHECK(route.query_count ==
+                     static_cast<int64_t>(route.receive_rows.size() + route.local_targets.size()),
+                 "Indexer route query_count ", route.query_count, " differs from the ",
+                 route.receive_rows.size() + route.local_targets.size(),
+                 " received and local rows");
+  const auto check_cover = [](std::span<const int64_t> first, std::span<const int64_t> second,
+                              int64_t count, const char* what) {
+    std::vector<bool> seen(static_cast<size_t>(count), false);
+    for (const auto rows : {first, second}) {
+      for (const int64_t row : rows) {
+        SPARSECP_CHECK(row >= 0 && row < count, "Indexer route ", what, " row ", row,
+                       " is outside [0, ", count, ")");
+        SPARSECP_CHECK(!seen[static_cast<size_t>(row)], "Indexer route ", what, " row ", row,
+                       " appears twice");
+        seen[static_cast<size_t>(row)] = true;
+      }
+    }
+  };
+  check_cover(route.send_rows, route.local_sources, owner_rows(route), "owner");
+  check_cover(route.receive_rows, route.local_targets, route.query_count, "worker");
+}
+
+// Field matrices of the owner inputs, after the seed's checks. `axes_text` is the
+// seed's message for mismatched axes (it differs between the sync and the launch
+// path). Returns the fields in the seed's order (qr, weights, cos, sin).
+std::vector<MatrixView> owner_fields(const IndexerInputs& inputs, const char* axes_text) {
+  const TensorView* tensors[] = {&inputs.query_residual, &inputs.weights, &inputs.cos, &inputs.sin};
+  const TensorView& qr = inputs.query_residual;
+  std::vector<MatrixView> fields;
+  for (const TensorView* tensor : tensors) {
+    SPARSECP_CHECK(tensor->shape.size() == 3 && tensor->shape[0] == qr.shape[0] &&
+                       tensor->shape[1] == qr.shape[1],
+                   axes_text);
+    const int64_t rows = tensor->shape[1];
+    const int64_t cols = tensor->shape[2];
+    SPARSECP_CHECK(rows >= 0 && cols >= 0, "Indexer input shape [", tensor->shape[0], ", ", rows,
+                   ", ", cols, "] has a negative extent");
+    int64_t bytes = 0;
+    SPARSECP_CHECK(!__builtin_mul_overflow(rows, cols, &bytes) &&
+                       !__builtin_mul_overflow(bytes, dtype_bytes(tensor->dtype), &bytes),
+                   "Indexer input of ", rows, " x ", cols, " elements overflows 64 bits");
+    SPARSECP_CHECK(bytes == 0 || tensor->data != nullptr, "Indexer input of ", rows, " x ", cols,
+                   " elements has no data");
+    fields.push_back({tensor->data, tensor->dtype, rows, cols});
+  }
+  return fields;
+}
+
+void check_batch_one(const IndexerInputs& inputs) {
+  const auto& shape = inputs.query_residual.shape;
+  SPARSECP_CHECK(shape.size() == 3 && shape[0] == 1,
+                 "Indexer balance requires batch one and equal contiguous source query shards");
+}
+
+void add_fields(Fingerprint& fingerprint, std::span<const MatrixView> fields) {
+  fingerprint.add(static_cast<int64_t>(fields.size()));
+  for (const MatrixView& field : fields) {
+    fingerprint.add(static_cast<int64_t>(field.dtype));
+    fingerprint.add(field.cols);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Moving rows.
+
+const std::byte* row_of(const MatrixView& field, int64_t row) {
+  return static_cast<const std::byte*>(field.data) + row * field.cols * dtype_bytes(field.dtype);
+}
+
+std::byte* row_of(RowMatrix& matrix, int64_t row) {
+  return matrix.bytes.data() + row * matrix.row_bytes();
+}
+
+// One dtype group's all-to-all. Buffers are declared before the Work so that a
+// destroyed transfer completes before its buffers are released.
+struct GroupTransfer {
+  std::vector<size_t> fields;  // indices into the field list
+  int64_t row_bytes = 0;
+  std::vector<std::byte> send;
+  std::vector<std::byte> received;
+  Work work;
+};
+
+struct FieldLaunch {
+  std::vector<RowMatrix> outputs;
+  std::vector<GroupTransfer> transfers;
+};
+
+// Seed `_exchange_inputs` (launch half): packs each dtype group's send rows,
+// launches its all-to-all, then copies local rows while the transfers run.
+FieldLaunch launch_fields(std::span<const MatrixView> fields, const IndexerRoute& route,
+                          Communicator& comm) {
+  FieldLaunch launch;
+  for (const MatrixView& field : fields) {
+    launch.outputs.emplace_back(field.dtype, route.query_count, field.cols);
+  }
+  std::vector<DType> order;
+  for (const MatrixView& field : fields) {
+    bool known = false;
+    for (const DType dtype : order) known = known || dtype == field.dtype;
+    if (!known) order.push_back(field.dtype);
+  }
+  launch.transfers.reserve(order.size());
+  const int64_t sent_rows = static_cast<int64_t>(route.send_rows.size());
+  const int64_t received_rows = static_cast<int64_t>(route.receive_rows.size());
+  for (const DType dtype : order) {
+    GroupTransfer& transfer = launch.transfers.emplace_back();
+    for (size_t index = 0; index < fields.size(); ++index) {
+      if (fields[index].dtype != dtype) continue;
+      transfer.fields.push_back(index);
+      transfer.row_bytes += fields[index].cols * dtype_bytes(dtype);
+    }
+    transfer.send.resize(static_cast<size_t>(sent_rows * transfer.row_bytes));
+    transfer.received.resize(static_cast<size_t>(received_rows * transfer.row_bytes));
+    for (int64_t i = 0; i < sent_rows; ++i) {
+      std::byte* packed = transfer.send.data() + i * transfer.row_bytes;
+      for (const size_t index : transfer.fields) {
+        const int64_t bytes = fields[index].cols * dtype_bytes(dtype);
+        copy_bytes(packed, row_of(fields[index], route.send_rows[i]), bytes);
+        packed += bytes;
+      }
+    }
+    transfer.work = comm.all_to_all_rows(transfer.send, route.input_splits, transfer.received,
+                                         route.output_splits, transfer.row_bytes);
+  }
+  for (size_t k = 0; k < route.local_sources.size(); ++k) {
+    for (size_t index = 0; index < fields.size(); ++index) {
+      RowMatrix& output = launch.outputs[index];
+      copy_bytes(row_of(output, route.local_targets[k]),
+                 row_of(fields[index], route.local_sources[k]), output.row_bytes());
+    }
+  }
+  return launch;
+}
+
+// Seed `_PendingRows.wait` for every input group: completes the transfers, unpacks
+// received rows into worker order and releases the transfer storage.
+std::vector<RowMatrix> finish_fields(FieldLaunch& launch, const IndexerRoute& route) {
+  for (GroupTransfer& transfer : launch.transfers) {
+    transfer.work.wait();
+    for (size_t i = 0; i < route.receive_rows.size(); ++i) {
+      const std::byte* packed =
+          transfer.received.data() + static_cast<int64_t>(i) * transfer.row_bytes;
+      for (const size_t index : transfer.fields) {
+        RowMatrix& output = launch.outputs[index];
+        copy_bytes(row_of(output, route.receive_rows[i]), packed, output.row_bytes());
+        packed += output.row_bytes();
+      }
+    }
+  }
+  launch.transfers.clear();
+  return std::move(launch.outputs);
+}
+
+void check_selected(const SelectedKeys& selected, const IndexerRoute& route) {
+  SPARSECP_CHECK(selected.rows == route.query_count, "Indexer selection returned ", selected.rows,
+                 " rows for ", route.query_count, " worker queries");
+  SPARSECP_CHECK(selected.topk >= 1, "Indexer selection topk must be positive, got ",
+                 selected.topk);
+  int64_t values = 0;
+  SPARSECP_CHECK(!__builtin_mul_overflow(selected.rows, selected.topk, &values) &&
+                     static_cast<int64_t>(selected.ids.size()) == values,
+                 "Indexer selection holds ", selected.ids.size(), " ids for ", selected.rows,
+                 " rows of topk ", selected.topk);
+}
+
+}  // namespace
+
+// -----------------------------------------------------------------------------------
+// Plain types.
+
+RowMatrix::RowMatrix(DType type, int64_t row_count, int64_t col_count)
+    : dtype(type),
+      rows(row_count),
+      cols(col_count),
+      bytes(static_cast<size_t>(row_count * col_count * dtype_bytes(type))) {}
+
+ExchangeBytes expected_exchange_bytes(const IndexerRoute& route, int64_t input_row_bytes,
+                                      int64_t topk) {
+  const int64_t sent = static_cast<int64_t>(route.send_rows.size());
+  const int64_t received = static_cast<int64_t>(route.receive_rows.size());
+  const int64_t result_row = topk * static_cast<int64_t>(sizeof(int32_t));
+  return {sent * input_row_bytes, received * input_row_bytes, received * result_row,
+          sent * result_row};
+}
+
+int64_t input_row_bytes(const IndexerInputs& inputs) {
+  int64_t bytes = 0;
+  for (const TensorView* tensor :
+       {&inputs.query_residual, &inputs.weights, &inputs.cos, &inputs.sin}) {
+    if (!tensor->shape.empty()) bytes += tensor->shape.back() * dtype_bytes(tensor->dtype);
+  }
+  return bytes;
+}
+
+// -----------------------------------------------------------------------------------
+// Handles.
+
+struct PendingRows::State {
+  std::shared_ptr<const IndexerRoute> route;
+  std::vector<int32_t> send;
+  std::vector<int32_t> received;
+  SelectedKeys output;
+  Work work;  // after the buffers: completes before they are released
+  bool consumed = false;
+};
+
+PendingRows::PendingRows() = default;
+PendingRows::PendingRows(std::unique_ptr<State> state) : state_(std::move(state)) {}
+PendingRows::PendingRows(PendingRows&&) noexcept = default;
+PendingRows& PendingRows::operator=(PendingRows&&) noexcept = default;
+PendingRows::~PendingRows() = default;
+
+SelectedKeys PendingRows::wait() {
+  SPARSECP_CHECK(state_ && !state_->consumed,
+                 "Indexer communication handle cannot be consumed twice");
+  state_->consumed = true;
+  state_->work.wait();
+  const IndexerRoute& route = *state_->route;
+  SelectedKeys output = std::move(state_->output);
+  const int64_t topk = output.topk;
+  for (size_t i = 0; i < route.send_rows.size(); ++i) {
+    std::memcpy(output.ids.data() + route.send_rows[i] * topk,
+                state_->received.data() + static_cast<int64_t>(i) * topk,
+                static_cast<size_t>(topk) * sizeof(int32_t));
+  }
+  // Release transfer storage now, as the seed does, not when the handle dies.
+  state_->send = {};
+  state_->received = {};
+  state_->route.reset();
+  return output;
+}
+
+bool PendingRows::test() {
+  SPARSECP_CHECK(state_ && !state_->consumed,
+                 "Indexer communication handle cannot be consumed twice");
+  return state_->work.test();
+}
+
+struct IndexerInputExchange::State {
+  std::shared_ptr<const IndexerRoute> route;
+  Communicator* comm = nullptr;
+  int64_t owner_queries = 0;
+  FieldLaunch launch;
+  bool consumed = false;
+};
+
+IndexerInputExchange::IndexerInputExchange() = default;
+IndexerInputExchange::IndexerInputExchange(std::unique_ptr<State> state)
+    : state_(std::move(state)) {}
+IndexerInputExchange::IndexerInputExchange(IndexerInputExchange&&) noexcept = default;
+IndexerInputExchange& IndexerInputExchange::operator=(IndexerInputExchange&&) noexcept = default;
+IndexerInputExchange::~IndexerInputExchange() = default;
+
+WorkerInputs IndexerInputExchange::wait() {
+  SPARSECP_CHECK(state_ && !state_->consumed, "Indexer input exchange cannot be consumed twice");
+  state_->consumed = true;
+  std::vector<RowMatrix> fields = finish_fields(state_->launch, *state_->route);
+  return {std::move(fields[0]), std::move(fields[1]), std::move(fields[2]), std::move(fields[3])};
+}
+
+bool IndexerInputExchange::test() {
+  SPARSECP_CHECK(state_ && !state_->consumed, "Indexer input exchange cannot be consumed twice");
+  bool done = true;
+  for (GroupTransfer& transfer : state_->launch.transfers) done = transfer.work.test() && done;
+  return done;
+}
+
+const IndexerRoute& IndexerInputExchange::route() const {
+  SPARSECP_CHECK(state_, "Indexer input exchange handle is empty (moved from)");
+  return *state_->route;
+}
+
+int64_t IndexerInputExchange::owner_queries() const {
+  SPARSECP_CHECK(state_, "Indexer input exchange handle is empty (moved from)");
+  return state_->owner_queries;
+}
+
+PendingRows IndexerInputExchange::launch_result(const SelectedKeys& selected) {
+  SPARSECP_CHECK(state_, "Indexer input exchange handle is empty (moved from)");
+  const IndexerRoute& route = *state_->route;
+  Communicator& comm = *state_->comm;
+  const std::optional<std::string> error = capture([&] { check_selected(selected, route); });
+  Fingerprint fingerprint;
+  fingerprint.add(error ? 0 : selected.topk);
+  agree(comm, error, false, nullptr, fingerprint.value(), "Indexer result exchange");
+
+  auto pending = ExchangeAccess::pending_state();
+  pending->route = state_->route;
+  const int64_t topk = selected.topk;
+  const auto row_size = static_cast<size_t>(topk) * sizeof(int32_t);
+  pending->send.resize(route.receive_rows.size() * static_cast<size_t>(topk));
+  for (size_t i = 0; i < route.receive_rows.size(); ++i) {
+    std::memcpy(pending->send.data() + static_cast<int64_t>(i) * topk,
+                selected.ids.data() + route.receive_rows[i] * topk, row_size);
+  }
+  pending->received.resize(route.send_rows.size() * static_cast<size_t>(topk));
+  pending->work = all_to_all_rows<int32_t>(comm, pending->send, route.output_splits,
+                                           pending->received, route.input_splits, topk);
+  pending->output.rows = state_->owner_queries;
+  pending->output.topk = topk;
+  pending->output.ids.assign(static_cast<size_t>(state_->owner_queries * topk), -1);
+  for (size_t k = 0; k < route.local_sources.size(); ++k) {
+    std::memcpy(pending->output.ids.data() + route.local_sources[k] * topk,
+                selected.ids.data() + route.local_targets[k] * topk, row_size);
+  }
+  return ExchangeAccess::make(std::move(pending));
+}
+
+// -----------------------------------------------------------------------------------
+// Launches.
+
+namespace {
+
+// Shared tail of both launch_indexer_inputs overloads: inputs were validated and
+// all ranks agreed.
+IndexerInputExchange launch_agreed(std::span<const MatrixView> fields,
+                                   std::shared_ptr<const IndexerRoute> route, Communicator& comm) {
+  auto state = ExchangeAccess::exchange_state();
+  state->comm = &comm;
+  state->owner_queries = owner_rows(*route);
+  state->launch = launch_fields(fields, *route, comm);
+  state->route = std::move(route);
+  return ExchangeAccess::make(std::move(state));
+}
+
+IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
+                                         std::span<const int64_t> lengths, int64_t ratio,
+                                         const PlanOptions& options, Communicator& comm,
+                                         const char* axes_text) {
+  std::vector<MatrixView> fields;
+  std::shared_ptr<const IndexerRoute> route;
+  const std::optional<std::string> error = capture([&] {
+    check_batch_one(inputs);
+    int64_t total = 0;
+    for (const int64_t length : lengths) {
+      SPARSECP_CHECK(!__builtin_add_overflow(total, length, &total),
+                     "Indexer balance document lengths overflow 64 bits");
+    }
+    int64_t shards = 0;
+    SPARSECP_CHECK(!__builtin_mul_overflow(inputs.query_residual.shape[1], comm.size(), &shards) &&
+                       shards == total,
+                   "Indexer balance requires batch one and equal contiguous source query shards");
+    fields = owner_fields(inputs, axes_text);
+    route = std::make_shared<const IndexerRoute>(
+        indexer_route(lengths, comm.size(), comm.rank(), ratio, options));
+    check_route(*route, comm.size(), comm.rank());
+    SPARSECP_CHECK(fields[0].rows == owner_rows(*route), "Indexer route sends or keeps ",
+                   owner_rows(*route), " owner rows of ", fields[0].rows);
+  });
+  Fingerprint fingerprint;
+  fingerprint.add(static_cast<int64_t>(lengths.size()));
+  for (const int64_t length : lengths) fingerprint.add(length);
+  fingerprint.add(ratio);
+  fingerprint.add(static_cast<int64_t>(options.mode));
+  fingerprint.add(options.block_size.value_or(-1));
+  fingerprint.add(options.zigzag_min_length.value_or(-1));
+  add_fields(fingerprint, fields);
+  const PlanningFingerprint planning(lengths, comm.size(), ratio, options);
+  agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange", &planning);
+  return launch_agreed(fields, std::move(route), comm);
+}
+
+}  // namespace
+
+IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
+                                           std::span<const int64_t> lengths, int64_t ratio,
+                                           const PlanOptions& options, Communicator& comm) {
+  return launch_with_lengths(
+      inputs, lengths, ratio, options, comm,
+      "Indexer qr, weights and rotary embeddings must share token axes and device");
+}
+
+IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
+                                           std::shared_ptr<const IndexerRoute> route,
+                                           Communicator& comm) {
+  std::vector<MatrixView> fields;
+  const std::optional<std::string> error = capture([&] {
+    SPARSECP_CHECK(route != nullptr, "Indexer input exchange needs a route, got none");
+    check_batch_one(inputs);
+    fields = owner_fields(inputs,
+                          "Indexer qr, weights and rotary embeddings must share token axes and "
+                          "device");
+    check_route(*route, comm.size(), comm.rank());
+    SPARSECP_CHECK(fields[0].rows == owner_rows(*route), "Indexer input holds ", fields[0].rows,
+                   " owner rows but the route sends or keeps ", owner_rows(*route));
+  });
+  Fingerprint fingerprint;
+  add_fields(fingerprint, fields);
+  agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange");
+  return launch_agreed(fields, std::move(route), comm);
+}
+
+std::vector<RowMatrix> exchange_rows(std::span<const MatrixView> fields, const IndexerRoute& route,
+                                     Communicator& comm) {
+  const std::optional<std::string> error = capture([&] {
+    check_route(route, comm.size(), comm.rank());
+    for (const MatrixView& field : fields) {
+      SPARSECP_CHECK(field.rows == owner_rows(route) && field.cols >= 0, "Indexer field of ",
+                     field.rows, " x ", field.cols, " does not match the route's ",
+                     owner_rows(route), " owner rows");
+      SPARSECP_CHECK(field.rows * field.cols == 0 || field.data != nullptr, "Indexer field of ",
+                     field.rows, " x ", field.cols, " has no data");
+    }
+  });
+  Fingerprint fingerprint;
+  add_fields(fingerprint, fields);
+  agree(comm, error, true, &route, fingerprint.value(), "Indexer row exchange");
+  FieldLaunch launch = launch_fields(fields, route, comm);
+  return finish_fields(launch, route);
+}
+
+SelectedKeys return_rows(const SelectedKeys& selected, const IndexerRoute& route,
+                         Communicator& comm) {
+  // Reuses the handle path: a launch with no input fields, then its result.
+  std::optional<std::string> error = capture([&] { check_route(route, comm.size(), comm.rank()); });
+  agree(comm, error, true, &route, 0, "Indexer result exchange");
+  auto state = ExchangeAccess::exchange_state();
+  state->comm = &comm;
+  state->owner_queries = owner_rows(route);
+  state->route = std::make_shared<const IndexerRoute>(route);
+  state->consumed = true;
+  IndexerInputExchange exchange = ExchangeAccess::make(std::move(state));
+  return exchange.launch_result(selected).wait();
+}
+
+SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
+                             std::span<const int64_t> lengths, int64_t ratio,
+                             const PlanOptions& options, Communicator& comm) {
+  IndexerInputExchange exchange = launch_with_lengths(
+      inputs, lengths, ratio, options, comm,
+      "Indexer qr, weights and rotary embeddings must have matching batch/token axes and device");
+  const WorkerInputs worker = exchange.wait();
+  SelectedKeys selected;
+  // A selector failing on one rank must not leave its peers in the result
+  // exchange: report through the result agreement instead of returning early.
+  std::optional<std::string> failure =
+      capture([&] { selected = selector(worker, exchange.route().segments); });
+  if (failure) {
+    agree(comm, failure, false, nullptr, 0, "Indexer result exchange");
+  }
+  return exchange.launch_result(selected).wait();
+}
+
+}  // namespace sparsecp

@@ -1,0 +1,249 @@
+#include "sparsecp/transport/mpi_communicator.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "sparsecp/error.hpp"
+
+namespace sparsecp {
+namespace {
+
+// Point-to-point fallback messages use one tag on the private duplicate; MPI's
+// non-overtaking rule matches them in posting order.
+constexpr int kRowTag = 0x5C9;
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+void check_mpi(int code, const char* call) {
+  SPARSECP_CHECK(code == MPI_SUCCESS, call, " failed: ", mpi_error_text(code));
+}
+
+class MpiPending final : public Work::Pending {
+ public:
+  // `arguments` holds count/displacement arrays MPI may read until completion.
+  explicit MpiPending(std::vector<MPI_Request> requests, std::vector<int> arguments = {})
+      : requests_(std::move(requests)), arguments_(std::move(arguments)) {}
+  void wait() override {
+    if (requests_.empty()) return;
+    check_mpi(
+        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
+        "MPI_Waitall");
+    requests_.clear();
+    arguments_.clear();
+  }
+  bool test() override {
+    if (requests_.empty()) return true;
+    int done = 0;
+    check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                          MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+    if (done) {
+      requests_.clear();
+      arguments_.clear();
+    }
+    return done != 0;
+  }
+
+ private:
+  std::vector<MPI_Request> requests_;
+  std::vector<int> arguments_;
+};
+
+// A contiguous datatype of `row_bytes` bytes, freed on scope exit (MPI keeps it
+// alive for operations already posted with it).
+class RowType {
+ public:
+  explicit RowType(int64_t row_bytes) {
+    check_mpi(MPI_Type_contiguous(static_cast<int>(row_bytes), MPI_BYTE, &type_),
+              "MPI_Type_contiguous");
+    check_mpi(MPI_Type_commit(&type_), "MPI_Type_commit");
+  }
+  ~RowType() { MPI_Type_free(&type_); }
+  RowType(const RowType&) = delete;
+  RowType& operator=(const RowType&) = delete;
+  MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+int64_t checked_rows(std::span<const int64_t> counts, int64_t size, const char* side) {
+  SPARSECP_CHECK(static_cast<int64_t>(counts.size()) == size, "all_to_all_rows ", side,
+                 " counts have ", counts.size(), " entries for a group of ", size, " ranks");
+  int64_t total = 0;
+  for (size_t peer = 0; peer < counts.size(); ++peer) {
+    SPARSECP_CHECK(counts[peer] >= 0, "all_to_all_rows ", side, " count for peer ", peer,
+                   " is negative: ", counts[peer]);
+    SPARSECP_CHECK(counts[peer] <= std::numeric_limits<int64_t>::max() - total, "all_to_all_rows ",
+                   side, " counts overflow 64 bits");
+    total += counts[peer];
+  }
+  return total;
+}
+
+// True when every count and every displacement (in rows) fits one MPI call.
+bool fits(std::span<const int64_t> counts, int64_t limit) {
+  int64_t displacement = 0;
+  for (const int64_t count : counts) {
+    if (count > limit || displacement > limit) return false;
+    displacement += count;
+  }
+  return true;
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm group, MpiCommunicatorOptions options)
+    : options_(options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  SPARSECP_CHECK(initialized, "MpiCommunicator needs MPI to be initialised (MPI_Init)");
+  SPARSECP_CHECK(group != MPI_COMM_NULL, "MpiCommunicator needs a communicator, got MPI_COMM_NULL");
+  SPARSECP_CHECK(options.max_message_rows >= 1 && options.max_message_rows <= INT_MAX,
+                 "MpiCommunicator max_message_rows must be in [1, ", INT_MAX, "], got ",
+                 options.max_message_rows);
+  check_mpi(MPI_Comm_dup(group, &comm_), "MPI_Comm_dup");
+  // Errors come back as codes and become sparsecp::Error instead of aborting the job.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  int rank = 0;
+  int size = 0;
+  MPI_Comm_rank(comm_, &rank);
+  MPI_Comm_size(comm_, &size);
+  rank_ = rank;
+  size_ = size;
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+Work MpiCommunicator::all_to_all_rows(std::span<const std::byte> send,
+                                      std::span<const int64_t> send_counts,
+                                      std::span<std::byte> receive,
+                                      std::span<const int64_t> receive_counts, int64_t row_bytes) {
+  SPARSECP_CHECK(row_bytes >= 0 && row_bytes <= INT_MAX, "all_to_all_rows row size ", row_bytes,
+                 " bytes is outside [0, ", INT_MAX, "]");
+  const int64_t send_total = checked_rows(send_counts, size_, "send");
+  const int64_t receive_total = checked_rows(receive_counts, size_, "receive");
+  const int64_t max_rows = row_bytes == 0 ? std::numeric_limits<int64_t>::max()
+                                          : std::numeric_limits<int64_t>::max() / row_bytes;
+  SPARSECP_CHECK(send_total <= max_rows && receive_total <= max_rows,
+                 "all_to_all_rows byte count overflows 64 bits");
+  SPARSECP_CHECK(static_cast<int64_t>(send.size()) == send_total * row_bytes,
+                 "all_to_all_rows send buffer holds ", send.size(), " bytes, the counts need ",
+                 send_total * row_bytes);
+  SPARSECP_CHECK(static_cast<int64_t>(receive.size()) == receive_total * row_bytes,
+                 "all_to_all_rows receive buffer holds ", receive.size(),
+                 " bytes, the counts need ", receive_total * row_bytes);
+
+  SPARSECP_CHECK(send_counts[rank_] == receive_counts[rank_], "all_to_all_rows sends ",
+                 send_counts[rank_], " rows to itself but expects ", receive_counts[rank_]);
+  record_exchange((send_total - send_counts[rank_]) * row_bytes,
+                  (receive_total - receive_counts[rank_]) * row_bytes);
+  if (row_bytes == 0) return Work();
+
+  const RowType row_type(row_bytes);
+  const int64_t limit = options_.max_message_rows;
+  std::vector<MPI_Request> requests;
+  // Every rank must take the same path: one rank in MPI_Ialltoallv while a peer posts
+  // point-to-point messages deadlocks both. Only this rank knows whether its own counts
+  // fit, so the choice is agreed with a one-integer all-reduce.
+  int fits_here = fits(send_counts, limit) && fits(receive_counts, limit) ? 1 : 0;
+  int fits_everywhere = 0;
+  check_mpi(MPI_Allreduce(&fits_here, &fits_everywhere, 1, MPI_INT, MPI_MIN, comm_),
+            "MPI_Allreduce");
+  if (fits_everywhere) {
+    // MPI may read the count and displacement arrays until the operation
+    // completes (MPI-3.1 section 5.12), so the Pending owns them.
+    const size_t n = static_cast<size_t>(size_);
+    std::vector<int> arguments(4 * n);
+    int* counts_out = arguments.data();
+    int* displs_out = counts_out + n;
+    int* counts_in = displs_out + n;
+    int* displs_in = counts_in + n;
+    int64_t out = 0;
+    int64_t in = 0;
+    for (size_t peer = 0; peer < n; ++peer) {
+      counts_out[peer] = static_cast<int>(send_counts[peer]);
+      displs_out[peer] = static_cast<int>(out);
+      counts_in[peer] = static_cast<int>(receive_counts[peer]);
+      displs_in[peer] = static_cast<int>(in);
+      out += send_counts[peer];
+      in += receive_counts[peer];
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ialltoallv(send.data(), counts_out, displs_out, row_type.get(), receive.data(),
+                             counts_in, displs_in, row_type.get(), comm_, &request),
+              "MPI_Ialltoallv");
+    requests.push_back(request);
+    return Work(std::make_unique<MpiPending>(std::move(requests), std::move(arguments)));
+  }
+
+  // Split path: per-peer messages of at most `limit` rows, addressed by pointer.
+  int64_t in = 0;
+  for (int64_t peer = 0; peer < size_; ++peer) {
+    for (int64_t done = 0; done < receive_counts[peer]; done += limit) {
+      const int64_t rows = std::min(limit, receive_counts[peer] - done);
+      if (peer == rank_) continue;
+      MPI_Request request = MPI_REQUEST_NULL;
+      check_mpi(MPI_Irecv(receive.data() + (in + done) * row_bytes, static_cast<int>(rows),
+                          row_type.get(), static_cast<int>(peer), kRowTag, comm_, &request),
+                "MPI_Irecv");
+      requests.push_back(request);
+    }
+    in += receive_counts[peer];
+  }
+  int64_t out = 0;
+  int64_t self_in = 0;
+  for (int64_t peer = 0; peer < rank_; ++peer) self_in += receive_counts[peer];
+  for (int64_t peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) {
+      if (send_counts[peer] > 0) {
+        std::memcpy(receive.data() + self_in * row_bytes, send.data() + out * row_bytes,
+                    static_cast<size_t>(send_counts[peer] * row_bytes));
+      }
+    } else {
+      for (int64_t done = 0; done < send_counts[peer]; done += limit) {
+        const int64_t rows = std::min(limit, send_counts[peer] - done);
+        MPI_Request request = MPI_REQUEST_NULL;
+        check_mpi(MPI_Isend(send.data() + (out + done) * row_bytes, static_cast<int>(rows),
+                            row_type.get(), static_cast<int>(peer), kRowTag, comm_, &request),
+                  "MPI_Isend");
+        requests.push_back(request);
+      }
+    }
+    out += send_counts[peer];
+  }
+  return Work(std::make_unique<MpiPending>(std::move(requests)));
+}
+
+void MpiCommunicator::all_reduce(std::span<int64_t> values, ReduceOp op) {
+  SPARSECP_CHECK(values.size() <= static_cast<size_t>(INT_MAX), "all_reduce of ", values.size(),
+                 " values exceeds one MPI call");
+  MPI_Op mpi_op = MPI_SUM;
+  if (op == ReduceOp::kMin) mpi_op = MPI_MIN;
+  if (op == ReduceOp::kMax) mpi_op = MPI_MAX;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T,
+                          mpi_op, comm_),
+            "MPI_Allreduce");
+}
+
+std::vector<int64_t> MpiCommunicator::all_to_all_counts(std::span<const int64_t> counts) {
+  SPARSECP_CHECK(static_cast<int64_t>(counts.size()) == size_, "all_to_all_counts has ",
+                 counts.size(), " entries for a group of ", size_, " ranks");
+  std::vector<int64_t> received(static_cast<size_t>(size_));
+  check_mpi(MPI_Alltoall(counts.data(), 1, MPI_INT64_T, received.data(), 1, MPI_INT64_T, comm_),
+            "MPI_Alltoall");
+  return received;
+}
+
+}  // namespace sparsecp

@@ -1,0 +1,128 @@
+// The `sparsecp` tool as a user and a script see it: exit status, stderr, JSON.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support/tool_runner.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+using Outcome = sparsecp::testing::ToolRun;
+using sparsecp::testing::run_tool;
+
+// One line on stderr beginning "error:", exit status 2, nothing on stdout.
+void expect_user_error(const Outcome& outcome, const std::string& text) {
+  EXPECT_EQ(outcome.status, 2) << outcome.err;
+  EXPECT_THAT(outcome.err, StartsWith("error: "));
+  EXPECT_THAT(outcome.err, HasSubstr(text));
+  EXPECT_EQ(std::count(outcome.err.begin(), outcome.err.end(), '\n'), 1) << outcome.err;
+  EXPECT_TRUE(outcome.out.empty()) << outcome.out;
+}
+
+TEST(Cli, PlanJsonHasTheDocumentedShape) {
+  const Outcome outcome = run_tool("plan --lengths 5000,300,2699,1 --cp 4 --mode none --json");
+  ASSERT_EQ(outcome.status, 0) << outcome.err;
+  const auto json = nlohmann::json::parse(outcome.out);
+  EXPECT_EQ(json["cp"], 4);
+  EXPECT_EQ(json["ratio"], 4);
+  EXPECT_EQ(json["mode"], "none");
+  ASSERT_EQ(json["ranks"].size(), 4u);
+  EXPECT_EQ(json["ranks"][1]["work"], 1499500);
+  EXPECT_EQ(json["ranks"][2]["tasks"],
+            nlohmann::json::parse("[[0,4000,5000],[1,0,300],[2,0,700]]"));
+  EXPECT_NEAR(json["imbalance"].get<double>(), 1.4829, 1e-4);
+}
+
+TEST(Cli, PlanWithoutModeComparesAllFour) {
+  const Outcome outcome = run_tool("plan --tokens 65536 --cp 4");
+  ASSERT_EQ(outcome.status, 0) << outcome.err;
+  for (const char* mode : {"none", "zigzag", "greedy", "hybrid"}) {
+    EXPECT_THAT(outcome.out, HasSubstr(std::string("\n") + mode + " ")) << mode;
+  }
+  const Outcome json = run_tool("plan --tokens 65536 --cp 4 --json");
+  ASSERT_EQ(json.status, 0) << json.err;
+  EXPECT_EQ(nlohmann::json::parse(json.out)["plans"].size(), 4u);
+}
+
+TEST(Cli, RouteJsonHasTheSeedFieldNames) {
+  const Outcome outcome =
+      run_tool("route --lengths '9 1' --cp 2 --ratio 1 --mode zigzag --rank 1 --json");
+  ASSERT_EQ(outcome.status, 0) << outcome.err;
+  const auto json = nlohmann::ordered_json::parse(outcome.out);
+  std::vector<std::string> keys;
+  for (const auto& item : json.items()) keys.push_back(item.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{"segments", "input_splits", "output_splits",
+                                            "send_rows", "receive_rows", "local_sources",
+                                            "local_targets", "query_count"}));
+  EXPECT_EQ(json["send_rows"], nlohmann::ordered_json::parse("[2,3]"));
+  EXPECT_EQ(json["segments"], nlohmann::ordered_json::parse("[[0,4,0,7,0],[4,5,9,10,0]]"));
+}
+
+TEST(Cli, RouteAllRanksReportsTiming) {
+  const Outcome outcome =
+      run_tool("route --tokens 65536 --cp 8 --mode greedy --all-ranks --repeat 3 --json");
+  ASSERT_EQ(outcome.status, 0) << outcome.err;
+  const auto json = nlohmann::json::parse(outcome.out);
+  EXPECT_GT(json["seconds_per_rank"].get<double>(), 0.0);
+  EXPECT_EQ(json["repeat"], 3);
+  const Outcome text = run_tool("route --tokens 65536 --cp 8 --mode zigzag --all-ranks");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("us per rank"));
+}
+
+TEST(Cli, LengthsFileAcceptsCommasAndWhitespace) {
+  const std::string path = ::testing::TempDir() + "sparsecp_cli_lengths.txt";
+  std::ofstream(path) << "5000, 300\n2699\t1\n";
+  const Outcome outcome = run_tool("plan --lengths-file " + path + " --cp 4 --mode zigzag --json");
+  ASSERT_EQ(outcome.status, 0) << outcome.err;
+  EXPECT_EQ(nlohmann::json::parse(outcome.out)["ranks"][0]["rows"], 2000);
+}
+
+TEST(Cli, InvalidInputsGiveOneErrorLineAndStatusTwo) {
+  expect_user_error(run_tool("plan --lengths 5,abc --cp 1 --mode none"),
+                    "'abc' (entry 2) is not an integer");
+  expect_user_error(run_tool("plan --lengths 5,99999999999999999999 --cp 1 --mode none"),
+                    "does not fit in 64 bits");
+  expect_user_error(
+      run_tool("plan --lengths 5,0 --cp 1 --mode none"),
+      "Indexer balance needs positive document lengths/ratio and an equal contiguous CP partition");
+  expect_user_error(run_tool("plan --lengths 5,4 --cp 2 --mode zigzag"),
+                    "equal contiguous CP partition");
+  expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode fancy"),
+                    "indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'");
+  expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode hybrid --block 2"),
+                    "indexer_load_balance='hybrid' requires an explicit positive integer");
+  expect_user_error(
+      run_tool("plan --lengths 8 --cp 2 --mode zigzag --block 2"),
+      "indexer_balance_block_size requires indexer_load_balance='greedy' or 'hybrid'");
+  expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode greedy --block 5"),
+                    "Indexer greedy block size 5 exceeds the local query count 4");
+  expect_user_error(run_tool("route --lengths 8 --cp 2 --mode zigzag --rank 2"),
+                    "Indexer balance rank must be inside its CP group");
+  expect_user_error(run_tool("route --lengths 8 --cp 2 --mode zigzag"),
+                    "exactly one of --rank R and --all-ranks");
+  expect_user_error(run_tool("plan --lengths-file /nonexistent/file --cp 2"),
+                    "cannot open lengths file");
+  expect_user_error(run_tool("plan --lengths ' , ' --cp 2"), "no document lengths given");
+  expect_user_error(run_tool("plan --cp notanumber"), "--cp");
+  expect_user_error(run_tool("frobnicate"), "unknown command 'frobnicate'");
+}
+
+TEST(Cli, HelpTeachesAndSucceeds) {
+  const Outcome outcome = run_tool("plan --help");
+  EXPECT_EQ(outcome.status, 0);
+  EXPECT_THAT(outcome.out, HasSubstr("--zigzag-min-length"));
+  EXPECT_THAT(outcome.out, HasSubstr("Examples:"));
+}
+
+}  // namespace

@@ -1,0 +1,264 @@
+// Fast selection vs its plain reference: exact on small-integer inputs over awkward
+// shapes, every ISA this CPU runs, both dtypes; tolerance checks on real inputs;
+// invariance to threads and batching.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/kernels/select.hpp"
+#include "support/select_test_support.hpp"
+
+namespace sparsecp {
+namespace {
+
+using testing::pick;
+using testing::random_matrix;
+using testing::random_worker;
+
+std::vector<KernelIsa> supported_isas() {
+  std::vector<KernelIsa> isas;
+  for (const KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (kernel_isa_supported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+struct Shape {
+  int64_t heads, head_dim, topk, ratio, documents, max_length, max_rows;
+};
+
+// Runs fast (every ISA) and reference on one random worker case; expects equality.
+// Returns how many ids the reference selected, so callers can check the cases are not
+// trivially empty.
+int64_t expect_exact(SplitMix64& random, const Shape& shape, DType dtype) {
+  SelectConfig config;
+  config.heads = shape.heads;
+  config.head_dim = shape.head_dim;
+  config.topk = shape.topk;
+  config.ratio = shape.ratio;
+  const auto worker =
+      random_worker(random, shape.ratio, shape.documents, shape.max_length, shape.max_rows, true);
+  const auto q = random_matrix(random, worker.rows, shape.heads * shape.head_dim, 2);
+  const auto weights = random_matrix(random, worker.rows, shape.heads, 2);
+  const auto keys = random_matrix(random, worker.bank, shape.head_dim, 2);
+  std::vector<int32_t> expected(static_cast<size_t>(worker.rows * shape.topk), 7);
+  select_topk_reference(q.view(dtype), weights.view(DType::kFloat32), keys.view(dtype),
+                        worker.segments, config, expected);
+  for (const KernelIsa isa : supported_isas()) {
+    config.isa = isa;
+    for (const int threads : {1, 3}) {
+      config.threads = threads;
+      std::vector<int32_t> got(expected.size(), 7);
+      select_topk(q.view(dtype), weights.view(DType::kFloat32), keys.view(dtype), worker.segments,
+                  config, got);
+      SCOPED_TRACE(::testing::Message()
+                   << "isa " << kernel_isa_name(isa) << " threads " << threads);
+      EXPECT_EQ(got, expected);
+    }
+  }
+  return std::count_if(expected.begin(), expected.end(), [](int32_t id) { return id >= 0; });
+}
+
+TEST(SelectKernel, MatchesReferenceExactlyOnSmallIntegers) {
+  const uint64_t seed = testing::test_seed();
+  SplitMix64 random(seed);
+  const Shape shapes[] = {
+      // heads, head_dim, topk, ratio, documents, max_length, max_rows
+      {1, 16, 1, 1, 1, 1, 1},         // one row, one key
+      {3, 16, 5, 4, 7, 61, 13},       // primes, documents shorter than ratio, topk > visible
+      {64, 128, 512, 4, 3, 700, 17},  // DeepSeek-V4 shape, few rows
+      {3, 128, 2048, 1, 2, 2600, 5},  // topk 2048 over raw tokens
+      {5, 16, 7, 128, 3, 3000, 11},   // HCA ratio
+      {8, 17, 3, 2, 5, 97, 23},       // odd head_dim, remainder panels
+      {64, 16, 1, 1, 2, 131, 31},     // topk 1, many ties
+      {13, 33, 512, 4, 4, 1200, 40},  // remainder head chunk, multi-tile
+  };
+  int64_t selected = 0;
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (const Shape& shape : shapes) {
+      for (int trial = 0; trial < 2; ++trial) {
+        SCOPED_TRACE(::testing::Message()
+                     << "seed " << seed << " dtype " << dtype_name(dtype) << " heads "
+                     << shape.heads << " head_dim " << shape.head_dim << " topk " << shape.topk
+                     << " ratio " << shape.ratio << " trial " << trial);
+        selected += expect_exact(random, shape, dtype);
+      }
+    }
+  }
+  EXPECT_GT(selected, 1000);
+}
+
+TEST(SelectKernel, RowsThatSeeNothingAreAllMinusOne) {
+  SelectConfig config;
+  config.heads = 2;
+  config.head_dim = 4;
+  config.topk = 3;
+  config.ratio = 4;
+  // Document of 6 tokens, rows at positions 0..5: positions 0..2 see nothing, 3..5 see 1.
+  const std::vector<Segment> segments{{0, 6, 0, 1, 2}};
+  std::vector<float> q(6 * 8, 1.0f), w(6 * 2, 1.0f), k(4, 1.0f);
+  std::vector<int32_t> out(6 * 3, 7);
+  select_topk(MatrixView::f32(q.data(), 6, 8), MatrixView::f32(w.data(), 6, 2),
+              MatrixView::f32(k.data(), 1, 4), segments, config, out);
+  const std::vector<int32_t> expected{-1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                      0,  -1, -1, 0,  -1, -1, 0,  -1, -1};
+  EXPECT_EQ(out, expected);
+  // No row sees a key: everything -1, including rows outside any segment.
+  std::vector<int32_t> none(6 * 3, 7);
+  const std::vector<Segment> early{{1, 3, 0, 0, 2}};
+  select_topk(MatrixView::f32(q.data(), 6, 8), MatrixView::f32(w.data(), 6, 2),
+              MatrixView::f32(k.data(), 1, 4), early, config, none);
+  EXPECT_EQ(none, std::vector<int32_t>(18, -1));
+}
+
+TEST(SelectKernel, TiesGoToTheLowerKeyAndOutputIsSorted) {
+  SelectConfig config;
+  config.heads = 1;
+  config.head_dim = 16;
+  config.topk = 4;
+  config.ratio = 1;
+  const int64_t bank = 300;  // crosses a 256-key tile
+  std::vector<float> keys(static_cast<size_t>(bank * 16), 0.0f);
+  for (int64_t s = 0; s < bank; ++s) keys[static_cast<size_t>(s * 16)] = s % 3 == 0 ? 2.0f : 1.0f;
+  keys[static_cast<size_t>(290 * 16)] = 5.0f;
+  std::vector<float> q(16, 0.0f), w(1, 1.0f);
+  q[0] = 1.0f;
+  const std::vector<Segment> segments{{0, 1, 0, bank, 0}};
+  for (const KernelIsa isa : supported_isas()) {
+    config.isa = isa;
+    std::vector<int32_t> out(4);
+    select_topk(MatrixView::f32(q.data(), 1, 16), MatrixView::f32(w.data(), 1, 1),
+                MatrixView::f32(keys.data(), bank, 16), segments, config, out);
+    EXPECT_EQ(out, (std::vector<int32_t>{0, 3, 6, 290})) << kernel_isa_name(isa);
+  }
+}
+
+// Score of key s for row t, in double, for tolerance checks.
+double score(const testing::Matrix& q, const testing::Matrix& w, const testing::Matrix& k,
+             int64_t t, int64_t s, int64_t heads, int64_t dim) {
+  double total = 0.0;
+  for (int64_t h = 0; h < heads; ++h) {
+    double dot = 0.0;
+    for (int64_t d = 0; d < dim; ++d) {
+      dot += static_cast<double>(q.f32[static_cast<size_t>(t * heads * dim + h * dim + d)]) *
+             k.f32[static_cast<size_t>(s * dim + d)];
+    }
+    total += w.f32[static_cast<size_t>(t * heads + h)] * std::max(dot, 0.0);
+  }
+  return total;
+}
+
+TEST(SelectKernel, RealValuedSelectionsScoreWithinToleranceOfTheKthBest) {
+  const uint64_t seed = testing::test_seed() + 11;
+  SplitMix64 random(seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SelectConfig config;
+  config.heads = 16;
+  config.head_dim = 64;
+  config.topk = 20;
+  config.ratio = 4;
+  const auto worker = random_worker(random, 4, 4, 900, 9, true);
+  const auto q = random_matrix(random, worker.rows, 16 * 64, 0, false);
+  const auto w = random_matrix(random, worker.rows, 16, 0, false);
+  const auto k = random_matrix(random, worker.bank, 64, 0, false);
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    std::vector<int32_t> fast(static_cast<size_t>(worker.rows * 20));
+    std::vector<int32_t> reference(fast.size());
+    select_topk(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), worker.segments, config,
+                fast);
+    select_topk_reference(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), worker.segments,
+                          config, reference);
+    for (int64_t t = 0; t < worker.rows; ++t) {
+      std::vector<double> ref_scores;
+      for (int64_t i = 0; i < 20; ++i) {
+        const int32_t r = reference[static_cast<size_t>(t * 20 + i)];
+        const int32_t f = fast[static_cast<size_t>(t * 20 + i)];
+        ASSERT_EQ(r < 0, f < 0) << "row " << t;  // same number of selections
+        if (r >= 0) ref_scores.push_back(score(q, w, k, t, r, 16, 64));
+      }
+      if (ref_scores.empty()) continue;
+      const double kth = *std::min_element(ref_scores.begin(), ref_scores.end());
+      for (int64_t i = 0; i < 20; ++i) {
+        const int32_t f = fast[static_cast<size_t>(t * 20 + i)];
+        if (f >= 0) {
+          EXPECT_GE(score(q, w, k, t, f, 16, 64), kth - 1e-3 * (1.0 + std::abs(kth)))
+              << "row " << t << " key " << f << " dtype " << dtype_name(dtype);
+        }
+      }
+    }
+  }
+}
+
+TEST(SelectKernel, RowResultsDoNotDependOnThreadsOrBatching) {
+  const uint64_t seed = testing::test_seed() + 12;
+  SplitMix64 random(seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SelectConfig config;
+  config.heads = 8;
+  config.head_dim = 32;
+  config.topk = 16;
+  config.ratio = 4;
+  // One document of 2000 tokens, its last 70 rows: real-valued, so any change in the
+  // summation order would show.
+  const Segment whole{0, 70, 0, 500, 0};
+  const auto q = random_matrix(random, 70, 8 * 32, 0, false);
+  const auto w = random_matrix(random, 70, 8, 0, false);
+  const auto k = random_matrix(random, 500, 32, 0, false);
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    std::vector<int32_t> base(70 * 16);
+    config.threads = 1;
+    select_topk(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), std::span(&whole, 1), config,
+                base);
+    for (const int threads : {2, 5}) {
+      config.threads = threads;
+      std::vector<int32_t> got(base.size());
+      select_topk(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), std::span(&whole, 1),
+                  config, got);
+      EXPECT_EQ(got, base) << "threads " << threads;
+    }
+    // Batching: the last `tail` rows alone, as their own segment (positions unchanged).
+    for (const int64_t tail : {1, 3, 33, 41}) {
+      const int64_t skip = 70 - tail;
+      const Segment part{0, tail, 0, 500, 0};
+      std::vector<int32_t> got(static_cast<size_t>(tail * 16));
+      select_topk(
+          MatrixView{dtype == DType::kFloat32 ? static_cast<const void*>(q.f32.data() + skip * 256)
+                                              : static_cast<const void*>(q.b16.data() + skip * 256),
+                     dtype, tail, 256},
+          MatrixView::f32(w.f32.data() + skip * 8, tail, 8), k.view(dtype), std::span(&part, 1),
+          config, got);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), base.begin() + skip * 16)) << "tail " << tail;
+    }
+  }
+}
+
+TEST(SelectKernel, RejectsBadShapesAndSegments) {
+  SelectConfig config;
+  config.heads = 2;
+  config.head_dim = 4;
+  config.topk = 2;
+  config.ratio = 4;
+  std::vector<float> q(3 * 8), w(3 * 2), k(5 * 4);
+  std::vector<int32_t> out(3 * 2);
+  const auto run = [&](std::vector<Segment> segments, int64_t q_cols = 8, int64_t k_cols = 4) {
+    select_topk(MatrixView::f32(q.data(), 3, q_cols), MatrixView::f32(w.data(), 3, 2),
+                MatrixView::f32(k.data(), 5, k_cols), segments, config, out);
+  };
+  EXPECT_NO_THROW(run({{0, 3, 0, 5, 0}}));
+  EXPECT_THROW(run({{0, 3, 0, 5, 0}}, 7), Error);
+  EXPECT_THROW(run({{0, 3, 0, 6, 0}}), Error);                   // keys past the bank
+  EXPECT_THROW(run({{0, 4, 0, 5, 0}}), Error);                   // rows past q
+  EXPECT_THROW(run({{0, 2, 0, 5, 0}, {1, 3, 0, 5, 0}}), Error);  // overlap
+  EXPECT_THROW(run({{0, 3, 0, 5, 4}}), Error);                   // residual >= ratio
+  EXPECT_THROW(run({{0, 3, 0, 0, 2}}), Error);                   // 3 rows, document of 2 positions
+  EXPECT_THROW(run({{2, 1, 0, 5, 0}}), Error);
+  config.topk = 0;
+  EXPECT_THROW(run({{0, 3, 0, 5, 0}}), Error);
+}
+
+}  // namespace
+}  // namespace sparsecp

@@ -1,0 +1,130 @@
+// Cost model: prefix sums against brute force, the causal default, the file format.
+#include "sparsecp/planning/cost_model.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/planning/cost.hpp"
+#include "support/random_batch.hpp"
+
+namespace sparsecp {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
+TEST(CostModel, DefaultIsTheCausalPairCountExactly) {
+  const CostModel model;
+  EXPECT_TRUE(model.is_causal());
+  for (const int64_t ratio : {1, 2, 3, 4, 7, 128}) {
+    for (int64_t rows = 0; rows < 600; rows += 1 + rows / 7) {
+      EXPECT_EQ(model.prefix(rows, ratio), static_cast<double>(work_prefix(rows, ratio)))
+          << "rows " << rows << " ratio " << ratio;
+    }
+  }
+  // Exact at a 10M-token document, ratio 1 (5e13 pairs, below 2^53).
+  EXPECT_EQ(model.prefix(10'000'000, 1), static_cast<double>(work_prefix(10'000'000, 1)));
+}
+
+TEST(CostModel, PrefixEqualsSumOfRowsOnRandomModels) {
+  SplitMix64 random(testing::test_seed());
+  SCOPED_TRACE(::testing::Message() << "SPARSECP_TEST_SEED=" << testing::test_seed());
+  for (int trial = 0; trial < 200; ++trial) {
+    CostModel model;
+    // Multiples of 1/4: every sum below is exact in a double.
+    model.a = static_cast<double>(random.next() % 9) / 4;
+    model.b = static_cast<double>(random.next() % 9) / 4;
+    model.c = static_cast<double>(random.next() % 9) / 4 + (model.a + model.b == 0 ? 1 : 0);
+    model.topk = 1 + static_cast<int64_t>(random.next() % 40);
+    const int64_t ratio = 1 + static_cast<int64_t>(random.next() % 7);
+    const int64_t rows = static_cast<int64_t>(random.next() % 400);
+    double sum = 0;
+    for (int64_t p = 0; p < rows; ++p) {
+      const int64_t vis = visible_keys(p, ratio);
+      EXPECT_EQ(model.row(vis), model.a + model.b * vis + model.c * std::min(model.topk, vis));
+      sum += model.row(vis);
+    }
+    EXPECT_EQ(model.prefix(rows, ratio), sum)
+        << "a " << model.a << " b " << model.b << " c " << model.c << " topk " << model.topk
+        << " ratio " << ratio << " rows " << rows;
+    const int64_t start = rows > 0 ? static_cast<int64_t>(random.next() % rows) : 0;
+    double part = 0;
+    for (int64_t p = start; p < rows; ++p) part += model.row(visible_keys(p, ratio));
+    EXPECT_EQ(model.range(start, rows, ratio), part);
+  }
+}
+
+TEST(CostModel, RowCostNeverDecreasesAlongADocument) {
+  const CostModel model = CostModel::linear(3, 0.5, 2, 5);
+  for (int64_t vis = 0; vis < 50; ++vis) EXPECT_LE(model.row(vis), model.row(vis + 1));
+}
+
+TEST(CostModel, TextRoundTripsExactly) {
+  CostModel model = CostModel::linear(61.52345678901234, 0.041, 1e-3, 2048);
+  model.unit = "ns";
+  model.note = "heads 64 head_dim 128, test machine";
+  const CostModel back = parse_cost_model(format_cost_model(model), "text");
+  EXPECT_EQ(back.a, model.a);
+  EXPECT_EQ(back.b, model.b);
+  EXPECT_EQ(back.c, model.c);
+  EXPECT_EQ(back.topk, model.topk);
+  EXPECT_EQ(back.unit, "ns");
+  EXPECT_EQ(back.note, model.note);
+}
+
+TEST(CostModel, FileRoundTripAndMissingFile) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("sparsecp_cost_model_test_" + std::to_string(testing::test_seed()) + ".txt"))
+          .string();
+  const CostModel model = CostModel::linear(2, 0.25, 0.5, 64);
+  save_cost_model(path, model);
+  const CostModel back = load_cost_model(path);
+  EXPECT_EQ(back.a, 2);
+  EXPECT_EQ(back.b, 0.25);
+  EXPECT_EQ(back.c, 0.5);
+  EXPECT_EQ(back.topk, 64);
+  std::filesystem::remove(path);
+  EXPECT_THAT(error_of([&] { load_cost_model(path); }), HasSubstr("cannot open cost model file"));
+}
+
+TEST(CostModel, ParseErrorsNameTheLine) {
+  EXPECT_THAT(error_of([] { parse_cost_model("a 1\nb 2\nc 3\n", "m.txt"); }),
+              HasSubstr("m.txt: missing 'topk'"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a 1\nb x\nc 3\ntopk 4\n", "m.txt"); }),
+              HasSubstr("m.txt line 2: b 'x' is not a number"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a 1\nb 1\nc 3\ntopk 4.5\n", "m"); }),
+              HasSubstr("topk '4.5' is not an integer"));
+  EXPECT_THAT(error_of([] { parse_cost_model("# c\nd 1\n", "m"); }),
+              HasSubstr("m line 2: unknown key 'd'"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a 1\na 1\n", "m"); }), HasSubstr("given twice"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a -1\nb 1\nc 0\ntopk 4\n", "m"); }),
+              HasSubstr("coefficient a must be finite and non-negative, got -1"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a 0\nb 0\nc 0\ntopk 4\n", "m"); }),
+              HasSubstr("needs a positive coefficient"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a 0\nb 1\nc 0\ntopk 0\n", "m"); }),
+              HasSubstr("topk must be positive, got 0"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a 0\nb inf\nc 0\ntopk 1\n", "m"); }),
+              HasSubstr("finite"));
+  // Comments, blank lines, CRLF and any order are fine.
+  const CostModel model = parse_cost_model("\r\n# x\ntopk 3\r\nc 0\nb 1.5\na 0\n", "m");
+  EXPECT_EQ(model.b, 1.5);
+  EXPECT_EQ(model.topk, 3);
+}
+
+}  // namespace
+}  // namespace sparsecp
