@@ -87,8 +87,8 @@ int64_t min_rows_to_balance(std::span<const int64_t> lengths, int64_t cp, int64_
 }
 
 SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t> lengths,
-                               int64_t cp, int64_t ratio, const StrategyParams& params,
-                               const RowBytes& row_bytes) {
+                               int64_t cp, int64_t ratio, const StrategyParams& params) {
+  const RowBytes& row_bytes = params.row_bytes;
   SimulationResult result;
   result.strategy = std::string(strategy.name());
   result.cp = cp;
@@ -237,19 +237,13 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
       } catch (const Error&) {
         // An invalid batch: every strategy reports the error itself.
       }
-      int64_t rows = 0;
-      for (const int64_t length : lengths) rows += length;
-      StrategyParams params = spec.params;
-      // The seed requires block <= local rows; small shards get one-shard blocks.
-      params.block_size = std::max<int64_t>(1, std::min(params.block_size, rows / cp));
       for (const Strategy* strategy : spec.strategies) {
-        SimulationResult result =
-            simulate_plan(*strategy, lengths, cp, spec.ratio, params, spec.row_bytes);
+        SimulationResult result = simulate_plan(*strategy, lengths, cp, spec.ratio, spec.params);
         result.workload = source.workload;
         result.batch = source.batch;
         result.rows_moved_bound = rows_moved_bound;
-        result.bytes_moved_bound =
-            rows_moved_bound * (spec.row_bytes.input_bytes() + spec.row_bytes.result_bytes());
+        result.bytes_moved_bound = rows_moved_bound * (spec.params.row_bytes.input_bytes() +
+                                                       spec.params.row_bytes.result_bytes());
         results.push_back(std::move(result));
       }
       ++done;

@@ -1,6 +1,7 @@
 #include "sparsecp/planning/strategy.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "sparsecp/error.hpp"
@@ -65,6 +66,58 @@ RowCost parse_row_cost(std::string_view name) {
   if (name == "magi") return RowCost::kMagi;
   if (name == "causal") return RowCost::kCausal;
   SPARSECP_FAIL("unknown row cost '", name, "' (expected magi or causal)");
+}
+
+PlanOptions resolve_seed_options(Mode mode, std::span<const int64_t> lengths, int64_t cp,
+                                 const StrategyParams& params) {
+  // The batch first, with the seed's texts: the local row count below needs it valid.
+  validate_plan_inputs(lengths, cp, 1, Mode::kNone, std::nullopt);
+  int64_t total = 0;
+  for (const int64_t length : lengths) total += length;
+  const int64_t local = total / cp;
+  PlanOptions options{.mode = mode};
+  if (mode == Mode::kGreedy || mode == Mode::kHybrid) {
+    options.block_size = params.block_size.value_or(std::min(kDefaultBlockSize, local));
+  }
+  if (mode == Mode::kHybrid) options.zigzag_min_length = params.zigzag_min_length.value_or(local);
+  return options;
+}
+
+void validate_strategy_params(const StrategyParams& params) {
+  SPARSECP_CHECK(!params.block_size || *params.block_size >= 1,
+                 "indexer_balance_block_size must be a positive integer, got ", *params.block_size);
+  SPARSECP_CHECK(!params.zigzag_min_length || *params.zigzag_min_length >= 1,
+                 "indexer_zigzag_min_length must be a positive integer, got ",
+                 *params.zigzag_min_length);
+  SPARSECP_CHECK(std::isfinite(params.target_imbalance) && params.target_imbalance >= 1,
+                 "spill target imbalance must be at least 1, got ", params.target_imbalance);
+  SPARSECP_CHECK(params.max_received_fragments >= 0,
+                 "spill fragment bound must be non-negative (0 = unbounded), got ",
+                 params.max_received_fragments);
+  if (params.cost_model) validate_cost_model(*params.cost_model);
+  SPARSECP_CHECK(std::isfinite(params.bandwidth_gbps) && params.bandwidth_gbps > 0,
+                 "exchange bandwidth must be positive, got ", params.bandwidth_gbps, " GB/s");
+  SPARSECP_CHECK(!params.wlb_split_length || *params.wlb_split_length >= 1,
+                 "wlb split length must be positive, got ", *params.wlb_split_length);
+  SPARSECP_CHECK(params.snake_block >= 1, "snake block size must be positive, got ",
+                 params.snake_block);
+  SPARSECP_CHECK(params.lpt_align >= 1, "lpt-search fragment alignment must be positive, got ",
+                 params.lpt_align);
+  SPARSECP_CHECK(std::isfinite(params.lpt_row_cap) && params.lpt_row_cap >= 1,
+                 "lpt-search row cap must be a finite factor >= 1 of the local rows, got ",
+                 params.lpt_row_cap);
+  SPARSECP_CHECK(params.lpt_search_steps >= 0, "lpt-search step bound must be >= 0, got ",
+                 params.lpt_search_steps);
+  SPARSECP_CHECK(params.lpt_fragment_cap >= 0, "lpt-search fragment cap must be >= 0, got ",
+                 params.lpt_fragment_cap);
+  SPARSECP_CHECK(params.window >= 1, "attention window must be positive, got ", params.window);
+  SPARSECP_CHECK(params.topk >= 1, "top-k must be positive, got ", params.topk);
+}
+
+IndexerRoute Strategy::route(std::span<const int64_t> lengths, int64_t cp, int64_t rank,
+                             int64_t ratio, const StrategyParams& params) const {
+  SPARSECP_CHECK(rank >= 0 && rank < cp, "Indexer balance rank must be inside its CP group");
+  return make_route(plan(lengths, cp, ratio, params).plan, lengths, rank, ratio);
 }
 
 std::span<const Strategy* const> all_strategies() { return registry().listing; }

@@ -1,6 +1,8 @@
 #include "sparsecp/transport/agreement.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -48,12 +50,18 @@ std::string hex(int64_t value) {
   return text;
 }
 
+// Strategies (other than through PlanOptions) are fingerprinted by their position in
+// the registry, offset so that they never equal a Mode.
+constexpr int64_t kStrategyId = 1000;
+
 std::string mode_text(int64_t mode) {
+  const auto quoted = [](std::string_view name) { return "'" + std::string(name) + "'"; };
   if (mode >= 0 && mode <= static_cast<int64_t>(Mode::kHybrid)) {
-    std::string text(1, '\'');
-    text.append(mode_name(static_cast<Mode>(mode)));
-    text.push_back('\'');
-    return text;
+    return quoted(mode_name(static_cast<Mode>(mode)));
+  }
+  const auto strategies = all_strategies();
+  if (mode >= kStrategyId && mode < kStrategyId + static_cast<int64_t>(strategies.size())) {
+    return quoted(strategies[static_cast<size_t>(mode - kStrategyId)]->name());
   }
   return std::to_string(mode);
 }
@@ -132,6 +140,45 @@ PlanningFingerprint::PlanningFingerprint(std::span<const int64_t> lengths, int64
   }
   tokens_ = static_cast<int64_t>(tokens);
   lengths_hash_ = hash;
+}
+
+PlanningFingerprint::PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp,
+                                         int64_t ratio, const Strategy& strategy,
+                                         const StrategyParams& params)
+    : PlanningFingerprint(lengths, cp, ratio, PlanOptions{}) {
+  const auto strategies = all_strategies();
+  mode_ = kStrategyId +
+          (std::find(strategies.begin(), strategies.end(), &strategy) - strategies.begin());
+  block_size_ = params.block_size.value_or(-1);
+  zigzag_min_length_ = params.zigzag_min_length.value_or(-1);
+  add_real("target_imbalance", params.target_imbalance);
+  add("max_received_fragments", params.max_received_fragments);
+  const CostModel cost = params.cost_model.value_or(CostModel{});
+  add("cost_model", params.cost_model ? 1 : 0);
+  add_real("cost a", cost.a).add_real("cost b", cost.b).add_real("cost c", cost.c);
+  add("cost topk", cost.topk);
+  add_real("bandwidth_gbps", params.bandwidth_gbps);
+  add("row input bytes", params.row_bytes.input_bytes());
+  add("row result bytes", params.row_bytes.result_bytes());
+  add("wlb_split_length", params.wlb_split_length.value_or(-1));
+  add("snake_block", params.snake_block);
+  add("lpt_align", params.lpt_align);
+  add_real("lpt_row_cap", params.lpt_row_cap);
+  add("lpt_search_steps", params.lpt_search_steps);
+  add("lpt_fragment_cap", params.lpt_fragment_cap);
+  add("lpt_cost", static_cast<int64_t>(params.lpt_cost));
+  add("window", params.window);
+  add("topk", params.topk);
+}
+
+PlanningFingerprint& PlanningFingerprint::add_real(std::string_view name, double value) {
+  const int64_t shown = std::isfinite(value) && std::fabs(value) < 9e12
+                            ? static_cast<int64_t>(std::llround(value * 1e6))
+                            : 0;
+  add(std::string(name) + " (millionths)", shown);
+  // The exact bits too, so that values closer than a millionth still differ.
+  settings_hash_ = mix(settings_hash_, std::bit_cast<uint64_t>(value));
+  return *this;
 }
 
 PlanningFingerprint& PlanningFingerprint::add(std::string_view name, int64_t value) {

@@ -1,6 +1,7 @@
 #include "sparsecp/transport/exchange.hpp"
 
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -476,9 +477,13 @@ IndexerInputExchange launch_agreed(std::span<const MatrixView> fields,
   return ExchangeAccess::make(std::move(state));
 }
 
+// The launch of both planning vocabularies: `make_route` builds this rank's route
+// (seed options or any strategy), `planning` fingerprints what every rank must agree
+// on.
 IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
-                                         std::span<const int64_t> lengths, int64_t ratio,
-                                         const PlanOptions& options, Communicator& comm,
+                                         const std::function<IndexerRoute()>& make_route,
+                                         std::span<const int64_t> lengths,
+                                         const PlanningFingerprint& planning, Communicator& comm,
                                          const char* axes_text) {
   std::vector<MatrixView> fields;
   std::shared_ptr<const IndexerRoute> route;
@@ -494,23 +499,55 @@ IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
                        shards == total,
                    "Indexer balance requires batch one and equal contiguous source query shards");
     fields = owner_fields(inputs, axes_text);
-    route = std::make_shared<const IndexerRoute>(
-        indexer_route(lengths, comm.size(), comm.rank(), ratio, options));
+    route = std::make_shared<const IndexerRoute>(make_route());
     check_route(*route, comm.size(), comm.rank());
     SPARSECP_CHECK(fields[0].rows == owner_rows(*route), "Indexer route sends or keeps ",
                    owner_rows(*route), " owner rows of ", fields[0].rows);
   });
   Fingerprint fingerprint;
-  fingerprint.add(static_cast<int64_t>(lengths.size()));
-  for (const int64_t length : lengths) fingerprint.add(length);
-  fingerprint.add(ratio);
-  fingerprint.add(static_cast<int64_t>(options.mode));
-  fingerprint.add(options.block_size.value_or(-1));
-  fingerprint.add(options.zigzag_min_length.value_or(-1));
+  fingerprint.add(static_cast<int64_t>(planning.value() >> 2));
   add_fields(fingerprint, fields);
-  const PlanningFingerprint planning(lengths, comm.size(), ratio, options);
   agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange", &planning);
   return launch_agreed(fields, std::move(route), comm);
+}
+
+// Seed texts for mismatched axes: the launch path and the synchronous path differ.
+constexpr const char* kLaunchAxesText =
+    "Indexer qr, weights and rotary embeddings must share token axes and device";
+constexpr const char* kSelectAxesText =
+    "Indexer qr, weights and rotary embeddings must have matching batch/token axes and device";
+
+IndexerInputExchange launch_seed(const IndexerInputs& inputs, std::span<const int64_t> lengths,
+                                 int64_t ratio, const PlanOptions& options, Communicator& comm,
+                                 const char* axes_text) {
+  return launch_with_lengths(
+      inputs, [&] { return indexer_route(lengths, comm.size(), comm.rank(), ratio, options); },
+      lengths, PlanningFingerprint(lengths, comm.size(), ratio, options), comm, axes_text);
+}
+
+IndexerInputExchange launch_strategy(const IndexerInputs& inputs, std::span<const int64_t> lengths,
+                                     int64_t ratio, const Strategy& strategy,
+                                     const StrategyParams& params, Communicator& comm,
+                                     const char* axes_text) {
+  return launch_with_lengths(
+      inputs, [&] { return strategy.route(lengths, comm.size(), comm.rank(), ratio, params); },
+      lengths, PlanningFingerprint(lengths, comm.size(), ratio, strategy, params), comm, axes_text);
+}
+
+// Seed `balanced_indexer_select` after the launch: select this rank's worker rows and
+// return the results to their owners.
+SelectedKeys select_and_return(IndexerInputExchange exchange, const Selector& selector,
+                               Communicator& comm) {
+  const WorkerInputs worker = exchange.wait();
+  SelectedKeys selected;
+  // A selector failing on one rank must not leave its peers in the result
+  // exchange: report through the result agreement instead of returning early.
+  std::optional<std::string> failure =
+      capture([&] { selected = selector(worker, exchange.route().segments); });
+  if (failure) {
+    agree(comm, failure, false, nullptr, 0, "Indexer result exchange");
+  }
+  return exchange.launch_result(selected).wait();
 }
 
 }  // namespace
@@ -518,9 +555,14 @@ IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
 IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
                                            std::span<const int64_t> lengths, int64_t ratio,
                                            const PlanOptions& options, Communicator& comm) {
-  return launch_with_lengths(
-      inputs, lengths, ratio, options, comm,
-      "Indexer qr, weights and rotary embeddings must share token axes and device");
+  return launch_seed(inputs, lengths, ratio, options, comm, kLaunchAxesText);
+}
+
+IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
+                                           std::span<const int64_t> lengths, int64_t ratio,
+                                           const Strategy& strategy, const StrategyParams& params,
+                                           Communicator& comm) {
+  return launch_strategy(inputs, lengths, ratio, strategy, params, comm, kLaunchAxesText);
 }
 
 IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
@@ -530,9 +572,7 @@ IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
   const std::optional<std::string> error = capture([&] {
     SPARSECP_CHECK(route != nullptr, "Indexer input exchange needs a route, got none");
     check_batch_one(inputs);
-    fields = owner_fields(inputs,
-                          "Indexer qr, weights and rotary embeddings must share token axes and "
-                          "device");
+    fields = owner_fields(inputs, kLaunchAxesText);
     check_route(*route, comm.size(), comm.rank());
     SPARSECP_CHECK(fields[0].rows == owner_rows(*route), "Indexer input holds ", fields[0].rows,
                    " owner rows but the route sends or keeps ", owner_rows(*route));
@@ -579,19 +619,17 @@ SelectedKeys return_rows(const SelectedKeys& selected, const IndexerRoute& route
 SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
                              std::span<const int64_t> lengths, int64_t ratio,
                              const PlanOptions& options, Communicator& comm) {
-  IndexerInputExchange exchange = launch_with_lengths(
-      inputs, lengths, ratio, options, comm,
-      "Indexer qr, weights and rotary embeddings must have matching batch/token axes and device");
-  const WorkerInputs worker = exchange.wait();
-  SelectedKeys selected;
-  // A selector failing on one rank must not leave its peers in the result
-  // exchange: report through the result agreement instead of returning early.
-  std::optional<std::string> failure =
-      capture([&] { selected = selector(worker, exchange.route().segments); });
-  if (failure) {
-    agree(comm, failure, false, nullptr, 0, "Indexer result exchange");
-  }
-  return exchange.launch_result(selected).wait();
+  return select_and_return(launch_seed(inputs, lengths, ratio, options, comm, kSelectAxesText),
+                           selector, comm);
+}
+
+SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
+                             std::span<const int64_t> lengths, int64_t ratio,
+                             const Strategy& strategy, const StrategyParams& params,
+                             Communicator& comm) {
+  return select_and_return(
+      launch_strategy(inputs, lengths, ratio, strategy, params, comm, kSelectAxesText), selector,
+      comm);
 }
 
 }  // namespace sparsecp

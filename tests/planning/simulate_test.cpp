@@ -213,7 +213,7 @@ TEST(Simulate, CountsRowsAndBytesLeavingTheirOwners) {
   // rows 0, 2, 4, so it sends row 1 away and serves row 4 for rank 1, which owns 3-5,
   // selects 1, 3, 5 and sends row 4 away.
   const RowBytes bytes;
-  const SimulationResult r = simulate_plan(find_strategy("round-robin"), {{3, 3}}, 2, 1, {}, bytes);
+  const SimulationResult r = simulate_plan(find_strategy("round-robin"), {{3, 3}}, 2, 1, {});
   EXPECT_EQ(r.rows_moved, 2);
   EXPECT_THAT(r.rows_sent, ::testing::ElementsAre(1, 1));
   EXPECT_EQ(r.max_rows_moved_per_rank, 1);
@@ -256,7 +256,7 @@ TEST(Simulate, MetricsAgreeWithThePlanOnRandomBatches) {
     for (const Strategy* strategy : all_strategies()) {
       SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial) + " " +
                    std::string(strategy->name()));
-      const SimulationResult r = simulate_plan(*strategy, lengths, cp, ratio, params, bytes);
+      const SimulationResult r = simulate_plan(*strategy, lengths, cp, ratio, params);
       ASSERT_TRUE(r.error.empty()) << r.error;
       const int64_t sent = std::accumulate(r.rows_sent.begin(), r.rows_sent.end(), int64_t{0});
       EXPECT_EQ(sent, r.rows_moved);

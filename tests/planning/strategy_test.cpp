@@ -186,11 +186,56 @@ TEST(SeedModes, AreBitExactAdaptersOverPlanTasks) {
   }
 }
 
-TEST(SeedModes, HybridDefaultThresholdIsTheLocalRowCount) {
+TEST(SeedModes, DefaultsResolveAgainstTheLocalRowCount) {
+  const std::vector<int64_t> lengths = {600, 400};  // 125 rows per rank on 8 ranks
   StrategyParams params;
-  EXPECT_EQ(hybrid_threshold(params, 1000, 8), 125);
+  PlanOptions hybrid = resolve_seed_options(Mode::kHybrid, lengths, 8, params);
+  EXPECT_EQ(hybrid.zigzag_min_length, 125);
+  EXPECT_EQ(hybrid.block_size, 125);  // the seed's 2048 clamped to the shard
+  EXPECT_EQ(
+      resolve_seed_options(Mode::kGreedy, std::vector<int64_t>{3000, 1000}, 1, params).block_size,
+      2048);
   params.zigzag_min_length = 7;
-  EXPECT_EQ(hybrid_threshold(params, 1000, 8), 7);
+  params.block_size = 100;
+  hybrid = resolve_seed_options(Mode::kHybrid, lengths, 8, params);
+  EXPECT_EQ(hybrid.zigzag_min_length, 7);
+  EXPECT_EQ(hybrid.block_size, 100);
+  // Only the options the seed allows for each mode are set.
+  const PlanOptions zigzag = resolve_seed_options(Mode::kZigzag, lengths, 8, params);
+  EXPECT_FALSE(zigzag.block_size.has_value());
+  EXPECT_FALSE(zigzag.zigzag_min_length.has_value());
+  EXPECT_FALSE(resolve_seed_options(Mode::kGreedy, lengths, 8, params).zigzag_min_length);
+  // An explicit block above the shard keeps the seed's error.
+  params.block_size = 126;
+  EXPECT_THROW(find_strategy("greedy").plan(lengths, 8, 4, params), Error);
+}
+
+TEST(SeedModes, RoutesAreTheSeedsIndexerRoute) {
+  const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
+  StrategyParams params;
+  params.zigzag_min_length = 1000;
+  for (const char* name : {"none", "zigzag", "greedy", "hybrid"}) {
+    const Mode mode = parse_mode(name);
+    const PlanOptions options = resolve_seed_options(mode, lengths, 4, params);
+    for (int64_t rank = 0; rank < 4; ++rank) {
+      EXPECT_EQ(find_strategy(name).route(lengths, 4, rank, 4, params),
+                indexer_route(lengths, 4, rank, 4, options))
+          << name << " rank " << rank;
+    }
+  }
+}
+
+TEST(Strategies, EveryRouteMatchesTheGenericRouteOfItsPlan) {
+  const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
+  for (const Strategy* strategy : all_strategies()) {
+    const StrategyPlan planned = strategy->plan(lengths, 4, 4, {});
+    for (int64_t rank = 0; rank < 4; ++rank) {
+      EXPECT_EQ(strategy->route(lengths, 4, rank, 4, {}),
+                make_route(planned.plan, lengths, rank, 4))
+          << strategy->name() << " rank " << rank;
+    }
+  }
+  EXPECT_THROW(find_strategy("spill").route(lengths, 4, 4, 4, {}), Error);
 }
 
 TEST(SeedModes, NoneUnitIsTheBusiestShard) {

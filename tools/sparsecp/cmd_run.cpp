@@ -523,8 +523,7 @@ void run_ranks(const RunFlags& flags) {
     if (strategy) {
       validate_plan_inputs(lengths, cp, flags.ratio, Mode::kNone, std::nullopt);
       StrategyParams params;
-      params.block_size =
-          flags.block_size.value_or(std::clamp<int64_t>(total / cp, 1, kDefaultBlockSize));
+      params.block_size = flags.block_size;
       params.zigzag_min_length = flags.zigzag_min_length;
       const StrategyPlan plan = strategy->plan(lengths, cp, flags.ratio, params);
       planned =

@@ -31,7 +31,7 @@ struct SimulateCommand {
   int64_t ratio = 4;
   std::string lengths;
   std::string lengths_file;
-  int64_t block = kDefaultBlockSize;
+  std::optional<int64_t> block;
   std::optional<int64_t> zigzag_min_length;
   int64_t snake_block = 128;
   int64_t lpt_align = 128;
@@ -159,7 +159,6 @@ void run_simulate(const SimulateCommand& command) {
       spec.seeds.push_back(static_cast<uint64_t>(seed));
     }
   }
-  SPARSECP_CHECK(command.block >= 1, "--block must be positive, got ", command.block);
   SPARSECP_CHECK(command.rope_dim >= 0 && command.rope_dim % 2 == 0,
                  "--rope-dim must be even and non-negative, got ", command.rope_dim);
   SPARSECP_CHECK(command.qr_rank >= 0 && command.index_heads >= 0 && command.topk >= 1,
@@ -181,10 +180,10 @@ void run_simulate(const SimulateCommand& command) {
   params.lpt_cost = parse_row_cost(command.lpt_cost);
   params.window = command.window;
   params.topk = command.topk;
-  spec.row_bytes.qr_rank = command.qr_rank;
-  spec.row_bytes.index_heads = command.index_heads;
-  spec.row_bytes.rope_pairs = command.rope_dim / 2;
-  spec.row_bytes.topk = command.topk;
+  spec.params.row_bytes.qr_rank = command.qr_rank;
+  spec.params.row_bytes.index_heads = command.index_heads;
+  spec.params.row_bytes.rope_pairs = command.rope_dim / 2;
+  spec.params.row_bytes.topk = command.topk;
 
   const ProgressBar progress(isatty(STDERR_FILENO) == 1);
   const std::vector<SimulationResult> results =
@@ -254,8 +253,8 @@ void run_simulate(const SimulateCommand& command) {
       "strategy's units whole can reach; moved%% = rows selected away from their owner;\n"
       "need%% = the fewest rows any plan must move so no rank exceeds the mean work;\n"
       "MiB moved = inputs out + top-k ids back (%lld + %lld bytes per row).\n\n",
-      static_cast<long long>(spec.row_bytes.input_bytes()),
-      static_cast<long long>(spec.row_bytes.result_bytes()));
+      static_cast<long long>(spec.params.row_bytes.input_bytes()),
+      static_cast<long long>(spec.params.row_bytes.result_bytes()));
   std::ostringstream table;
   write_table(table, rows);
   std::fputs(table.str().c_str(), stdout);

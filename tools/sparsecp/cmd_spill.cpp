@@ -156,7 +156,6 @@ BatchReport report_batch(std::vector<int64_t> lengths, int64_t cp, const SpillFl
   report.bound = balance_bound(lengths, cp, flags.ratio);
   report.rows_moved_bound_1 = rows_moved_lower_bound(lengths, cp, flags.ratio, 1.0).total;
   StrategyParams params;
-  params.block_size = std::clamp<int64_t>(params.block_size, 1, report.tokens / cp);
   for (const char* name : {"zigzag", "greedy", "hybrid"}) {
     const StrategyPlan planned = find_strategy(name).plan(lengths, cp, flags.ratio, params);
     const PlanStats stats = plan_stats(planned.plan, lengths, flags.ratio);

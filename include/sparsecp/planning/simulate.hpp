@@ -43,30 +43,10 @@
 #include <string>
 #include <vector>
 
+#include "sparsecp/planning/row_bytes.hpp"
 #include "sparsecp/planning/strategy.hpp"
 
 namespace sparsecp {
-
-// Bytes per moved row, with DeepSeek-V4-like defaults: bf16 low-rank query residual of
-// rank 1536, 64 fp32 merge weights, fp32 RoPE cos and sin of 32 each; int32 top-k 512
-// key ids come back.
-struct RowBytes {
-  int64_t qr_rank = 1536;
-  int64_t qr_bytes = 2;
-  int64_t index_heads = 64;
-  int64_t weight_bytes = 4;
-  int64_t rope_pairs = 32;
-  int64_t rope_bytes = 4;
-  int64_t topk = 512;
-  int64_t index_bytes = 4;
-
-  // Owner -> worker bytes of one row (3584 with the defaults).
-  int64_t input_bytes() const {
-    return qr_rank * qr_bytes + index_heads * weight_bytes + 2 * rope_pairs * rope_bytes;
-  }
-  // Worker -> owner bytes of one row (2048 with the defaults).
-  int64_t result_bytes() const { return topk * index_bytes; }
-};
 
 // One strategy on one batch.
 struct SimulationResult {
@@ -104,10 +84,10 @@ int64_t min_rows_to_balance(std::span<const int64_t> lengths, int64_t cp, int64_
 
 // Plans `lengths` with `strategy` and measures the plan. A strategy's Error becomes
 // `error` (the other figures stay 0) so that one rejected batch does not end a sweep;
-// invalid batches (which every strategy rejects) are still reported that way.
+// invalid batches (which every strategy rejects) are still reported that way. Bytes
+// are counted with params.row_bytes.
 SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t> lengths,
-                               int64_t cp, int64_t ratio, const StrategyParams& params,
-                               const RowBytes& row_bytes = {});
+                               int64_t cp, int64_t ratio, const StrategyParams& params);
 
 // What to sweep. Generated batches use WorkloadSpec{distribution, tokens, doc_scale,
 // cp, seed} (workload.hpp), so with doc_scale 0 document lengths scale with the shard
@@ -122,8 +102,7 @@ struct SweepSpec {
   int64_t doc_scale = 0;
   std::vector<std::vector<int64_t>> file_batches;  // when non-empty, replaces generators
   int64_t ratio = 4;
-  StrategyParams params;  // block_size is clamped to each batch's local rows
-  RowBytes row_bytes;
+  StrategyParams params;  // unset defaults resolve per batch (resolve_seed_options)
 };
 
 // Batches a sweep will plan: |cps| * (|distributions| * |seeds| or |file_batches|).

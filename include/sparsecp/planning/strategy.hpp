@@ -28,7 +28,10 @@
 #include <string_view>
 #include <vector>
 
+#include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/row_bytes.hpp"
 
 namespace sparsecp {
 
@@ -47,15 +50,34 @@ std::string_view row_cost_name(RowCost cost);
 RowCost parse_row_cost(std::string_view name);
 
 // Parameters of all strategies in one place; each strategy reads only the fields named
-// for it and ignores the rest, so one parameter set can drive a whole sweep.
+// for it and ignores the rest, so one parameter set can drive a whole sweep. Defaults
+// that depend on the batch (unset optionals) are resolved in one place,
+// `resolve_seed_options`, for every command and caller.
 struct StrategyParams {
-  // greedy, hybrid: rows per pooled block (the seed's indexer_balance_block_size).
-  // Simulations clamp it to the local row count, which the seed requires.
-  int64_t block_size = kDefaultBlockSize;
+  // greedy, hybrid (and auto's seed candidates): rows per pooled block, the seed's
+  // indexer_balance_block_size. Unset: the seed's 2048, or the local row count
+  // sum(lengths) / cp when the shard is smaller (the seed requires block <= local).
+  // Set: used as given, so a block above the local row count is the seed's error.
+  std::optional<int64_t> block_size;
   // hybrid: documents of at least this many rows keep their zigzag chunks (the seed's
   // indexer_zigzag_min_length, which has no default there). Unset: the local row count
   // sum(lengths) / cp, i.e. documents at least one shard long keep zigzag pairs.
   std::optional<int64_t> zigzag_min_length;
+  // spill: requested max(load) / mean(load) on `cost_model` (>= 1; spill.hpp).
+  double target_imbalance = 1.001;
+  // spill: > 0 bounds the pieces one rank receives; 0 leaves them unbounded.
+  int64_t max_received_fragments = 0;
+  // spill and auto: what one row costs (cost_model.hpp; e.g. `sparsecp calibrate`'s
+  // fit). Unset: spill balances the seed's causal pairs; auto predicts with
+  // nominal_accelerator_cost_model() (strategies/auto.hpp).
+  std::optional<CostModel> cost_model;
+  // auto: exchange bandwidth per rank and direction, GB/s (> 0).
+  double bandwidth_gbps = 50;
+  // auto: bytes of one moved row (its input fields and its top-k ids).
+  RowBytes row_bytes;
+  // wlb: documents longer than this many rows are split evenly over all ranks; the
+  // rest are placed whole. Unset: the local row count sum(lengths) / cp.
+  std::optional<int64_t> wlb_split_length;
   // snake: rows per block of the packed sequence (PyTorch flex_attention's BLOCK_SIZE).
   int64_t snake_block = 128;
   // lpt-search: rows per fragment of the packed sequence (MagiAttention's chunk size).
@@ -72,6 +94,18 @@ struct StrategyParams {
   int64_t window = 128;
   int64_t topk = 512;
 };
+
+// The seed-mode options `mode` runs with under `params` on this batch: the block size
+// and hybrid threshold defaults above resolved against the local row count, and only
+// the options the seed allows for `mode` set (so plan_tasks never sees a forbidden
+// one). Validates the batch first (plan_tasks' checks and texts).
+PlanOptions resolve_seed_options(Mode mode, std::span<const int64_t> lengths, int64_t cp,
+                                 const StrategyParams& params);
+
+// Throws Error naming the first invalid field (a non-positive block or threshold,
+// target < 1, negative fragments, an invalid cost model, bandwidth <= 0, ...).
+// Strategies call it; so can callers that want to fail before planning.
+void validate_strategy_params(const StrategyParams& params);
 
 // What a strategy returns.
 struct StrategyPlan {
@@ -106,6 +140,13 @@ class Strategy {
   // The plan covers every row exactly once (see check_plan_covers).
   virtual StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                             const StrategyParams& params) const = 0;
+  // The route of `rank` under this strategy (route.hpp): what it sends as an owner and
+  // selects as a worker. Default: make_route(plan(...).plan, ...), which plans every
+  // rank. The seed modes return indexer_route(...) instead, identical to the seed's
+  // (zigzag takes its fast path that builds only this rank's tasks). Throws Error for
+  // a rank outside [0, cp) and for everything plan() rejects.
+  virtual IndexerRoute route(std::span<const int64_t> lengths, int64_t cp, int64_t rank,
+                             int64_t ratio, const StrategyParams& params) const;
 };
 
 // Every registered strategy, in listing order (then by name). Lives for the program.

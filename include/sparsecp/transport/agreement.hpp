@@ -8,7 +8,8 @@
 // different collectives or different row counts) or silently mixes up rows.
 //
 // A PlanningFingerprint summarises the inputs that must be identical on every rank:
-// document lengths, CP size, ratio, mode, block size and hybrid threshold, plus any
+// document lengths, CP size, ratio, the strategy (a seed mode or any registered one)
+// and its parameters (block size, hybrid threshold, spill target, ...), plus any
 // named settings the caller adds (tensor widths, topk, repeat counts: anything that
 // decides the shape or number of the collectives that follow). check_agreement()
 // compares it across the group *before* anything is exchanged:
@@ -44,6 +45,7 @@
 #include <vector>
 
 #include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/strategy.hpp"
 #include "sparsecp/transport/comm.hpp"
 
 namespace sparsecp {
@@ -56,14 +58,22 @@ class PlanningFingerprint {
  public:
   // Settings compared value by value and named in a mismatch message (the first
   // kMaxNamedSettings added; any further ones still enter the fingerprint).
-  static constexpr int kMaxNamedSettings = 16;
+  static constexpr int kMaxNamedSettings = 32;
 
+  // The seed-mode inputs (plan_tasks / indexer_route).
   PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                       const PlanOptions& options);
+  // Any registered strategy: its name and every StrategyParams field (named in a
+  // mismatch message: block, zigzag_min_length, target_imbalance, ...). Real values
+  // are shown in millionths and compared bit for bit.
+  PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                      const Strategy& strategy, const StrategyParams& params);
 
   // Adds a named value that must also agree (e.g. "topk", "qr width"). Names should be
   // short; they appear in the error message. Returns *this for chaining.
   PlanningFingerprint& add(std::string_view name, int64_t value);
+  // A real-valued setting: shown as round(value * 1e6), compared by its exact bits.
+  PlanningFingerprint& add_real(std::string_view name, double value);
 
   // The combined 64-bit fingerprint of everything above.
   uint64_t value() const;
@@ -84,8 +94,8 @@ class PlanningFingerprint {
   uint64_t lengths_hash_ = 0;
   int64_t cp_ = 0;
   int64_t ratio_ = 0;
-  int64_t mode_ = 0;
-  int64_t block_size_ = -1;         // -1: omitted
+  int64_t mode_ = 0;         // Mode for seed options; kStrategyId + registry position otherwise
+  int64_t block_size_ = -1;  // -1: omitted
   int64_t zigzag_min_length_ = -1;  // -1: omitted
   std::vector<std::string> names_;  // first kMaxNamedSettings names
   std::vector<int64_t> settings_;   // their values

@@ -58,6 +58,7 @@
 #include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/route.hpp"
 #include "sparsecp/planning/segment.hpp"
+#include "sparsecp/planning/strategy.hpp"
 #include "sparsecp/tensor.hpp"
 #include "sparsecp/transport/comm.hpp"
 
@@ -216,6 +217,15 @@ IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
                                            std::span<const int64_t> lengths, int64_t ratio,
                                            const PlanOptions& options, Communicator& comm);
 
+// Any registered strategy (strategy.hpp: the seed modes, spill, auto, the peers) with
+// its parameters: this rank's route is strategy.route(lengths, comm.size(),
+// comm.rank(), ratio, params), and the ranks agree on the strategy and every parameter
+// (agreement.hpp) before anything moves. Otherwise as above. Collective.
+IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
+                                           std::span<const int64_t> lengths, int64_t ratio,
+                                           const Strategy& strategy, const StrategyParams& params,
+                                           Communicator& comm);
+
 // Plan-then-run variant: follows a route built beforehand (e.g. make_route of a
 // custom TaskPlan). The owner row count must equal the route's; ranks check that
 // their row counts match each other's before anything moves. Collective.
@@ -231,5 +241,10 @@ IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
 SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
                              std::span<const int64_t> lengths, int64_t ratio,
                              const PlanOptions& options, Communicator& comm);
+// The same with any registered strategy (see launch_indexer_inputs above).
+SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
+                             std::span<const int64_t> lengths, int64_t ratio,
+                             const Strategy& strategy, const StrategyParams& params,
+                             Communicator& comm);
 
 }  // namespace sparsecp

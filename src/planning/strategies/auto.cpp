@@ -81,7 +81,7 @@ std::string describe(const AutoCandidate& c) {
 
 AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                        const AutoOptions& options) {
-  const int64_t total = strategies::validate_batch(lengths, cp, ratio);
+  strategies::validate_batch(lengths, cp, ratio);
   validate_cost_model(options.cost);
   SPARSECP_CHECK(std::isfinite(options.bandwidth_gbps) && options.bandwidth_gbps > 0,
                  "auto bandwidth must be positive, got ", options.bandwidth_gbps, " GB/s");
@@ -89,8 +89,8 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
     SPARSECP_CHECK(std::isfinite(target) && target >= 1,
                    "auto spill targets must be at least 1, got ", target);
   }
-  StrategyParams params = options.params;
-  params.block_size = std::clamp<int64_t>(params.block_size, 1, total / cp);
+  validate_strategy_params(options.params);
+  const StrategyParams& params = options.params;
 
   AutoChoice choice;
   std::vector<StrategyPlan> plans;
@@ -141,6 +141,15 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
   return choice;
 }
 
+AutoOptions auto_options(const StrategyParams& params) {
+  AutoOptions options;
+  if (params.cost_model) options.cost = *params.cost_model;
+  options.bandwidth_gbps = params.bandwidth_gbps;
+  options.row_bytes = params.row_bytes;
+  options.params = params;
+  return options;
+}
+
 namespace {
 
 class Auto final : public Strategy {
@@ -158,9 +167,7 @@ class Auto final : public Strategy {
 
   StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
-    AutoOptions options;
-    options.params = params;
-    AutoChoice choice = choose_plan(lengths, cp, ratio, options);
+    AutoChoice choice = choose_plan(lengths, cp, ratio, auto_options(params));
     StrategyPlan result = std::move(choice.plan);
     result.note = choice.reason;
     return result;

@@ -351,17 +351,7 @@ class LptSearch final : public Strategy {
   StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
     strategies::validate_batch(lengths, cp, ratio);
-    SPARSECP_CHECK(params.lpt_align >= 1, "lpt-search fragment alignment must be positive, got ",
-                   params.lpt_align);
-    SPARSECP_CHECK(params.lpt_row_cap >= 1.0 && std::isfinite(params.lpt_row_cap),
-                   "lpt-search row cap must be a finite factor >= 1 of the local rows, got ",
-                   params.lpt_row_cap);
-    SPARSECP_CHECK(params.lpt_search_steps >= 0, "lpt-search step bound must be >= 0, got ",
-                   params.lpt_search_steps);
-    SPARSECP_CHECK(params.lpt_fragment_cap >= 0, "lpt-search fragment cap must be >= 0, got ",
-                   params.lpt_fragment_cap);
-    SPARSECP_CHECK(params.window >= 1, "attention window must be positive, got ", params.window);
-    SPARSECP_CHECK(params.topk >= 1, "top-k must be positive, got ", params.topk);
+    validate_strategy_params(params);
     const strategies::PackedSequence sequence(lengths);
     Solver solver(sequence, cp, ratio, params);
     solver.place_lpt();

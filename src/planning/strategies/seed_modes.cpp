@@ -4,10 +4,6 @@
 
 namespace sparsecp {
 
-int64_t hybrid_threshold(const StrategyParams& params, int64_t total_rows, int64_t cp) {
-  return params.zigzag_min_length.value_or(total_rows / cp);
-}
-
 namespace {
 
 // Hybrid places two kinds of indivisible units: the zigzag chunk pair of a long
@@ -73,14 +69,8 @@ class SeedMode final : public Strategy {
 
   StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
-    PlanOptions options{.mode = mode_};
-    if (mode_ == Mode::kGreedy || mode_ == Mode::kHybrid) options.block_size = params.block_size;
-    if (mode_ == Mode::kHybrid) {
-      int64_t total = 0;
-      for (const int64_t length : lengths) total += length;
-      // Validate before dividing by cp; plan_tasks repeats it with the seed's texts.
-      if (cp > 0) options.zigzag_min_length = hybrid_threshold(params, total, cp);
-    }
+    validate_strategy_params(params);
+    const PlanOptions options = resolve_seed_options(mode_, lengths, cp, params);
     StrategyPlan result;
     result.plan = plan_tasks(lengths, cp, ratio, options);
     result.padding_rows.assign(static_cast<size_t>(cp), 0);
@@ -99,14 +89,21 @@ class SeedMode final : public Strategy {
         break;
       case Mode::kGreedy:
         result.largest_unit_work =
-            strategies::largest_block_work(lengths, params.block_size, ratio);
+            strategies::largest_block_work(lengths, *options.block_size, ratio);
         break;
       case Mode::kHybrid:
-        result.largest_unit_work =
-            hybrid_largest_unit(lengths, cp, ratio, params.block_size, *options.zigzag_min_length);
+        result.largest_unit_work = hybrid_largest_unit(lengths, cp, ratio, *options.block_size,
+                                                       *options.zigzag_min_length);
         break;
     }
     return result;
+  }
+
+  IndexerRoute route(std::span<const int64_t> lengths, int64_t cp, int64_t rank, int64_t ratio,
+                     const StrategyParams& params) const override {
+    validate_strategy_params(params);
+    return indexer_route(lengths, cp, rank, ratio,
+                         resolve_seed_options(mode_, lengths, cp, params));
   }
 
  private:

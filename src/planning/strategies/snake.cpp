@@ -26,7 +26,7 @@ class Snake final : public Strategy {
                     const StrategyParams& params) const override {
     const int64_t total = strategies::validate_batch(lengths, cp, ratio);
     const int64_t block = params.snake_block;
-    SPARSECP_CHECK(block >= 1, "snake block size must be positive, got ", block);
+    validate_strategy_params(params);
     const strategies::PackedSequence sequence(lengths);
     const int64_t blocks = (total + block - 1) / block;
     std::vector<int64_t> work(static_cast<size_t>(blocks));

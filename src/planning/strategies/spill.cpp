@@ -28,6 +28,14 @@ StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp, i
   return result;
 }
 
+SpillOptions spill_options(const StrategyParams& params) {
+  SpillOptions options;
+  options.target_imbalance = params.target_imbalance;
+  options.max_received_fragments = params.max_received_fragments;
+  if (params.cost_model) options.cost = *params.cost_model;
+  return options;
+}
+
 namespace {
 
 class Spill final : public Strategy {
@@ -37,15 +45,16 @@ class Spill final : public Strategy {
     return "sparsecp plan_spill (include/sparsecp/planning/spill.hpp)";
   }
   std::string_view summary() const override {
-    return "owners keep their rows; overloaded ranks shed heaviest tails to "
-           "ranks below 1.001 x mean";
+    return "owners keep their rows; overloaded ranks shed their heaviest tails to ranks "
+           "below the target (default 1.001 x mean)";
   }
   std::string_view unit() const override { return "row"; }
   int listing_order() const override { return 50; }
 
   StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
-                    const StrategyParams&) const override {
-    return spill_strategy_plan(lengths, cp, ratio, SpillOptions{});
+                    const StrategyParams& params) const override {
+    validate_strategy_params(params);
+    return spill_strategy_plan(lengths, cp, ratio, spill_options(params));
   }
 };
 

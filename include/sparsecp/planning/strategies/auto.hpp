@@ -18,7 +18,11 @@
 // dense TFLOP/s: a = 2 * 1536 * 8192 / 4e5 ns (projection), b = 2 * 64 * 128 / 4e5 ns
 // per visible key, c = 0; bandwidth 50 GB/s per rank and direction. For this
 // machine's figures run `sparsecp calibrate` and pass the model. The registered
-// strategy "auto" uses these defaults with the caller's StrategyParams.
+// strategy "auto" takes its cost model (StrategyParams::cost_model, default the nominal
+// one above), bandwidth and row bytes from the caller's StrategyParams; its seed
+// candidates use the params' block size and threshold, its spill candidates the cost
+// model. Note that auto balances *predicted time*, not causal pairs: its plan's causal
+// work imbalance can be well above 1 when the model charges a fixed per-row cost.
 // Unit: the chosen candidate's.
 #pragma once
 
@@ -36,12 +40,16 @@ namespace sparsecp {
 // The nominal accelerator model described above.
 CostModel nominal_accelerator_cost_model();
 
+struct AutoOptions;
+// The AutoOptions the registered strategy uses under `params` (see above).
+AutoOptions auto_options(const StrategyParams& params);
+
 struct AutoOptions {
   CostModel cost = nominal_accelerator_cost_model();  // ns per row
   double bandwidth_gbps = 50;                         // GB/s = bytes per ns, per rank
   RowBytes row_bytes;                                 // bytes of a moved row
   std::vector<double> spill_targets = {1.0, 1.001, 1.01, 1.02, 1.05, 1.1};
-  StrategyParams params;  // for the seed modes (block size clamped to the local rows)
+  StrategyParams params;  // for the seed modes (defaults resolved by resolve_seed_options)
 };
 
 // One candidate's prediction (times in nanoseconds).

@@ -10,9 +10,10 @@
 //   greedy  pooled blocks of StrategyParams::block_size rows, heaviest first onto the
 //           least-loaded rank under a 2 x local row cap. Unit: one block.
 //   hybrid  zigzag for documents of at least StrategyParams::zigzag_min_length rows,
-//           greedy for the rest. The seed has no default threshold; unset here means
-//           the local row count (documents at least one shard long keep zigzag
-//           pairs). Unit: one pooled block.
+//           greedy for the rest. Unit: one pooled block.
+// Unset block size and threshold resolve as resolve_seed_options says (strategy.hpp):
+// block min(2048, local rows), threshold the local rows (the seed itself has no default
+// threshold). Their routes are the seed's `indexer_route` (zigzag's fast path included).
 #pragma once
 
 #include <memory>
@@ -24,8 +25,5 @@ namespace sparsecp {
 
 // The strategies none, zigzag, greedy and hybrid.
 std::vector<std::unique_ptr<const Strategy>> make_seed_modes_strategies();
-
-// The hybrid threshold a strategy run uses: the explicit one, else the local rows.
-int64_t hybrid_threshold(const StrategyParams& params, int64_t total_rows, int64_t cp);
 
 }  // namespace sparsecp

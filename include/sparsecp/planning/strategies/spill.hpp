@@ -5,10 +5,9 @@
 // (document tails) to the ranks below it, splitting a tail only where a receiver is
 // full. Rows moved equal the rows-moved lower bound (lower_bound.hpp) at the target.
 //
-// As a registered strategy it runs with SpillOptions' defaults: target imbalance
-// 1.001 on the causal pair count (the scale simulate reports), no fragment bound.
-// Other targets, a fragment bound or a calibrated cost model: call plan_spill, or use
-// `sparsecp spill`. Unit: one row.
+// As a registered strategy it reads StrategyParams' target_imbalance (default 1.001),
+// max_received_fragments (default unbounded) and cost_model (default: the causal pair
+// count, the scale simulate reports). Unit: one row.
 #pragma once
 
 #include <memory>
@@ -21,6 +20,9 @@ namespace sparsecp {
 
 // The strategy "spill".
 std::vector<std::unique_ptr<const Strategy>> make_spill_strategies();
+
+// The SpillOptions a strategy run uses under `params`.
+SpillOptions spill_options(const StrategyParams& params);
 
 // plan_spill wrapped as a StrategyPlan (largest unit: the costliest row; a note when
 // the target or the fragment bound was not met).
