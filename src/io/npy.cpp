@@ -1,10 +1,18 @@
 // .npy reading and writing: a small parser for the header's Python dict literal.
 #include "sparsecp/io/npy.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "sparsecp/error.hpp"
 
@@ -110,9 +118,8 @@ NpyDType parse_descr(std::string_view descr, const std::string& name) {
                 "or '|V2'; C order, little-endian)");
 }
 
-}  // namespace
-
-NpyArray parse_npy(std::span<const std::byte> image, const std::string& name) {
+// Parses `image` and points the result's bytes into it (the caller keeps it alive).
+NpyArray parse_view(std::span<const std::byte> image, const std::string& name) {
   SPARSECP_CHECK(image.size() >= 10 && std::memcmp(image.data(), kMagic, 6) == 0, name,
                  ": not a .npy file (missing the \\x93NUMPY magic)");
   const auto byte = [&](size_t i) { return static_cast<uint8_t>(image[i]); };
@@ -152,21 +159,42 @@ NpyArray parse_npy(std::span<const std::byte> image, const std::string& name) {
   SPARSECP_CHECK(image.size() - data_begin == expected, name, ": .npy data holds ",
                  image.size() - data_begin, " bytes, but shape and dtype ",
                  npy_dtype_name(array.dtype), " need ", expected);
-  array.bytes.assign(image.begin() + static_cast<std::ptrdiff_t>(data_begin), image.end());
+  array.bytes = image.subspan(data_begin);
+  return array;
+}
+
+}  // namespace
+
+NpyArray parse_npy(std::span<const std::byte> image, const std::string& name) {
+  NpyArray array = parse_view(image, name);
+  auto copy = std::make_shared<std::vector<std::byte>>(array.bytes.begin(), array.bytes.end());
+  array.bytes = *copy;
+  array.storage = std::move(copy);
   return array;
 }
 
 NpyArray read_npy(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  SPARSECP_CHECK(fd >= 0, path, ": cannot open .npy file");
+  struct stat info {};
+  const bool sized = ::fstat(fd, &info) == 0 && info.st_size > 0;
+  void* mapped =
+      sized ? ::mmap(nullptr, static_cast<size_t>(info.st_size), PROT_READ, MAP_PRIVATE, fd, 0)
+            : MAP_FAILED;
+  ::close(fd);
+  if (mapped != MAP_FAILED) {
+    const auto size = static_cast<size_t>(info.st_size);
+    std::shared_ptr<const void> storage(
+        mapped, [size](const void* address) { ::munmap(const_cast<void*>(address), size); });
+    NpyArray array = parse_view({static_cast<const std::byte*>(mapped), size}, path);
+    array.storage = std::move(storage);
+    return array;
+  }
+  // Not mappable (empty, a pipe, ...): read it.
   std::ifstream file(path, std::ios::binary);
   SPARSECP_CHECK(file.good(), path, ": cannot open .npy file");
-  file.seekg(0, std::ios::end);
-  const std::streamoff size = file.tellg();
-  SPARSECP_CHECK(size >= 0, path, ": cannot read .npy file");
-  file.seekg(0, std::ios::beg);
-  std::vector<std::byte> image(static_cast<size_t>(size));
-  file.read(reinterpret_cast<char*>(image.data()), size);
-  SPARSECP_CHECK(file.good() || size == 0, path, ": cannot read .npy file");
-  return parse_npy(image, path);
+  const std::string text((std::istreambuf_iterator<char>(file)), {});
+  return parse_npy(std::as_bytes(std::span<const char>(text)), path);
 }
 
 std::vector<std::byte> format_npy(NpyDType dtype, std::span<const int64_t> shape,

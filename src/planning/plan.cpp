@@ -231,12 +231,9 @@ void validate_hybrid_threshold(Mode mode, std::optional<int64_t> zigzag_min_leng
   }
 }
 
-std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, int64_t cp,
-                                            int64_t ratio, Mode mode,
-                                            std::optional<int64_t> block_size) {
-  bool valid = cp >= 1 && ratio >= 1 && !lengths.empty();
+int64_t local_rows(std::span<const int64_t> lengths, int64_t cp) {
+  bool valid = cp >= 1 && !lengths.empty();
   int64_t total = 0;
-  Wide work = 0;
   for (const int64_t length : lengths) {
     if (!valid) break;
     valid = length >= 1;
@@ -244,23 +241,32 @@ std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, in
       SPARSECP_FAIL("Indexer balance document lengths sum beyond 64 bits (document of ", length,
                     " tokens)");
     }
-    if (valid) {
-      // W(length) in 128 bits: a 64-bit overflow here must become an error, not a wrong plan.
-      const Wide groups = length / ratio;
-      work += ratio * (groups * (groups - 1) / 2) + groups * (length % ratio + 1);
-    }
   }
-  if (valid && total % cp) valid = false;
-  SPARSECP_CHECK(valid,
+  SPARSECP_CHECK(valid && total % cp == 0,
                  "Indexer balance needs positive document lengths/ratio and an equal contiguous CP "
                  "partition");
+  return total / cp;
+}
+
+std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, int64_t cp,
+                                            int64_t ratio, Mode mode,
+                                            std::optional<int64_t> block_size) {
+  SPARSECP_CHECK(ratio >= 1,
+                 "Indexer balance needs positive document lengths/ratio and an equal contiguous CP "
+                 "partition");
+  const int64_t local = local_rows(lengths, cp);
+  Wide work = 0;
+  for (const int64_t length : lengths) {
+    // W(length) in 128 bits: a 64-bit overflow here must become an error, not a wrong plan.
+    const Wide groups = length / ratio;
+    work += ratio * (groups * (groups - 1) / 2) + groups * (length % ratio + 1);
+  }
   SPARSECP_CHECK(work <= std::numeric_limits<int64_t>::max(),
-                 "Indexer balance causal work of the batch exceeds 64 bits (", total,
+                 "Indexer balance causal work of the batch exceeds 64 bits (", local * cp,
                  " tokens at ratio ", ratio, ")");
   SPARSECP_CHECK(cp <= kMaxCp, "Indexer balance CP size ", cp, " exceeds the supported maximum ",
                  kMaxCp);
   const std::optional<int64_t> block = resolve_block_size(mode, block_size);
-  const int64_t local = total / cp;
   if (block) {
     SPARSECP_CHECK(*block <= local, "Indexer greedy block size ", *block,
                    " exceeds the local query count ", local);

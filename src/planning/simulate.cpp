@@ -169,10 +169,9 @@ int64_t sweep_batches(const SweepSpec& spec) {
   return static_cast<int64_t>(spec.cps.size() * per_cp);
 }
 
-std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
-                                        const std::function<void(int64_t, int64_t)>& progress) {
-  SPARSECP_CHECK(!spec.strategies.empty(), "simulate needs at least one strategy");
-  SPARSECP_CHECK(!spec.cps.empty(), "simulate needs at least one CP size");
+void for_each_sweep_batch(const SweepSpec& spec,
+                          const std::function<void(const SweepBatch&)>& visit) {
+  SPARSECP_CHECK(!spec.cps.empty(), "the sweep needs at least one CP size");
   SPARSECP_CHECK(spec.ratio >= 1, "compression ratio must be positive, got ", spec.ratio);
   for (const int64_t cp : spec.cps) {
     SPARSECP_CHECK(cp >= 1, "CP size must be positive, got ", cp);
@@ -187,19 +186,24 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
   };
   std::vector<Source> sources;
   if (!spec.file_batches.empty()) {
-    for (size_t line = 0; line < spec.file_batches.size(); ++line) {
-      const auto& lengths = spec.file_batches[line];
+    for (size_t index = 0; index < spec.file_batches.size(); ++index) {
+      const auto& lengths = spec.file_batches[index];
       int64_t total = 0;
-      for (const int64_t length : lengths) total += length;
+      for (const int64_t length : lengths) {
+        SPARSECP_CHECK(!__builtin_add_overflow(total, length, &total), "batch ", index + 1,
+                       " sums beyond 64 bits");
+      }
       for (const int64_t cp : spec.cps) {
-        SPARSECP_CHECK(total % cp == 0, "batch ", line + 1, " holds ", total,
+        SPARSECP_CHECK(total % cp == 0, "batch ", index + 1, " holds ", total,
                        " tokens, which CP size ", cp, " does not divide");
       }
-      sources.push_back({"file", static_cast<int64_t>(line + 1), &lengths, 0});
+      const std::string name =
+          index < spec.file_batch_names.size() ? spec.file_batch_names[index] : "file";
+      sources.push_back({name, static_cast<int64_t>(index + 1), &lengths, 0});
     }
   } else {
-    SPARSECP_CHECK(!spec.distributions.empty(), "simulate needs at least one distribution");
-    SPARSECP_CHECK(!spec.seeds.empty(), "simulate needs at least one seed");
+    SPARSECP_CHECK(!spec.distributions.empty(), "the sweep needs at least one distribution");
+    SPARSECP_CHECK(!spec.seeds.empty(), "the sweep needs at least one seed");
     SPARSECP_CHECK(spec.tokens > 0, "token count must be positive, got ", spec.tokens);
     const auto names = workload_distributions();
     for (const auto& name : spec.distributions) {
@@ -217,9 +221,6 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
       }
     }
   }
-  std::vector<SimulationResult> results;
-  const int64_t total = sweep_batches(spec);
-  int64_t done = 0;
   for (const int64_t cp : spec.cps) {
     for (const Source& source : sources) {
       std::vector<int64_t> generated;
@@ -231,25 +232,37 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
                                                 .seed = source.seed});
       }
       const std::vector<int64_t>& lengths = source.fixed ? *source.fixed : generated;
-      int64_t rows_moved_bound = 0;
-      try {
-        rows_moved_bound = min_rows_to_balance(lengths, cp, spec.ratio);
-      } catch (const Error&) {
-        // An invalid batch: every strategy reports the error itself.
-      }
-      for (const Strategy* strategy : spec.strategies) {
-        SimulationResult result = simulate_plan(*strategy, lengths, cp, spec.ratio, spec.params);
-        result.workload = source.workload;
-        result.batch = source.batch;
-        result.rows_moved_bound = rows_moved_bound;
-        result.bytes_moved_bound = rows_moved_bound * (spec.params.row_bytes.input_bytes() +
-                                                       spec.params.row_bytes.result_bytes());
-        results.push_back(std::move(result));
-      }
-      ++done;
-      if (progress) progress(done, total);
+      visit(SweepBatch{cp, source.workload, source.batch, lengths});
     }
   }
+}
+
+std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
+                                        const std::function<void(int64_t, int64_t)>& progress) {
+  SPARSECP_CHECK(!spec.strategies.empty(), "simulate needs at least one strategy");
+  std::vector<SimulationResult> results;
+  const int64_t total = sweep_batches(spec);
+  int64_t done = 0;
+  for_each_sweep_batch(spec, [&](const SweepBatch& batch) {
+    int64_t rows_moved_bound = 0;
+    try {
+      rows_moved_bound = min_rows_to_balance(batch.lengths, batch.cp, spec.ratio);
+    } catch (const Error&) {
+      // An invalid batch: every strategy reports the error itself.
+    }
+    for (const Strategy* strategy : spec.strategies) {
+      SimulationResult result =
+          simulate_plan(*strategy, batch.lengths, batch.cp, spec.ratio, spec.params);
+      result.workload = batch.workload;
+      result.batch = batch.batch;
+      result.rows_moved_bound = rows_moved_bound;
+      result.bytes_moved_bound = rows_moved_bound * (spec.params.row_bytes.input_bytes() +
+                                                     spec.params.row_bytes.result_bytes());
+      results.push_back(std::move(result));
+    }
+    ++done;
+    if (progress) progress(done, total);
+  });
   return results;
 }
 

@@ -16,6 +16,7 @@ std::vector<std::unique_ptr<const Strategy>> make_per_doc_zigzag_strategies();
 std::vector<std::unique_ptr<const Strategy>> make_round_robin_strategies();
 std::vector<std::unique_ptr<const Strategy>> make_snake_strategies();
 std::vector<std::unique_ptr<const Strategy>> make_lpt_search_strategies();
+std::vector<std::unique_ptr<const Strategy>> make_wlb_strategies();
 std::vector<std::unique_ptr<const Strategy>> make_spill_strategies();
 std::vector<std::unique_ptr<const Strategy>> make_auto_strategies();
 
@@ -31,8 +32,8 @@ struct Registry {
     };
     for (const auto factory :
          {make_seed_modes_strategies, make_per_doc_zigzag_strategies, make_round_robin_strategies,
-          make_snake_strategies, make_lpt_search_strategies, make_spill_strategies,
-          make_auto_strategies}) {
+          make_snake_strategies, make_lpt_search_strategies, make_wlb_strategies,
+          make_spill_strategies, make_auto_strategies}) {
       adopt(factory());
     }
     for (const auto& strategy : owned) listing.push_back(strategy.get());
@@ -68,13 +69,15 @@ RowCost parse_row_cost(std::string_view name) {
   SPARSECP_FAIL("unknown row cost '", name, "' (expected magi or causal)");
 }
 
+void check_seed_options_used(Mode mode, const StrategyParams& params) {
+  resolve_block_size(mode, params.block_size);  // the seed's texts for a misplaced block
+  SPARSECP_CHECK(mode == Mode::kHybrid || !params.zigzag_min_length,
+                 "indexer_zigzag_min_length requires indexer_load_balance='hybrid'");
+}
+
 PlanOptions resolve_seed_options(Mode mode, std::span<const int64_t> lengths, int64_t cp,
                                  const StrategyParams& params) {
-  // The batch first, with the seed's texts: the local row count below needs it valid.
-  validate_plan_inputs(lengths, cp, 1, Mode::kNone, std::nullopt);
-  int64_t total = 0;
-  for (const int64_t length : lengths) total += length;
-  const int64_t local = total / cp;
+  const int64_t local = local_rows(lengths, cp);  // the seed's texts for a bad batch
   PlanOptions options{.mode = mode};
   if (mode == Mode::kGreedy || mode == Mode::kHybrid) {
     options.block_size = params.block_size.value_or(std::min(kDefaultBlockSize, local));
@@ -118,6 +121,18 @@ IndexerRoute Strategy::route(std::span<const int64_t> lengths, int64_t cp, int64
                              int64_t ratio, const StrategyParams& params) const {
   SPARSECP_CHECK(rank >= 0 && rank < cp, "Indexer balance rank must be inside its CP group");
   return make_route(plan(lengths, cp, ratio, params).plan, lengths, rank, ratio);
+}
+
+std::string Strategy::describe(std::span<const int64_t>, int64_t, const StrategyParams&) const {
+  return "";
+}
+
+std::string describe_cost_model(const std::optional<CostModel>& model, std::string_view fallback) {
+  if (!model) return std::string(fallback);
+  std::ostringstream text;
+  text << "cost model a=" << model->a << " b=" << model->b << " c=" << model->c << " "
+       << model->unit << "/row";
+  return text.str();
 }
 
 std::span<const Strategy* const> all_strategies() { return registry().listing; }

@@ -10,9 +10,20 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/strategy.hpp"
 #include "support/tool_runner.hpp"
 
 namespace {
+
+using sparsecp::all_strategies;
+using sparsecp::check_plan_covers;
+using sparsecp::IndexerRoute;
+using sparsecp::make_route;
+using sparsecp::Strategy;
+using sparsecp::Task;
+using sparsecp::TaskPlan;
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -43,15 +54,67 @@ TEST(Cli, PlanJsonHasTheDocumentedShape) {
   EXPECT_NEAR(json["imbalance"].get<double>(), 1.4829, 1e-4);
 }
 
-TEST(Cli, PlanWithoutModeComparesAllFour) {
+TEST(Cli, PlanWithoutModeComparesEveryStrategy) {
   const Outcome outcome = run_tool("plan --tokens 65536 --cp 4");
   ASSERT_EQ(outcome.status, 0) << outcome.err;
-  for (const char* mode : {"none", "zigzag", "greedy", "hybrid"}) {
-    EXPECT_THAT(outcome.out, HasSubstr(std::string("\n") + mode + " ")) << mode;
+  for (const Strategy* strategy : all_strategies()) {
+    EXPECT_THAT(outcome.out, HasSubstr("\n" + std::string(strategy->name()) + " "))
+        << strategy->name();
   }
   const Outcome json = run_tool("plan --tokens 65536 --cp 4 --json");
   ASSERT_EQ(json.status, 0) << json.err;
-  EXPECT_EQ(nlohmann::json::parse(json.out)["plans"].size(), 4u);
+  const auto plans = nlohmann::json::parse(json.out)["plans"];
+  ASSERT_EQ(plans.size(), all_strategies().size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    EXPECT_EQ(plans[i]["mode"], std::string(all_strategies()[i]->name()));
+    EXPECT_EQ(plans[i]["ranks"].size(), 4u);
+  }
+}
+
+// Every registered strategy prints task lists that cover every row exactly once, and a
+// route for any rank whose counts match the plan (the acceptance check).
+TEST(Cli, PlanAndRouteWorkForEveryStrategy) {
+  const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
+  for (const Strategy* strategy : all_strategies()) {
+    const std::string name(strategy->name());
+    SCOPED_TRACE(name);
+    const Outcome plan =
+        run_tool("plan --lengths 5000,300,2699,1 --cp 4 --mode " + name + " --json");
+    ASSERT_EQ(plan.status, 0) << plan.err;
+    const auto json = nlohmann::json::parse(plan.out);
+    std::vector<std::vector<Task>> ranks;
+    for (const auto& rank : json["ranks"]) {
+      ranks.emplace_back();
+      for (const auto& task : rank["tasks"]) {
+        ranks.back().push_back(
+            {task[0].get<int64_t>(), task[1].get<int64_t>(), task[2].get<int64_t>()});
+      }
+    }
+    const TaskPlan parsed = TaskPlan::from_ranks(ranks);
+    EXPECT_NO_THROW(check_plan_covers(parsed, lengths));
+    const Outcome route =
+        run_tool("route --lengths 5000,300,2699,1 --cp 4 --mode " + name + " --rank 3 --json");
+    ASSERT_EQ(route.status, 0) << route.err;
+    const auto fields = nlohmann::json::parse(route.out);
+    EXPECT_EQ(fields["query_count"].get<int64_t>(), parsed.rows(3));
+    const IndexerRoute expected = make_route(parsed, lengths, 3, 4);
+    EXPECT_EQ(fields["send_rows"].get<std::vector<int64_t>>(), expected.send_rows);
+    EXPECT_EQ(fields["receive_rows"].get<std::vector<int64_t>>(), expected.receive_rows);
+  }
+}
+
+// One default for the hybrid threshold and a block clamped to the shard in every command
+// (the seed's 2048 exceeds the 2000-row shard here).
+TEST(Cli, DefaultsResolveAgainstTheShard) {
+  const Outcome plan = run_tool("plan --lengths 5000,300,2699,1 --cp 4");
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("zigzag_min_length 2000 (default: the rows per rank)"));
+  const Outcome hybrid = run_tool("plan --lengths 5000,300,2699,1 --cp 4 --mode hybrid --json");
+  ASSERT_EQ(hybrid.status, 0) << hybrid.err;
+  EXPECT_THAT(nlohmann::json::parse(hybrid.out)["parameters"].get<std::string>(),
+              HasSubstr("block 2000"));
+  EXPECT_EQ(run_tool("plan --tokens 32768 --cp 32").status, 0);
+  EXPECT_EQ(run_tool("route --tokens 32768 --cp 32 --mode greedy --all-ranks").status, 0);
 }
 
 TEST(Cli, RouteJsonHasTheSeedFieldNames) {
@@ -99,9 +162,9 @@ TEST(Cli, InvalidInputsGiveOneErrorLineAndStatusTwo) {
   expect_user_error(run_tool("plan --lengths 5,4 --cp 2 --mode zigzag"),
                     "equal contiguous CP partition");
   expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode fancy"),
-                    "indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'");
-  expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode hybrid --block 2"),
-                    "indexer_load_balance='hybrid' requires an explicit positive integer");
+                    "unknown strategy 'fancy' (known: none, zigzag, greedy, hybrid, ");
+  expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode hybrid --zigzag-min-length -1"),
+                    "indexer_zigzag_min_length must be a positive integer, got -1");
   expect_user_error(
       run_tool("plan --lengths 8 --cp 2 --mode zigzag --block 2"),
       "indexer_balance_block_size requires indexer_load_balance='greedy' or 'hybrid'");

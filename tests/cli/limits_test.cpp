@@ -163,13 +163,13 @@ const BadInput kBadInputs[] = {
      "exceeds the local query count 8"},
     {"BlockForZigzag", "plan --lengths 8,8 --cp 2 --mode zigzag --block 4",
      "indexer_balance_block_size requires"},
-    {"HybridWithoutThreshold", "plan --lengths 8,8 --cp 2 --mode hybrid --block 4",
-     "requires an explicit positive integer indexer_zigzag_min_length"},
+    {"ThresholdForGreedy", "plan --lengths 8,8 --cp 2 --mode greedy --zigzag-min-length 4",
+     "indexer_zigzag_min_length requires indexer_load_balance='hybrid'"},
     {"HybridThresholdZero",
      "plan --lengths 8,8 --cp 2 --mode hybrid --block 4 --zigzag-min-length 0",
-     "requires an explicit positive integer indexer_zigzag_min_length"},
+     "indexer_zigzag_min_length must be a positive integer, got 0"},
     {"UnknownMode", "plan --lengths 8,8 --cp 2 --mode bogus",
-     "indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'"},
+     "unknown strategy 'bogus' (known: none, zigzag, greedy, hybrid, "},
     // Garbage text and files.
     {"LengthsEmpty", "plan --lengths '' --cp 1", "no document lengths given"},
     {"LengthsWords", "plan --lengths abc --cp 1", "is not an integer"},
@@ -193,7 +193,7 @@ const BadInput kBadInputs[] = {
     {"RouteRankNegative", "route --lengths 8,8 --cp 2 --mode zigzag --rank -1", "rank"},
     {"RouteRankBeyondGroup", "route --lengths 8,8 --cp 2 --mode zigzag --rank 2", "rank"},
     {"RouteRepeatZero", "route --lengths 8,8 --cp 2 --mode zigzag --all-ranks --repeat 0",
-     "--repeat must be at least 1"},
+     "--repeat must be within [1, 10000], got 0"},
     // dispatch
     {"DispatchWindowZero", "dispatch --kind swa --lengths 8,8 --cp 2 --window 0",
      "SWA dispatch requires positive dimensions and a valid CP rank"},
@@ -291,13 +291,13 @@ const BadInput kBadInputs[] = {
      "out.npy"},
     // bench select
     {"BenchDocLengthZero", "bench select --doc-length 0", "must be positive"},
-    {"BenchRepeatZero", "bench select --repeat 0", "--repeat must be at least 1"},
-    {"BenchHeadsZero", "bench select --heads 0", "head count must be positive"},
+    {"BenchRepeatZero", "bench select --repeat 0", "--repeat must be within [1, 10000], got 0"},
+    {"BenchHeadsZero", "bench select --heads 0", "--heads must be positive, got 0"},
     {"BenchUnknownDtype", "bench select --dtype bogus", "--dtype must be fp32, bf16 or both"},
     {"BenchUnknownIsa", "bench select --isa bogus", "--isa must be auto, portable, avx2 or avx512"},
     {"BenchSizeOverflows", "bench select --documents 4611686018427387904 --doc-length 4",
-     "problem size overflows 64 bits"},
-    {"BenchBeyondMemory", "bench select --sgemm-size 100000", "GiB of memory"},
+     "buffer size overflows 64 bits"},
+    {"BenchBeyondMemory", "bench select --sgemm-size 60000", "GiB of memory"},
 };
 
 class BadInputTest : public ::testing::TestWithParam<BadInput> {};

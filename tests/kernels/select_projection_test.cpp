@@ -67,6 +67,50 @@ TEST(SelectProjection, MatchesReferenceExactlyOnSmallIntegers) {
   }
 }
 
+// Prepared weights (converted once) give the same bits as the per-call overloads, on real
+// values too, and keep working for many calls.
+TEST(SelectProjection, PreparedWeightsMatchPerCallConversion) {
+  const uint64_t seed = testing::test_seed() + 29;
+  SplitMix64 random(seed);
+  SelectConfig config;
+  config.heads = 3;
+  config.head_dim = 10;
+  config.rope_dim = 4;
+  const int64_t width = config.heads * config.head_dim;
+  const auto wq = random_matrix(random, 11, width, 50);
+  const auto wq_t = transpose(wq);
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const ProjectionWeights prepared(wq.view(dtype));
+    const ProjectionWeights prepared_t(wq_t.view(dtype), WeightLayout::kOutIn);
+    EXPECT_EQ(prepared.view().data, wq.view(dtype).data);
+    for (const int64_t rows : {1, 7, 0}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "seed " << seed << " rows " << rows << " dtype " << dtype_name(dtype));
+      const auto qr = random_matrix(random, rows, 11, 50);
+      const auto cos = random_matrix(random, rows, 2, 50);
+      const auto sin = random_matrix(random, rows, 2, 50);
+      std::vector<float> expected(static_cast<size_t>(rows * width));
+      std::vector<float> got(expected.size(), 3.0f), got_t(expected.size(), 4.0f);
+      project_index_query(qr.view(dtype), wq.view(dtype), cos.view(DType::kFloat32),
+                          sin.view(DType::kFloat32), config, expected);
+      project_index_query(qr.view(dtype), prepared, cos.view(DType::kFloat32),
+                          sin.view(DType::kFloat32), config, got);
+      project_index_query(qr.view(dtype), prepared_t, cos.view(DType::kFloat32),
+                          sin.view(DType::kFloat32), config, got_t);
+      EXPECT_EQ(got, expected);
+      EXPECT_EQ(got_t, expected);
+    }
+  }
+  // Mismatched dtypes are still caught through the prepared weights.
+  const auto qr = random_matrix(random, 2, 11, 50);
+  std::vector<float> out(static_cast<size_t>(2 * width));
+  const auto rope = random_matrix(random, 2, 2, 50);
+  EXPECT_THROW(
+      project_index_query(qr.view(DType::kFloat32), ProjectionWeights(wq.view(DType::kBFloat16)),
+                          rope.view(DType::kFloat32), rope.view(DType::kFloat32), config, out),
+      Error);
+}
+
 TEST(SelectProjection, RopeRotatesTrailingInterleavedPairs) {
   // One head of 6 channels, rope_dim 4: channels 0,1 pass; pairs (2,3) and (4,5) rotate.
   SelectConfig config;

@@ -546,7 +546,7 @@ TEST(SimulateCommand, PrintsJsonCsvTableAndSvg) {
   const std::string svg_path = ::testing::TempDir() + "sparsecp_simulate_test.svg";
   std::tie(status, out) = run(cli + sweep + " --svg " + svg_path + " 2>/dev/null");
   ASSERT_EQ(status, 0) << out;
-  EXPECT_THAT(out, HasSubstr("hybrid threshold: the local row count"));
+  EXPECT_THAT(out, HasSubstr("hybrid threshold: the rows per rank"));
   EXPECT_THAT(out, HasSubstr("lpt-search"));
   std::ifstream file(svg_path);
   std::stringstream svg;

@@ -1,5 +1,6 @@
 #include "batch_input.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <fstream>
@@ -38,8 +39,12 @@ std::vector<int64_t> parse_lengths(std::string_view text, std::string_view origi
   while (position < text.size()) {
     while (position < text.size() && separator(text[position])) ++position;
     if (position == text.size()) break;
+    if (text[position] == '#') {  // a comment: skip to the end of its line
+      position = std::min(text.size(), text.find('\n', position));
+      continue;
+    }
     size_t end = position;
-    while (end < text.size() && !separator(text[end])) ++end;
+    while (end < text.size() && !separator(text[end]) && text[end] != '#') ++end;
     const std::string_view token = text.substr(position, end - position);
     int64_t value = 0;
     const auto [stop, status] = std::from_chars(token.data(), token.data() + token.size(), value);
@@ -61,6 +66,71 @@ std::vector<int64_t> read_lengths_file(const std::string& path) {
   std::ostringstream text;
   text << file.rdbuf();
   return parse_lengths(text.str(), path);
+}
+
+std::string lengths_file_help() {
+  return "Lengths file (--lengths-file): one packed batch per file, its document lengths in "
+         "packed order\nseparated by commas, spaces or newlines; '#' starts a comment. "
+         "'sparsecp batch ... > batch.txt' writes one.";
+}
+
+int64_t checked_total(std::span<const int64_t> lengths) {
+  int64_t total = 0;
+  for (const int64_t length : lengths) {
+    SPARSECP_CHECK(!__builtin_add_overflow(total, length, &total),
+                   "Indexer balance document lengths sum beyond 64 bits (document of ", length,
+                   " tokens)");
+  }
+  return total;
+}
+
+void check_repeats(int64_t value, std::string_view option) {
+  SPARSECP_CHECK(value >= 1 && value <= kMaxRepeats, option, " must be within [1, ", kMaxRepeats,
+                 "], got ", value);
+}
+
+namespace {
+
+int64_t parse_integer(std::string_view token, std::string_view option) {
+  int64_t value = 0;
+  const auto [stop, status] = std::from_chars(token.data(), token.data() + token.size(), value);
+  SPARSECP_CHECK(!token.empty() && status == std::errc() && stop == token.data() + token.size(),
+                 option, ": '", printable(token), "' is not an integer");
+  return value;
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_integer_list(std::string_view text, std::string_view option,
+                                        bool ranges) {
+  std::vector<int64_t> values;
+  for (const std::string& item : parse_name_list(text, option)) {
+    const size_t dash = ranges ? item.find('-', 1) : std::string::npos;
+    if (dash == std::string::npos) {
+      values.push_back(parse_integer(item, option));
+    } else {
+      const int64_t first = parse_integer(std::string_view(item).substr(0, dash), option);
+      const int64_t last = parse_integer(std::string_view(item).substr(dash + 1), option);
+      SPARSECP_CHECK(first <= last && last - first < kMaxSweepBatches, option, ": bad range '",
+                     printable(item), "' (at most ", kMaxSweepBatches, " values)");
+      for (int64_t value = first; value <= last; ++value) values.push_back(value);
+    }
+    SPARSECP_CHECK(static_cast<int64_t>(values.size()) <= kMaxSweepBatches, option, ": more than ",
+                   kMaxSweepBatches, " values");
+  }
+  return values;
+}
+
+std::vector<std::string> parse_name_list(std::string_view text, std::string_view option) {
+  std::vector<std::string> names;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t comma = std::min(text.find(',', begin), text.size());
+    SPARSECP_CHECK(comma > begin, option, ": empty entry in '", printable(text), "'");
+    names.emplace_back(text.substr(begin, comma - begin));
+    begin = comma + 1;
+  }
+  return names;
 }
 
 void BatchOptions::add_to(CLI::App& command) {
@@ -92,6 +162,15 @@ void BatchOptions::add_to(CLI::App& command) {
                   "quarter of the local shard")
       ->capture_default_str();
   command.add_option("--seed", seed, "Generated batch: random seed")->capture_default_str();
+}
+
+void add_cp_and_ratio(CLI::App& command, int64_t* cp, int64_t& ratio) {
+  if (cp != nullptr) {
+    command.add_option("--cp", *cp, "CP group size (ranks); the batch's tokens must divide by it")
+        ->capture_default_str();
+  }
+  command.add_option("--ratio", ratio, "Key compression ratio of the indexer layer")
+      ->capture_default_str();
 }
 
 std::vector<int64_t> BatchOptions::load(int64_t cp) const {

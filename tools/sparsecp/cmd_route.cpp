@@ -7,16 +7,23 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "batch_input.hpp"
 #include "command.hpp"
-#include "plan_options.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/strategy.hpp"
+#include "strategy_flags.hpp"
+#include "timing.hpp"
 
 namespace sparsecp::cli {
 namespace {
 
 struct RouteCommand {
-  PlanFlags flags;
+  BatchOptions batch;
+  int64_t cp = 8;
+  int64_t ratio = 4;
+  StrategyFlags strategy;
+  ModelFlags model;
   std::optional<int64_t> rank;
   bool all_ranks = false;
   bool full = false;
@@ -46,58 +53,59 @@ int64_t sum(const std::vector<int64_t>& values) {
   return total;
 }
 
-// Every rank's route the way a training step computes them: zigzag through the
-// per-rank fast path, other modes by planning once and routing each rank. Each route is
-// handed to `visit` and then dropped, as each rank keeps only its own.
+// Every rank's route the way a training step computes them: each rank calls
+// Strategy::route for itself, which for zigzag builds only that rank's tasks (the seed's
+// fast path); every other strategy plans the whole batch, which a training step does once
+// per batch and shares (the seed caches it with lru_cache), so here it is planned once
+// and routed per rank. Each route is handed to `visit` and then dropped, as each rank
+// keeps only its own.
 template <typename Visit>
-void for_each_route(std::span<const int64_t> lengths, const PlanFlags& flags,
-                    const PlanOptions& options, Visit&& visit) {
-  if (options.mode == Mode::kZigzag) {
-    for (int64_t rank = 0; rank < flags.cp; ++rank) {
-      visit(indexer_route(lengths, flags.cp, rank, flags.ratio, options));
+void for_each_route(std::span<const int64_t> lengths, const RouteCommand& command,
+                    const Strategy& strategy, const StrategyParams& params, Visit&& visit) {
+  if (strategy.name() == "zigzag") {
+    for (int64_t rank = 0; rank < command.cp; ++rank) {
+      visit(strategy.route(lengths, command.cp, rank, command.ratio, params));
     }
     return;
   }
-  const TaskPlan plan = plan_tasks(lengths, flags.cp, flags.ratio, options);
-  for (int64_t rank = 0; rank < flags.cp; ++rank) {
-    visit(make_route(plan, lengths, rank, flags.ratio));
+  const StrategyPlan planned = strategy.plan(lengths, command.cp, command.ratio, params);
+  for (int64_t rank = 0; rank < command.cp; ++rank) {
+    visit(make_route(planned.plan, lengths, rank, command.ratio));
   }
 }
 
 void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths,
-                   const PlanOptions& options) {
-  const PlanFlags& flags = command.flags;
-  SPARSECP_CHECK(command.repeat >= 1, "--repeat must be at least 1, got ", command.repeat);
+                   const Strategy& strategy, const StrategyParams& params) {
+  check_repeats(command.repeat, "--repeat");
   std::vector<double> seconds;
   int64_t moved = 0;
   for (int64_t i = 0; i < command.repeat; ++i) {
     moved = 0;
-    const auto start = std::chrono::steady_clock::now();
-    for_each_route(lengths, flags, options,
+    const double start = wall_seconds();
+    for_each_route(lengths, command, strategy, params,
                    [&](const IndexerRoute& route) { moved += sum(route.input_splits); });
-    seconds.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    seconds.push_back(wall_seconds() - start);
   }
-  std::vector<double> sorted = seconds;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  const int64_t local = sum(std::vector<int64_t>(lengths.begin(), lengths.end())) / flags.cp;
-  const double per_rank = median / static_cast<double>(flags.cp);
+  const Spread spread = Spread::of(seconds);
+  const int64_t local = checked_total(lengths) / command.cp;
+  const double per_rank = spread.median / static_cast<double>(command.cp);
   if (command.json) {
     nlohmann::ordered_json out;
-    out["cp"] = flags.cp;
-    out["ratio"] = flags.ratio;
-    out["mode"] = mode_name(options.mode);
+    out["cp"] = command.cp;
+    out["ratio"] = command.ratio;
+    out["mode"] = strategy.name();
+    out["parameters"] = strategy.describe(lengths, command.cp, params);
     out["repeat"] = command.repeat;
     out["local_rows"] = local;
     out["seconds_per_rank"] = per_rank;
-    out["seconds_all_ranks"] = median;
-    out["seconds_min_all_ranks"] = sorted.front();
+    out["seconds_all_ranks"] = spread.median;
+    out["seconds_min_all_ranks"] = spread.min;
+    out["seconds_max_all_ranks"] = spread.max;
     out["ns_per_local_row"] = per_rank * 1e9 / static_cast<double>(local);
     out["rows_moved"] = moved;
     if (command.full) {
       out["routes"] = nlohmann::ordered_json::array();
-      for_each_route(lengths, flags, options, [&](const IndexerRoute& route) {
+      for_each_route(lengths, command, strategy, params, [&](const IndexerRoute& route) {
         out["routes"].push_back(route_json(route));
       });
     }
@@ -105,11 +113,12 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
     return;
   }
   std::printf(
-      "%s: %lld ranks, %lld local rows each: %.3f us per rank (median of %lld), %.2f ns "
-      "per local row, %lld rows moved\n",
-      std::string(mode_name(options.mode)).c_str(), static_cast<long long>(flags.cp),
+      "%s: %lld ranks, %lld local rows each: %.3f us per rank (median of %lld; all ranks "
+      "%.3f-%.3f ms), %.2f ns per local row, %lld rows moved\n",
+      std::string(strategy.name()).c_str(), static_cast<long long>(command.cp),
       static_cast<long long>(local), per_rank * 1e6, static_cast<long long>(command.repeat),
-      per_rank * 1e9 / static_cast<double>(local), static_cast<long long>(moved));
+      spread.min * 1e3, spread.max * 1e3, per_rank * 1e9 / static_cast<double>(local),
+      static_cast<long long>(moved));
 }
 
 void print_route(const IndexerRoute& route, int64_t rank) {
@@ -139,20 +148,25 @@ void print_route(const IndexerRoute& route, int64_t rank) {
 }
 
 void run_route(const RouteCommand& command) {
-  const PlanFlags& flags = command.flags;
   SPARSECP_CHECK(command.rank.has_value() != command.all_ranks,
                  "route needs exactly one of --rank R and --all-ranks");
   SPARSECP_CHECK(command.all_ranks || command.repeat == 1, "--repeat requires --all-ranks");
-  const std::vector<int64_t> lengths = flags.batch.load(flags.cp);
-  const PlanOptions options = flags.options(parse_mode(flags.mode.empty() ? "zigzag" : flags.mode));
+  const std::vector<int64_t> lengths = command.batch.load(command.cp);
+  checked_total(lengths);
+  const Strategy& strategy = command.strategy.strategy("zigzag");
+  const StrategyParams params = command.strategy.params(command.model);
   if (command.all_ranks) {
-    run_all_ranks(command, lengths, options);
+    run_all_ranks(command, lengths, strategy, params);
     return;
   }
-  const IndexerRoute route = indexer_route(lengths, flags.cp, *command.rank, flags.ratio, options);
+  const IndexerRoute route =
+      strategy.route(lengths, command.cp, *command.rank, command.ratio, params);
   if (command.json) {
     std::cout << route_json(route).dump() << "\n";
   } else {
+    const std::string parameters = strategy.describe(lengths, command.cp, params);
+    std::printf("mode %s%s%s\n", std::string(strategy.name()).c_str(),
+                parameters.empty() ? "" : ": ", parameters.c_str());
     print_route(route, *command.rank);
   }
 }
@@ -163,12 +177,18 @@ const Registration registration("route", [](CLI::App& app) {
       "route",
       "Build a rank's IndexerRoute: which local rows it sends to each peer, where received rows "
       "land, and the segments its selector sees (field names as in the seed's IndexerRoute).");
-  command->flags.add_to(*sub, "none | zigzag | greedy | hybrid (default zigzag)");
+  command->batch.add_to(*sub);
+  add_cp_and_ratio(*sub, &command->cp, command->ratio);
+  command->strategy.add_to(*sub,
+                           "Strategy (any of 'sparsecp simulate --list'; the seed modes give the "
+                           "seed's exact IndexerRoute) [default: zigzag]");
+  command->model.add_to(*sub, ModelFlags::kTopk);
   sub->add_option("--rank", command->rank, "The rank whose route to build (0 <= R < --cp)");
   sub->add_flag("--all-ranks", command->all_ranks,
                 "Build every rank's route, as a training step does, and report the time per rank");
   sub->add_option("--repeat", command->repeat,
-                  "With --all-ranks: repeat N times in this process and report the median")
+                  "With --all-ranks: repeat N times in this process (at most 10000) and report the "
+                  "median")
       ->capture_default_str();
   sub->add_flag("--full", command->full, "With --all-ranks --json: include every rank's route");
   sub->add_flag(
@@ -179,7 +199,11 @@ const Registration registration("route", [](CLI::App& app) {
   sub->footer(
       "Examples:\n"
       "  sparsecp route --lengths 5000,300,2699,1 --cp 4 --mode zigzag --rank 1 --json\n"
-      "  sparsecp route --tokens 1048576 --cp 8 --mode greedy --all-ranks --repeat 20");
+      "  sparsecp route --lengths 5000,300,2699,1 --cp 4 --mode spill --rank 3 --json\n"
+      "  sparsecp route --tokens 1048576 --cp 8 --mode greedy --all-ranks --repeat 20\n"
+      "  sparsecp batch --tokens 1048576 --cp 64 > batch.txt\n"
+      "  sparsecp route --lengths-file batch.txt --cp 64 --mode spill --all-ranks\n" +
+      lengths_file_help());
   sub->callback([command] { run_route(*command); });
 });
 

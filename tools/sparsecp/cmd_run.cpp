@@ -1,22 +1,24 @@
 // `sparsecp run`: the main job. Under `mpirun -np N`, every rank owns one contiguous
-// shard of a packed batch, selects top-k once with mode 'none' (every rank selects
-// its own rows) and once balanced (default hybrid), checks the two results are
-// identical, and rank 0 reports per-rank rows, causal work, selection CPU time and
-// bytes moved, the imbalance of both runs and the slowest rank's speedup.
+// shard of a packed batch and runs the Lightning Indexer selection once per strategy —
+// 'none' (every rank selects its own rows), the seed's 'hybrid' and sparsecp's 'spill'
+// balancing a cost model calibrated on this machine, or 'none' and one --mode — moving
+// qr, merge weights and RoPE to workers and the int32 key ids back over MPI. It checks
+// that every strategy's top-k equals 'none' bit for bit on every rank, repeats the
+// strategies interleaved until the spread of the slowest rank's selection time is known,
+// and reports them side by side.
 //
-// Model tensors are seeded and small-integer valued (qr, Wq_b and keys in a few
-// integers, RoPE rotations by multiples of 90 degrees), so every score is exact and
-// a row's top-k cannot depend on where it was computed; select.hpp guarantees the
-// same for real values, the integers only make a mismatch impossible to excuse.
+// Steps (each a function below): prepare (inputs, model, cost model) -> agree (every
+// rank was given the same settings) -> plan (each strategy's route for this rank) ->
+// measure (interleaved repeats) -> verify (bit-identical results) -> report.
 #include <cblas.h>
 #include <mpi.h>
 
 #include <algorithm>
-#include <cstdint>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -24,18 +26,19 @@
 #include <vector>
 
 #include "batch_input.hpp"
+#include "calibration.hpp"
 #include "command.hpp"
+#include "model_flags.hpp"
+#include "run_model.hpp"
 #include "sparsecp/error.hpp"
-#include "sparsecp/kernels/bf16.hpp"
-#include "sparsecp/kernels/select.hpp"
 #include "sparsecp/planning/cost.hpp"
-#include "sparsecp/planning/plan.hpp"
-#include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/strategy.hpp"
-#include "sparsecp/planning/workload.hpp"
 #include "sparsecp/transport/agreement.hpp"
 #include "sparsecp/transport/exchange.hpp"
 #include "sparsecp/transport/mpi_communicator.hpp"
+#include "strategy_flags.hpp"
+#include "timing.hpp"
 
 namespace sparsecp::cli {
 namespace {
@@ -43,24 +46,31 @@ namespace {
 struct RunFlags {
   BatchOptions batch;
   int64_t ratio = 4;
-  std::string mode = "hybrid";
-  std::optional<int64_t> block_size;
-  std::optional<int64_t> zigzag_min_length;
-  int64_t heads = 16;
-  int64_t head_dim = 128;
-  int64_t rope_dim = 64;
-  int64_t q_rank = 256;
-  int64_t topk = 512;
+  StrategyFlags strategy;
+  ModelFlags model{.heads = 16, .head_dim = 128, .rope_dim = 64, .q_rank = 256, .topk = 512};
   uint64_t model_seed = 7;
   int threads = 1;
-  int repeats = 3;
-  bool overlap = true;
+  int64_t repeats = 3;
+  int64_t max_repeats = 9;
+  double time_budget = 25;
+  bool calibrate = true;
+  bool overlap = false;
   bool json = false;
   bool check_agreement = true;
 };
 
-// Initialises MPI when the tool is the MPI program (it is, under mpirun) and
-// finalises it when the command ends, after every communicator is gone.
+// ---------------------------------------------------------------------------------------
+// MPI plumbing
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+// Initialises MPI when the tool is the MPI program (it is, under mpirun) and finalises it
+// when the command ends, after every communicator is gone.
 class MpiSession {
  public:
   MpiSession() {
@@ -77,24 +87,26 @@ class MpiSession {
     MPI_Finalized(&finalized);
     if (owned_ && !finalized) MPI_Finalize();
   }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
 
   // Called on the error path before the error propagates. MPI_Finalize waits for every
-  // rank, so a rank that failed alone (a transport error, out of memory, a bug) and
-  // then finalised would leave the others blocked in a collective, and itself in
+  // rank, so a rank that failed alone (a transport error, out of memory, a bug) and then
+  // finalised would leave the others blocked in a collective, and itself in
   // MPI_Finalize, forever. Errors that every rank raised together (input checks, the
-  // agreement checks of agreement.hpp and exchange.hpp) reach this point on every rank
-  // within moments; anything else aborts the job, naming this rank and the error.
+  // agreement checks) reach this point on every rank within moments; anything else
+  // aborts the job, naming this rank and the error.
   void leave_on_error(const char* what) const {
     if (!owned_) return;
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Request request = MPI_REQUEST_NULL;
-    MPI_Ibarrier(MPI_COMM_WORLD, &request);
+    bool ok = MPI_Ibarrier(MPI_COMM_WORLD, &request) == MPI_SUCCESS;
     const timespec pause{0, 1000000};  // 1 ms
-    for (int waited = 0; waited < kLeaveTimeoutMs; ++waited) {
+    for (int waited = 0; ok && waited < kLeaveTimeoutMs; ++waited) {
       int done = 0;
-      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-      if (done) return;  // every rank is leaving on an error: finalise normally
+      ok = MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+      if (ok && done) return;  // every rank is leaving on an error: finalise normally
       nanosleep(&pause, nullptr);
     }
     std::fprintf(stderr,
@@ -104,109 +116,251 @@ class MpiSession {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  MpiSession(const MpiSession&) = delete;
-  MpiSession& operator=(const MpiSession&) = delete;
 
  private:
   static constexpr int kLeaveTimeoutMs = 10000;
   bool owned_ = false;
 };
 
-double now_seconds(clockid_t clock) {
-  timespec time{};
-  clock_gettime(clock, &time);
-  return static_cast<double>(time.tv_sec) + 1e-9 * static_cast<double>(time.tv_nsec);
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n == 0 ? 0.0 : (n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]));
-}
-
-// Small integers from (seed, stream, row, column): identical on every rank.
-int64_t small_int(uint64_t seed, uint64_t stream, int64_t row, int64_t column, int64_t span) {
-  SplitMix64 random(seed * 0x9E3779B97F4A7C15ULL + stream * 0x632BE59BD9B4E019ULL +
-                    static_cast<uint64_t>(row) * 0x85EBCA77C2B2AE63ULL +
-                    static_cast<uint64_t>(column));
-  return static_cast<int64_t>(random.next() % static_cast<uint64_t>(span));
-}
-
-// This rank's owner inputs and the tensors every rank holds.
-struct Model {
-  SelectConfig config;
-  int64_t q_rank = 0;
-  std::vector<uint16_t> qr;              // [local, q_rank] bf16
-  std::vector<float> weights, cos, sin;  // [local, heads], [local, rope_dim / 2] x 2
-  std::vector<uint16_t> wq_b;            // [q_rank, heads * head_dim] bf16
-  std::vector<uint16_t> keys;            // [bank, head_dim] bf16
-  int64_t local = 0;
-  int64_t bank = 0;
-
-  IndexerInputs inputs() const {
-    const int64_t half = config.rope_dim / 2;
-    return {TensorView::tokens(MatrixView::bf16(qr.data(), local, q_rank)),
-            TensorView::tokens(MatrixView::f32(weights.data(), local, config.heads)),
-            TensorView::tokens(MatrixView::f32(cos.data(), local, half)),
-            TensorView::tokens(MatrixView::f32(sin.data(), local, half))};
+// A barrier that sleeps while it waits. Ranks usually outnumber cores here (4 ranks on 2
+// cores), and a rank spinning in MPI while it waits for a slower one steals the core that
+// rank needs; the library's waits spin (as MPI and NCCL do), so the tool parks ranks here
+// before every collective that follows uneven work. A transport failure is an error
+// (the communicator returns error codes), never an endless loop.
+void barrier(const MpiCommunicator& comm) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  int code = MPI_Ibarrier(comm.handle(), &request);
+  SPARSECP_CHECK_AS(ErrorKind::kTransport, code == MPI_SUCCESS,
+                    "MPI_Ibarrier failed: ", mpi_error_text(code));
+  const timespec pause{0, 200000};  // 0.2 ms
+  while (true) {
+    int done = 0;
+    code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    SPARSECP_CHECK_AS(ErrorKind::kTransport, code == MPI_SUCCESS,
+                      "MPI_Test of a barrier failed: ", mpi_error_text(code));
+    if (done) return;
+    nanosleep(&pause, nullptr);
   }
+}
+
+// The value `root` holds, on every rank (a one-hot sum).
+std::vector<int64_t> broadcast(Communicator& comm, std::vector<int64_t> values, int64_t root) {
+  if (comm.rank() != root) std::fill(values.begin(), values.end(), 0);
+  comm.all_reduce(values, ReduceOp::kSum);
+  return values;
+}
+
+// Every rank's `mine` on every rank, rank-major (a sum of one-hot slots).
+std::vector<int64_t> gather(Communicator& comm, const std::vector<int64_t>& mine) {
+  const size_t width = mine.size();
+  std::vector<int64_t> all(static_cast<size_t>(comm.size()) * width, 0);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(comm.rank() * width));
+  comm.all_reduce(all, ReduceOp::kSum);
+  return all;
+}
+
+// Runs `step` on every rank; a failure on any rank becomes an Error on every rank (the
+// failing rank keeps its own message) instead of leaving the others in a collective.
+template <typename Step>
+void on_every_rank(MpiCommunicator& comm, const char* what, Step&& step) {
+  std::optional<std::string> error;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  barrier(comm);  // the step may take uneven time
+  std::vector<int64_t> failed = {error ? 1 : 0};
+  comm.all_reduce(failed, ReduceOp::kSum);
+  if (error) throw Error(*error);
+  SPARSECP_CHECK(failed[0] == 0, what, ": another rank failed");
+}
+
+// ---------------------------------------------------------------------------------------
+// Prepare: the batch, the model, the strategies and the cost model spill balances.
+
+struct CostModelChoice {
+  std::optional<CostModel> model;  // unset: causal pairs
+  std::string source;              // "file X", "calibrated now in 3.2 s", "cache X", ...
 };
 
-Model make_model(const RunFlags& flags, std::span<const int64_t> lengths, int64_t rank,
-                 int64_t local) {
-  Model model;
-  model.config.heads = flags.heads;
-  model.config.head_dim = flags.head_dim;
-  model.config.rope_dim = flags.rope_dim;
-  model.config.topk = flags.topk;
-  model.config.ratio = flags.ratio;
-  model.config.threads = flags.threads;
-  validate_select_config(model.config);
-  SPARSECP_CHECK(flags.q_rank >= 1, "--q-rank must be positive, got ", flags.q_rank);
-  model.q_rank = flags.q_rank;
-  model.local = local;
-  for (const int64_t length : lengths) model.bank += length / flags.ratio;
-  const uint64_t seed = flags.model_seed;
-  const int64_t half = flags.rope_dim / 2;
-  const int64_t width = flags.heads * flags.head_dim;
-  model.qr.resize(static_cast<size_t>(local * flags.q_rank));
-  model.weights.resize(static_cast<size_t>(local * flags.heads));
-  model.cos.resize(static_cast<size_t>(local * half));
-  model.sin.resize(static_cast<size_t>(local * half));
-  for (int64_t row = 0; row < local; ++row) {
-    const int64_t global = rank * local + row;  // inputs are a function of the global row
-    for (int64_t c = 0; c < flags.q_rank; ++c) {
-      model.qr[row * flags.q_rank + c] =
-          float_to_bf16(static_cast<float>(small_int(seed, 1, global, c, 5) - 2));
-    }
-    for (int64_t h = 0; h < flags.heads; ++h) {
-      model.weights[row * flags.heads + h] =
-          static_cast<float>(1 + small_int(seed, 2, global, h, 4));
-    }
-    for (int64_t i = 0; i < half; ++i) {
-      static constexpr float kCos[] = {1, 0, -1, 0};
-      static constexpr float kSin[] = {0, 1, 0, -1};
-      const int64_t quarter = small_int(seed, 3, global, i, 4);
-      model.cos[row * half + i] = kCos[quarter];
-      model.sin[row * half + i] = kSin[quarter];
-    }
+// The cost model of this run (identical on every rank): --cost-model FILE, else (unless
+// --no-calibrate) a model calibrated for the run's shape on this machine, reused from
+// the cache when one exists; rank 0 measures or reads it and sends it to the others.
+CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& params,
+                                  MpiCommunicator& comm) {
+  CostModelChoice choice;
+  if (params.cost_model) {  // --cost-model FILE, read by StrategyFlags::params
+    choice.model = params.cost_model;
+    choice.source = "file " + flags.strategy.cost_model;
+    return choice;
   }
-  model.wq_b.resize(static_cast<size_t>(flags.q_rank * width));
-  for (int64_t r = 0; r < flags.q_rank; ++r) {
-    for (int64_t c = 0; c < width; ++c) {
-      model.wq_b[r * width + c] =
-          float_to_bf16(static_cast<float>(small_int(seed, 4, r, c, 3) - 1));
-    }
+  if (!flags.calibrate) {
+    choice.source = "none (--no-calibrate): spill balances causal pairs";
+    return choice;
   }
-  model.keys.resize(static_cast<size_t>(model.bank * flags.head_dim));
-  for (int64_t key = 0; key < model.bank; ++key) {
-    for (int64_t c = 0; c < flags.head_dim; ++c) {
-      model.keys[key * flags.head_dim + c] =
-          float_to_bf16(static_cast<float>(small_int(seed, 5, key, c, 5) - 2));
+  CalibrationSettings settings;
+  settings.model = flags.model;
+  settings.ratio = flags.ratio;
+  settings.threads = flags.threads;
+  CostModel model;
+  on_every_rank(comm, "calibrating the cost model", [&] {
+    if (comm.rank() != 0) return;
+    const std::string dir = cost_model_cache_dir();
+    const std::string path = dir.empty() ? "" : dir + "/" + settings.cache_key();
+    if (!path.empty() && std::filesystem::exists(path)) {
+      try {
+        model = load_cost_model(path);
+        choice.source = "reused " + path + " (" + model.note + ")";
+        return;
+      } catch (const Error&) {
+        // An unreadable cache entry is recalibrated and overwritten.
+      }
     }
-  }
-  return model;
+    const Calibration fit = calibrate(settings);
+    model = fit.model;
+    char text[96];
+    std::snprintf(text, sizeof text, "calibrated now in %.1f s (rms residual %.0f%%)",
+                  fit.seconds_taken, 100 * fit.rms_relative_residual);
+    choice.source = text;
+    if (path.empty()) return;
+    try {
+      std::filesystem::create_directories(dir);
+      save_cost_model(path, model);
+      choice.source += ", saved to " + path;
+    } catch (const std::exception& e) {
+      choice.source += std::string(", not cached: ") + e.what();
+    }
+  });
+  const std::vector<int64_t> coefficients =
+      broadcast(comm,
+                {std::bit_cast<int64_t>(model.a), std::bit_cast<int64_t>(model.b),
+                 std::bit_cast<int64_t>(model.c), model.topk},
+                0);
+  model.a = std::bit_cast<double>(coefficients[0]);
+  model.b = std::bit_cast<double>(coefficients[1]);
+  model.c = std::bit_cast<double>(coefficients[2]);
+  model.topk = coefficients[3];
+  model.unit = "ns";
+  choice.model = model;
+  if (comm.rank() != 0) choice.source = "from rank 0";
+  return choice;
 }
+
+struct Job {
+  std::vector<int64_t> lengths;
+  int64_t cp = 0;
+  RunModel model;
+  std::vector<const Strategy*> strategies;  // strategies[0] is 'none', the baseline
+  StrategyParams params;
+  CostModelChoice cost;
+};
+
+Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
+  Job job;
+  job.cp = comm.size();
+  on_every_rank(comm, "preparing the inputs", [&] {
+    check_repeats(flags.repeats, "--repeats");
+    check_repeats(flags.max_repeats, "--max-repeats");
+    SPARSECP_CHECK(flags.max_repeats >= flags.repeats, "--max-repeats ", flags.max_repeats,
+                   " is below --repeats ", flags.repeats);
+    SPARSECP_CHECK(flags.time_budget >= 0, "--time-budget must be non-negative, got ",
+                   flags.time_budget);
+    SPARSECP_CHECK(flags.threads >= 1 && flags.threads <= 1024,
+                   "--threads must be within [1, 1024], got ", flags.threads);
+    job.lengths = flags.batch.load(job.cp);
+    const int64_t total = checked_total(job.lengths);
+    validate_plan_inputs(job.lengths, job.cp, flags.ratio, Mode::kNone, std::nullopt);
+    job.strategies.push_back(&find_strategy("none"));
+    if (flags.strategy.mode.empty()) {
+      job.strategies.push_back(&find_strategy("hybrid"));
+      job.strategies.push_back(&find_strategy("spill"));
+    } else {
+      const Strategy& chosen = flags.strategy.strategy("");
+      SPARSECP_CHECK(chosen.name() != "none",
+                     "--mode none is the baseline every run already includes; choose another "
+                     "strategy (or leave --mode out for none, hybrid and spill)");
+      job.strategies.push_back(&chosen);
+    }
+    job.params = flags.strategy.params(flags.model);
+    job.model = make_run_model(flags.model, flags.ratio, flags.threads, flags.model_seed,
+                               job.lengths, comm.rank(), total / job.cp);
+  });
+  return job;
+}
+
+// spill and auto balance the run's cost model (the other strategies ignore it).
+void add_cost_model(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
+  const bool needs_cost =
+      std::any_of(job.strategies.begin(), job.strategies.end(),
+                  [](const Strategy* s) { return s->name() == "spill" || s->name() == "auto"; });
+  if (!needs_cost) return;
+  job.cost = choose_cost_model(flags, job.params, comm);
+  job.params.cost_model = job.cost.model;
+}
+
+// Every setting that shapes the collectives below must agree across ranks: ranks handed
+// different inputs (an MPMD launch, a per-rank lengths file) would plan different
+// routes, or run different numbers of collectives and hang (agreement.hpp). One check
+// covers every strategy, so that ranks with different strategy lists cannot fall out of
+// step in the check itself.
+void agree(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
+  PlanningFingerprint fingerprint(job.lengths, job.cp, flags.ratio, *job.strategies.back(),
+                                  job.params);
+  fingerprint.add("strategies", static_cast<int64_t>(job.strategies.size()));
+  for (const Strategy* strategy : job.strategies) {
+    const PlanningFingerprint one(job.lengths, job.cp, flags.ratio, *strategy, job.params);
+    fingerprint.add("strategy " + std::string(strategy->name()),
+                    static_cast<int64_t>(one.value() >> 1));
+  }
+  fingerprint.add("heads", flags.model.heads)
+      .add("head_dim", flags.model.head_dim)
+      .add("rope_dim", flags.model.rope_dim)
+      .add("q_rank", flags.model.q_rank)
+      .add("topk", flags.model.topk)
+      .add("model_seed", static_cast<int64_t>(flags.model_seed))
+      .add("threads", flags.threads)
+      .add("repeats", flags.repeats)
+      .add("max_repeats", flags.max_repeats)
+      .add_real("time_budget", flags.time_budget)
+      .add("calibrate", flags.calibrate ? 1 : 0)
+      .add("overlap", flags.overlap ? 1 : 0);
+  check_agreement(comm, fingerprint);
+}
+
+// ---------------------------------------------------------------------------------------
+// Measure
+
+// What one rank measured in one run of one strategy.
+struct RankFigures {
+  int64_t rows = 0;
+  int64_t work = 0;
+  double select_cpu = 0;
+  double select_wall = 0;
+  double input_wait = 0;
+  double result_wait = 0;
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t predicted_sent = 0;
+  int64_t predicted_received = 0;
+
+  static constexpr size_t kFields = 10;
+  std::vector<int64_t> encode() const {
+    const auto ns = [](double s) { return static_cast<int64_t>(s * 1e9); };
+    return {rows,           work,
+            ns(select_cpu), ns(select_wall),
+            ns(input_wait), ns(result_wait),
+            bytes_sent,     bytes_received,
+            predicted_sent, predicted_received};
+  }
+  static RankFigures decode(std::span<const int64_t> v) {
+    const auto s = [](int64_t ns) { return static_cast<double>(ns) * 1e-9; };
+    return {v[0], v[1], s(v[2]), s(v[3]), s(v[4]), s(v[5]), v[6], v[7], v[8], v[9]};
+  }
+  bool bytes_match() const {
+    return bytes_sent == predicted_sent && bytes_received == predicted_received;
+  }
+};
 
 // Causal (query, key) pairs of a worker's segments (cost.hpp).
 int64_t segment_work(std::span<const Segment> segments, int64_t ratio) {
@@ -218,161 +372,141 @@ int64_t segment_work(std::span<const Segment> segments, int64_t ratio) {
   return work;
 }
 
-// What one rank measured for one mode.
-struct RankFigures {
-  int64_t rows = 0;
-  int64_t work = 0;
-  double select_cpu = 0;  // median seconds
-  double select_wall = 0;
-  double input_wait = 0;   // median seconds in IndexerInputExchange::wait()
-  double result_wait = 0;  // median seconds in PendingRows::wait()
-  int64_t bytes_sent = 0;
-  int64_t bytes_received = 0;
-  int64_t predicted_sent = 0;
-  int64_t predicted_received = 0;
-};
-constexpr int kFigureCount = 10;
-
-std::vector<int64_t> encode(const RankFigures& f) {
-  const auto ns = [](double s) { return static_cast<int64_t>(s * 1e9); };
-  return {f.rows,           f.work,
-          ns(f.select_cpu), ns(f.select_wall),
-          ns(f.input_wait), ns(f.result_wait),
-          f.bytes_sent,     f.bytes_received,
-          f.predicted_sent, f.predicted_received};
-}
-
-RankFigures decode(std::span<const int64_t> v) {
-  const auto s = [](int64_t ns) { return static_cast<double>(ns) * 1e-9; };
-  return {v[0], v[1], s(v[2]), s(v[3]), s(v[4]), s(v[5]), v[6], v[7], v[8], v[9]};
-}
-
-// Every rank's figures on every rank (sum of one-hot slots).
-std::vector<RankFigures> gather(Communicator& comm, const RankFigures& mine) {
-  std::vector<int64_t> all(static_cast<size_t>(comm.size() * kFigureCount), 0);
-  const std::vector<int64_t> encoded = encode(mine);
-  std::copy(encoded.begin(), encoded.end(), all.begin() + comm.rank() * kFigureCount);
-  comm.all_reduce(all, ReduceOp::kSum);
-  std::vector<RankFigures> result;
-  for (int64_t r = 0; r < comm.size(); ++r) {
-    result.push_back(decode(std::span<const int64_t>(all).subspan(r * kFigureCount, kFigureCount)));
-  }
-  return result;
-}
-
-// A barrier that sleeps while it waits. Ranks usually outnumber cores here (4 ranks
-// on 2 cores), and a rank spinning in MPI while it waits for a slower one steals
-// the core that rank needs; the library's waits spin (as MPI and NCCL do), so the
-// tool parks ranks here before every collective that follows uneven work.
-void barrier(const MpiCommunicator& comm) {
-  MPI_Request request = MPI_REQUEST_NULL;
-  MPI_Ibarrier(comm.handle(), &request);
-  int done = 0;
-  while (true) {
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (done) return;
-    const timespec pause{0, 200000};  // 0.2 ms
-    nanosleep(&pause, nullptr);
-  }
-}
-
-// Launches one balanced input exchange: from a route planned beforehand by a registered
-// strategy (spill, auto, ...) when `planned` is set, else from the seed mode `options`.
-IndexerInputExchange launch(const IndexerInputs& inputs, std::span<const int64_t> lengths,
-                            int64_t ratio, const PlanOptions& options,
-                            const std::shared_ptr<const IndexerRoute>& planned,
-                            MpiCommunicator& comm) {
-  return planned ? launch_indexer_inputs(inputs, planned, comm)
-                 : launch_indexer_inputs(inputs, lengths, ratio, options, comm);
-}
-
-struct ModeRun {
-  RankFigures figures;
-  SelectedKeys result;  // this rank's own rows, [local, topk]
-  int64_t unstable_repeats = 0;
+// One strategy's runs: this rank's result and every rank's figures per repeat.
+struct StrategyRuns {
+  const Strategy* strategy = nullptr;
+  std::string parameters;
+  std::shared_ptr<const IndexerRoute> route;      // this rank's
+  SelectedKeys result;                            // this rank's own rows, from the first run
+  int64_t unstable_repeats = 0;                   // runs whose result differed from the first
+  std::vector<std::vector<RankFigures>> repeats;  // [repeat][rank]
 };
 
-// One mode, `repeats` times, through the overlapped path. CPU time of the selection
+// One balanced selection through the overlapped path, timed. CPU time of the selection
 // is the calling thread's (one selection thread) or the process's (several).
-ModeRun run_mode(const Model& model, std::span<const int64_t> lengths, const PlanOptions& options,
-                 const std::shared_ptr<const IndexerRoute>& planned, int repeats,
-                 MpiCommunicator& comm) {
+RankFigures run_once(const RunModel& model, StrategyRuns& runs, bool first, MpiCommunicator& comm) {
   const clockid_t cpu_clock =
       model.config.threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID;
-  const MatrixView wq_b =
-      MatrixView::bf16(model.wq_b.data(), model.q_rank, model.config.heads * model.config.head_dim);
-  const MatrixView keys = MatrixView::bf16(model.keys.data(), model.bank, model.config.head_dim);
-  ModeRun run;
-  std::vector<double> cpu, wall, input_wait, result_wait;
-  for (int repeat = 0; repeat < repeats; ++repeat) {
-    barrier(comm);
-    comm.reset_stats();
-    IndexerInputExchange exchange =
-        launch(model.inputs(), lengths, model.config.ratio, options, planned, comm);
-    // Test hook (tests of failure handling): this rank fails alone, mid-exchange.
-    if (const char* fail_rank = std::getenv("SPARSECP_RUN_FAIL_RANK")) {
-      SPARSECP_CHECK(std::to_string(comm.rank()) != fail_rank, "injected failure on rank ",
-                     comm.rank(), " in the middle of an input exchange (SPARSECP_RUN_FAIL_RANK)");
-    }
-    double start = now_seconds(CLOCK_MONOTONIC);
-    const WorkerInputs worker = exchange.wait();
-    input_wait.push_back(now_seconds(CLOCK_MONOTONIC) - start);
-
-    const IndexerRoute& route = exchange.route();
-    SelectedKeys selected{
-        route.query_count, model.config.topk,
-        std::vector<int32_t>(static_cast<size_t>(route.query_count * model.config.topk))};
-    const double cpu_start = now_seconds(cpu_clock);
-    start = now_seconds(CLOCK_MONOTONIC);
-    select_worker_rows(worker.query_residual.view(), worker.weights.view(), worker.cos.view(),
-                       worker.sin.view(), wq_b, keys, route.segments, model.config, selected.ids);
-    wall.push_back(now_seconds(CLOCK_MONOTONIC) - start);
-    cpu.push_back(now_seconds(cpu_clock) - cpu_start);
-
-    barrier(comm);  // ranks finish selecting at different times; wait asleep
-    PendingRows pending = exchange.launch_result(selected);
-    start = now_seconds(CLOCK_MONOTONIC);
-    SelectedKeys owner = pending.wait();
-    result_wait.push_back(now_seconds(CLOCK_MONOTONIC) - start);
-
-    if (repeat == 0) {
-      run.figures.rows = route.query_count;
-      run.figures.work = segment_work(route.segments, model.config.ratio);
-      run.figures.bytes_sent = comm.stats().bytes_sent;
-      run.figures.bytes_received = comm.stats().bytes_received;
-      const ExchangeBytes predicted =
-          expected_exchange_bytes(route, input_row_bytes(model.inputs()), model.config.topk);
-      run.figures.predicted_sent = predicted.sent();
-      run.figures.predicted_received = predicted.received();
-      run.result = std::move(owner);
-    } else if (!(owner == run.result)) {
-      ++run.unstable_repeats;
-    }
+  RankFigures figures;
+  barrier(comm);
+  comm.reset_stats();
+  IndexerInputExchange exchange = launch_indexer_inputs(model.inputs(), runs.route, comm);
+  // Test hook (tests of failure handling): this rank fails alone, mid-exchange.
+  if (const char* fail_rank = std::getenv("SPARSECP_RUN_FAIL_RANK")) {
+    SPARSECP_CHECK(std::to_string(comm.rank()) != fail_rank, "injected failure on rank ",
+                   comm.rank(), " in the middle of an input exchange (SPARSECP_RUN_FAIL_RANK)");
   }
-  run.figures.select_cpu = median(cpu);
-  run.figures.select_wall = median(wall);
-  run.figures.input_wait = median(input_wait);
-  run.figures.result_wait = median(result_wait);
-  return run;
+  double start = wall_seconds();
+  const WorkerInputs worker = exchange.wait();
+  figures.input_wait = wall_seconds() - start;
+
+  const IndexerRoute& route = *runs.route;
+  SelectedKeys selected{
+      route.query_count, model.config.topk,
+      std::vector<int32_t>(static_cast<size_t>(route.query_count * model.config.topk))};
+  const double cpu_start = clock_seconds(cpu_clock);
+  start = wall_seconds();
+  select_worker_rows(worker.query_residual.view(), worker.weights.view(), worker.cos.view(),
+                     worker.sin.view(), *model.projection, model.keys_view(), route.segments,
+                     model.config, selected.ids);
+  figures.select_wall = wall_seconds() - start;
+  figures.select_cpu = clock_seconds(cpu_clock) - cpu_start;
+
+  barrier(comm);  // ranks finish selecting at different times; wait asleep
+  PendingRows pending = exchange.launch_result(selected);
+  start = wall_seconds();
+  SelectedKeys owner = pending.wait();
+  figures.result_wait = wall_seconds() - start;
+
+  figures.rows = route.query_count;
+  figures.work = segment_work(route.segments, model.config.ratio);
+  figures.bytes_sent = comm.stats().bytes_sent;
+  figures.bytes_received = comm.stats().bytes_received;
+  const ExchangeBytes predicted =
+      expected_exchange_bytes(route, input_row_bytes(model.inputs()), model.config.topk);
+  figures.predicted_sent = predicted.sent();
+  figures.predicted_received = predicted.received();
+  if (first) {
+    runs.result = std::move(owner);
+  } else if (!(owner == runs.result)) {
+    ++runs.unstable_repeats;
+  }
+  return figures;
 }
 
-// How much of the input exchange the owner's own work hides: the exchange alone
-// (launch then wait at once) against launch, the owner's Index-Q projection of its
-// own rows (the seed overlaps exactly this), then wait. With `poll`, the owner
-// calls test() between row blocks so that MPI can progress the transfer.
+// The slowest rank's selection CPU time in each repeat of `runs`.
+std::vector<double> slowest_per_repeat(const StrategyRuns& runs) {
+  std::vector<double> slowest;
+  for (const auto& ranks : runs.repeats) {
+    double most = 0;
+    for (const RankFigures& f : ranks) most = std::max(most, f.select_cpu);
+    slowest.push_back(most);
+  }
+  return slowest;
+}
+
+// True when every strategy's slowest-rank time spread lies clear of the baseline's, so
+// more repeats would not change which is faster.
+bool decided(const std::vector<StrategyRuns>& all) {
+  const Spread baseline = Spread::of(slowest_per_repeat(all.front()));
+  for (size_t s = 1; s < all.size(); ++s) {
+    const Spread spread = Spread::of(slowest_per_repeat(all[s]));
+    if (!spread.below(baseline) && !baseline.below(spread)) return false;
+  }
+  return true;
+}
+
+// Runs every strategy once per round, interleaved so that a slow spell of the machine
+// hits them alike, for at least --repeats rounds and then until each strategy's spread
+// is clear of the baseline's, --max-repeats rounds, or --time-budget seconds.
+std::vector<StrategyRuns> measure(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
+  std::vector<StrategyRuns> all;
+  for (const Strategy* strategy : job.strategies) {
+    StrategyRuns runs;
+    runs.strategy = strategy;
+    runs.parameters = strategy->describe(job.lengths, job.cp, job.params);
+    all.push_back(std::move(runs));
+  }
+  on_every_rank(comm, "planning", [&] {
+    for (StrategyRuns& runs : all) {
+      runs.route = std::make_shared<const IndexerRoute>(
+          runs.strategy->route(job.lengths, job.cp, comm.rank(), flags.ratio, job.params));
+    }
+  });
+  const double started = wall_seconds();
+  for (int64_t round = 0; round < flags.max_repeats; ++round) {
+    for (StrategyRuns& runs : all) {
+      const RankFigures mine = run_once(job.model, runs, round == 0, comm);
+      const std::vector<int64_t> every = gather(comm, mine.encode());
+      std::vector<RankFigures> ranks;
+      for (int64_t r = 0; r < job.cp; ++r) {
+        ranks.push_back(RankFigures::decode(std::span<const int64_t>(every).subspan(
+            static_cast<size_t>(r) * RankFigures::kFields, RankFigures::kFields)));
+      }
+      runs.repeats.push_back(std::move(ranks));
+    }
+    if (round + 1 < flags.repeats) continue;
+    // The stop decision must be the same on every rank: rank 0's clock decides.
+    const int64_t elapsed_ms =
+        broadcast(comm, {static_cast<int64_t>((wall_seconds() - started) * 1e3)}, 0)[0];
+    if (decided(all) || static_cast<double>(elapsed_ms) >= flags.time_budget * 1e3) break;
+  }
+  return all;
+}
+
+// How much of the input exchange the owner's own work hides (--overlap): the exchange
+// alone (launch then wait at once) against launch, the owner's Index-Q projection of its
+// own rows (the seed overlaps exactly this), then wait; with `poll`, the owner calls
+// test() between row blocks so that MPI can progress the transfer. Medians per rank.
 struct OverlapFigures {
   double alone = 0;        // launch + wait, nothing in between
-  double work = 0;         // the owner's projection
+  double work = 0;         // the owner's projection (wall)
   double wait_after = 0;   // wait() after the projection, no polling
   double wait_polled = 0;  // wait() after the projection, test() between blocks
 };
 
-OverlapFigures measure_overlap(const Model& model, std::span<const int64_t> lengths,
-                               const PlanOptions& options,
-                               const std::shared_ptr<const IndexerRoute>& planned, int repeats,
+OverlapFigures measure_overlap(const RunModel& model, const StrategyRuns& runs, int64_t repeats,
                                MpiCommunicator& comm) {
-  const MatrixView wq_b =
-      MatrixView::bf16(model.wq_b.data(), model.q_rank, model.config.heads * model.config.head_dim);
   const int64_t width = model.config.heads * model.config.head_dim;
   const int64_t half = model.config.rope_dim / 2;
   constexpr int64_t kBlock = 512;
@@ -381,67 +515,157 @@ OverlapFigures measure_overlap(const Model& model, std::span<const int64_t> leng
     for (int64_t begin = 0; begin < model.local; begin += kBlock) {
       const int64_t rows = std::min(kBlock, model.local - begin);
       project_index_query(
-          MatrixView::bf16(model.qr.data() + begin * model.q_rank, rows, model.q_rank), wq_b,
-          MatrixView::f32(model.cos.data() + begin * half, rows, half),
+          MatrixView::bf16(model.qr.data() + begin * model.q_rank, rows, model.q_rank),
+          *model.projection, MatrixView::f32(model.cos.data() + begin * half, rows, half),
           MatrixView::f32(model.sin.data() + begin * half, rows, half), model.config,
           std::span<float>(q).first(static_cast<size_t>(rows * width)));
       if (poll != nullptr) poll->test();
     }
   };
   std::vector<double> alone, work, after, polled;
-  for (int repeat = 0; repeat < repeats; ++repeat) {
+  for (int64_t repeat = 0; repeat < repeats; ++repeat) {
     barrier(comm);
-    double start = now_seconds(CLOCK_MONOTONIC);
-    launch(model.inputs(), lengths, model.config.ratio, options, planned, comm).wait();
-    alone.push_back(now_seconds(CLOCK_MONOTONIC) - start);
+    double start = wall_seconds();
+    launch_indexer_inputs(model.inputs(), runs.route, comm).wait();
+    alone.push_back(wall_seconds() - start);
     for (const bool poll : {false, true}) {
       barrier(comm);
-      IndexerInputExchange exchange =
-          launch(model.inputs(), lengths, model.config.ratio, options, planned, comm);
-      start = now_seconds(CLOCK_MONOTONIC);
+      IndexerInputExchange exchange = launch_indexer_inputs(model.inputs(), runs.route, comm);
+      start = wall_seconds();
       owner_projection(poll ? &exchange : nullptr);
-      if (!poll) work.push_back(now_seconds(CLOCK_MONOTONIC) - start);
-      start = now_seconds(CLOCK_MONOTONIC);
+      if (!poll) work.push_back(wall_seconds() - start);
+      start = wall_seconds();
       exchange.wait();
-      (poll ? polled : after).push_back(now_seconds(CLOCK_MONOTONIC) - start);
+      (poll ? polled : after).push_back(wall_seconds() - start);
     }
   }
   return {median(alone), median(work), median(after), median(polled)};
 }
 
-double imbalance_of(const std::vector<RankFigures>& ranks, double RankFigures::*field) {
-  double total = 0;
-  double most = 0;
-  for (const RankFigures& f : ranks) {
-    total += f.*field;
-    most = std::max(most, f.*field);
+// ---------------------------------------------------------------------------------------
+// Verify and summarise
+
+// One strategy's summary, the same on every rank.
+struct Summary {
+  const StrategyRuns* runs = nullptr;
+  std::vector<RankFigures> ranks;  // per rank: medians of the times over the repeats
+  Spread slowest;                  // the slowest rank's selection CPU time per repeat
+  double work_imbalance = 1;
+  double time_imbalance = 1;  // of the per-rank median selection CPU times
+  int64_t busiest_sent = 0;
+  int64_t busiest_received = 0;
+  int64_t total_sent = 0;
+  bool bytes_match = true;
+  int64_t mismatched_rows = 0;  // rows whose top-k differs from 'none', all ranks
+  int64_t unstable_repeats = 0;
+  // Speedup of the slowest rank over 'none': median ratio and the range of ratios the
+  // spreads allow; significant when the spreads do not overlap.
+  double speedup = 1, speedup_low = 1, speedup_high = 1;
+  bool significant = false;
+  std::optional<OverlapFigures> overlap;  // the rank with the slowest exchange alone
+  int64_t overlap_rank = 0;
+};
+
+Summary summarise(const StrategyRuns& runs, const StrategyRuns& baseline, MpiCommunicator& comm) {
+  Summary s;
+  s.runs = &runs;
+  const int64_t cp = comm.size();
+  for (int64_t r = 0; r < cp; ++r) {
+    RankFigures f = runs.repeats.front()[static_cast<size_t>(r)];
+    std::vector<double> cpu, wall, input, result;
+    for (const auto& repeat : runs.repeats) {
+      const RankFigures& x = repeat[static_cast<size_t>(r)];
+      cpu.push_back(x.select_cpu);
+      wall.push_back(x.select_wall);
+      input.push_back(x.input_wait);
+      result.push_back(x.result_wait);
+      s.bytes_match = s.bytes_match && x.bytes_match();
+    }
+    f.select_cpu = median(cpu);
+    f.select_wall = median(wall);
+    f.input_wait = median(input);
+    f.result_wait = median(result);
+    s.ranks.push_back(f);
   }
-  return total > 0 ? most / (total / static_cast<double>(ranks.size())) : 1.0;
-}
-
-double work_imbalance(const std::vector<RankFigures>& ranks) {
-  int64_t total = 0;
-  int64_t most = 0;
-  for (const RankFigures& f : ranks) {
-    total += f.work;
-    most = std::max(most, f.work);
+  int64_t total_work = 0, most_work = 0;
+  double total_time = 0, most_time = 0;
+  for (const RankFigures& f : s.ranks) {
+    total_work += f.work;
+    most_work = std::max(most_work, f.work);
+    total_time += f.select_cpu;
+    most_time = std::max(most_time, f.select_cpu);
+    s.busiest_sent = std::max(s.busiest_sent, f.bytes_sent);
+    s.busiest_received = std::max(s.busiest_received, f.bytes_received);
+    s.total_sent += f.bytes_sent;
   }
-  return total > 0 ? static_cast<double>(most) * static_cast<double>(ranks.size()) /
-                         static_cast<double>(total)
-                   : 1.0;
+  const auto n = static_cast<double>(cp);
+  if (total_work > 0)
+    s.work_imbalance = static_cast<double>(most_work) * n / static_cast<double>(total_work);
+  if (total_time > 0) s.time_imbalance = most_time * n / total_time;
+  s.slowest = Spread::of(slowest_per_repeat(runs));
+  const Spread base = Spread::of(slowest_per_repeat(baseline));
+  if (s.slowest.median > 0 && s.slowest.min > 0) {
+    s.speedup = base.median / s.slowest.median;
+    s.speedup_low = base.min / s.slowest.max;
+    s.speedup_high = base.max / s.slowest.min;
+  }
+  s.significant = s.slowest.below(base) || base.below(s.slowest);
+
+  // Bit-identical top-k on every rank: compare row by row, count mismatches.
+  const SelectedKeys& mine = runs.result;
+  const SelectedKeys& reference = baseline.result;
+  int64_t mismatched = 0;
+  if (mine.rows != reference.rows || mine.topk != reference.topk) {
+    mismatched = reference.rows;
+  } else {
+    for (int64_t row = 0; row < mine.rows; ++row) {
+      const auto a = mine.row(row);
+      const auto b = reference.row(row);
+      mismatched += std::equal(a.begin(), a.end(), b.begin(), b.end()) ? 0 : 1;
+    }
+  }
+  std::vector<int64_t> totals = {mismatched, runs.unstable_repeats};
+  comm.all_reduce(totals, ReduceOp::kSum);
+  s.mismatched_rows = totals[0];
+  s.unstable_repeats = totals[1];
+  return s;
 }
 
-double slowest(const std::vector<RankFigures>& ranks) {
-  double most = 0;
-  for (const RankFigures& f : ranks) most = std::max(most, f.select_cpu);
-  return most;
+void attach_overlap(Summary& s, const OverlapFigures& mine, MpiCommunicator& comm) {
+  const auto ns = [](double x) { return static_cast<int64_t>(x * 1e9); };
+  const std::vector<int64_t> every =
+      gather(comm, {ns(mine.alone), ns(mine.work), ns(mine.wait_after), ns(mine.wait_polled)});
+  int64_t rank = 0;
+  for (int64_t r = 1; r < comm.size(); ++r) {
+    if (every[static_cast<size_t>(r * 4)] > every[static_cast<size_t>(rank * 4)]) rank = r;
+  }
+  const auto at = [&](int i) {
+    return static_cast<double>(every[static_cast<size_t>(rank * 4 + i)]) * 1e-9;
+  };
+  s.overlap = OverlapFigures{at(0), at(1), at(2), at(3)};
+  s.overlap_rank = rank;
 }
 
-nlohmann::json mode_json(const std::vector<RankFigures>& ranks) {
-  nlohmann::json out;
-  out["ranks"] = nlohmann::json::array();
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const RankFigures& f = ranks[r];
+bool verified(const std::vector<Summary>& summaries) {
+  return std::all_of(summaries.begin(), summaries.end(), [](const Summary& s) {
+    return s.mismatched_rows == 0 && s.unstable_repeats == 0;
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+
+double hidden(const OverlapFigures& o, double wait) {
+  return o.alone > 0 ? std::clamp(1.0 - wait / o.alone, 0.0, 1.0) : 0.0;
+}
+
+nlohmann::ordered_json summary_json(const Summary& s) {
+  nlohmann::ordered_json out;
+  out["mode"] = s.runs->strategy->name();
+  out["parameters"] = s.runs->parameters;
+  out["ranks"] = nlohmann::ordered_json::array();
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const RankFigures& f = s.ranks[r];
     out["ranks"].push_back({{"rank", r},
                             {"rows", f.rows},
                             {"work", f.work},
@@ -454,257 +678,190 @@ nlohmann::json mode_json(const std::vector<RankFigures>& ranks) {
                             {"predicted_bytes_sent", f.predicted_sent},
                             {"predicted_bytes_received", f.predicted_received}});
   }
-  out["work_imbalance"] = work_imbalance(ranks);
-  out["time_imbalance"] = imbalance_of(ranks, &RankFigures::select_cpu);
-  out["slowest_select_cpu_s"] = slowest(ranks);
+  out["work_imbalance"] = s.work_imbalance;
+  out["time_imbalance"] = s.time_imbalance;
+  out["slowest_select_cpu_s"] = {
+      {"min", s.slowest.min}, {"median", s.slowest.median}, {"max", s.slowest.max}};
+  out["speedup_slowest_rank"] = {{"median", s.speedup},
+                                 {"low", s.speedup_low},
+                                 {"high", s.speedup_high},
+                                 {"outside_noise", s.significant}};
+  out["busiest_rank_bytes_sent"] = s.busiest_sent;
+  out["busiest_rank_bytes_received"] = s.busiest_received;
+  out["total_bytes_moved"] = s.total_sent;
+  out["bytes_match_route"] = s.bytes_match;
+  out["mismatched_rows"] = s.mismatched_rows;
+  out["unstable_repeats"] = s.unstable_repeats;
+  if (s.overlap) {
+    const OverlapFigures& o = *s.overlap;
+    out["overlap"] = {{"rank", s.overlap_rank},
+                      {"exchange_alone_s", o.alone},
+                      {"owner_projection_wall_s", o.work},
+                      {"wait_after_projection_s", o.wait_after},
+                      {"wait_after_polled_projection_s", o.wait_polled},
+                      {"hidden_fraction", hidden(o, o.wait_after)},
+                      {"hidden_fraction_polled", hidden(o, o.wait_polled)}};
+  }
   return out;
 }
 
-void print_table(const char* name, const std::vector<RankFigures>& ranks) {
-  std::printf("\nmode %s\n", name);
-  std::printf("  %4s %9s %14s %12s %12s %14s %14s %10s\n", "rank", "rows", "causal work",
-              "select CPU", "select wall", "bytes sent", "bytes recv", "= route");
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const RankFigures& f = ranks[r];
-    const bool match = f.bytes_sent == f.predicted_sent && f.bytes_received == f.predicted_received;
-    std::printf("  %4zu %9lld %14lld %10.1f ms %10.1f ms %14lld %14lld %10s\n", r,
+void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
+  nlohmann::ordered_json out;
+  out["verified"] = verified(summaries);
+  out["cp"] = job.cp;
+  out["batch"] = flags.batch.describe();
+  out["documents"] = job.lengths.size();
+  out["tokens"] = job.model.local * job.cp;
+  out["ratio"] = flags.ratio;
+  out["model"] = {{"heads", flags.model.heads},       {"head_dim", flags.model.head_dim},
+                  {"rope_dim", flags.model.rope_dim}, {"q_rank", flags.model.q_rank},
+                  {"topk", flags.model.topk},         {"seed", flags.model_seed},
+                  {"threads", flags.threads}};
+  if (job.params.cost_model || !job.cost.source.empty()) {
+    nlohmann::ordered_json cost;
+    if (job.params.cost_model) {
+      cost = {{"a_ns", job.params.cost_model->a},
+              {"b_ns", job.params.cost_model->b},
+              {"c_ns", job.params.cost_model->c}};
+    }
+    cost["source"] = job.cost.source;
+    out["cost_model"] = cost;
+  }
+  out["repeats"] = summaries.front().runs->repeats.size();
+  out["strategies"] = nlohmann::ordered_json::array();
+  for (const Summary& s : summaries) out["strategies"].push_back(summary_json(s));
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
+void print_rank_table(const Summary& s) {
+  std::printf("\n%s%s%s\n", std::string(s.runs->strategy->name()).c_str(),
+              s.runs->parameters.empty() ? "" : ": ", s.runs->parameters.c_str());
+  std::printf("  %4s %9s %16s %14s %14s %14s %14s %12s\n", "rank", "rows", "work (pairs)",
+              "select CPU ms", "select wall ms", "bytes sent", "bytes received", "bytes = route");
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const RankFigures& f = s.ranks[r];
+    std::printf("  %4zu %9lld %16lld %14.1f %14.1f %14lld %14lld %12s\n", r,
                 static_cast<long long>(f.rows), static_cast<long long>(f.work), f.select_cpu * 1e3,
                 f.select_wall * 1e3, static_cast<long long>(f.bytes_sent),
-                static_cast<long long>(f.bytes_received), match ? "yes" : "NO");
+                static_cast<long long>(f.bytes_received), f.bytes_match() ? "yes" : "NO");
+  }
+}
+
+void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
+  std::printf(
+      "sparsecp run: %lld ranks, %s: %zu documents, %lld tokens (%lld per rank), ratio %lld\n",
+      static_cast<long long>(job.cp), flags.batch.describe().c_str(), job.lengths.size(),
+      static_cast<long long>(job.model.local * job.cp), static_cast<long long>(job.model.local),
+      static_cast<long long>(flags.ratio));
+  std::printf(
+      "model: %s, bank %lld keys; bf16 qr/Wq_b/keys, fp32 weights/RoPE; seed %llu; %d "
+      "selection thread(s) per rank\n",
+      flags.model.describe().c_str(), static_cast<long long>(job.model.bank),
+      static_cast<unsigned long long>(flags.model_seed), flags.threads);
+  if (!job.cost.source.empty()) {
+    std::printf("cost model for spill/auto: %s; %s\n",
+                describe_cost_model(job.params.cost_model, "causal pairs").c_str(),
+                job.cost.source.c_str());
+  }
+  const size_t repeats = summaries.front().runs->repeats.size();
+  std::printf(
+      "times: each rank's selection CPU time (ranks may share cores); %zu interleaved "
+      "repeat(s), per-rank figures are medians\n",
+      repeats);
+  for (const Summary& s : summaries) print_rank_table(s);
+
+  std::printf("\nside by side (slowest rank = the rank with the most selection CPU time):\n");
+  std::printf("  %-8s %26s %22s %9s %9s %21s %12s %9s\n", "mode", "slowest rank ms min/med/max",
+              "speedup vs none", "work imb", "time imb", "busiest sent/recv MB", "total MB",
+              "verified");
+  for (const Summary& s : summaries) {
+    char speedup[64];
+    if (s.runs == summaries.front().runs) {
+      std::snprintf(speedup, sizeof speedup, "baseline");
+    } else {
+      std::snprintf(speedup, sizeof speedup, "%.2fx (%.2f-%.2f)%s", s.speedup, s.speedup_low,
+                    s.speedup_high, s.significant ? "" : "~");
+    }
+    char slowest[64];
+    std::snprintf(slowest, sizeof slowest, "%.0f / %.0f / %.0f", s.slowest.min * 1e3,
+                  s.slowest.median * 1e3, s.slowest.max * 1e3);
+    char traffic[48];
+    std::snprintf(traffic, sizeof traffic, "%.1f / %.1f", static_cast<double>(s.busiest_sent) / 1e6,
+                  static_cast<double>(s.busiest_received) / 1e6);
+    std::printf("  %-8s %26s %22s %9.3f %9.3f %21s %12.1f %9s\n",
+                std::string(s.runs->strategy->name()).c_str(), slowest, speedup, s.work_imbalance,
+                s.time_imbalance, traffic, static_cast<double>(s.total_sent) / 1e6,
+                s.mismatched_rows == 0 && s.unstable_repeats == 0 ? "yes" : "NO");
   }
   std::printf(
-      "  work imbalance (max/mean) %.3f   CPU time imbalance (max/mean) %.3f   slowest "
-      "rank %.1f ms\n",
-      work_imbalance(ranks), imbalance_of(ranks, &RankFigures::select_cpu), slowest(ranks) * 1e3);
+      "  speedup = none's median slowest-rank time / the strategy's, with the range its spread "
+      "allows;\n  ~ = within noise (the spreads overlap): not a measurable difference. work imb = "
+      "busiest rank's causal pairs / mean; time imb = slowest rank's median time / mean.\n");
+  for (const Summary& s : summaries) {
+    if (!s.overlap) continue;
+    const OverlapFigures& o = *s.overlap;
+    std::printf(
+        "overlap, %s (rank %lld, the slowest exchange): input exchange alone %.2f ms; the "
+        "owner's own Index-Q projection while it is in flight %.2f ms wall; wait after it "
+        "%.2f ms (%.0f%% hidden), with test() between blocks %.2f ms (%.0f%% hidden)\n",
+        std::string(s.runs->strategy->name()).c_str(), static_cast<long long>(s.overlap_rank),
+        o.alone * 1e3, o.work * 1e3, o.wait_after * 1e3, 100 * hidden(o, o.wait_after),
+        o.wait_polled * 1e3, 100 * hidden(o, o.wait_polled));
+  }
+  const bool bytes_match = std::all_of(summaries.begin(), summaries.end(),
+                                       [](const Summary& s) { return s.bytes_match; });
+  std::printf("bytes moved equal the route's prediction on every rank: %s\n",
+              bytes_match ? "yes" : "NO");
+  if (verified(summaries)) {
+    std::printf(
+        "verified: every strategy's top-k equals none's bit for bit on every rank (%lld rows)\n",
+        static_cast<long long>(job.model.local * job.cp));
+  } else {
+    for (const Summary& s : summaries) {
+      if (s.mismatched_rows || s.unstable_repeats) {
+        std::printf("NOT VERIFIED: %s: %lld rows differ from none; %lld repeats not reproducible\n",
+                    std::string(s.runs->strategy->name()).c_str(),
+                    static_cast<long long>(s.mismatched_rows),
+                    static_cast<long long>(s.unstable_repeats));
+      }
+    }
+  }
 }
+
+// ---------------------------------------------------------------------------------------
 
 void run_ranks(const RunFlags& flags) {
   MpiCommunicator comm(MPI_COMM_WORLD);
-  const int64_t cp = comm.size();
-  const int64_t rank = comm.rank();
   openblas_set_num_threads(std::max(flags.threads, 1));
-
-  // Inputs are the same on every rank; still, agree before anything collective so
-  // that a rank that cannot read them does not leave the others waiting.
-  std::vector<int64_t> lengths;
-  PlanOptions options;
-  std::shared_ptr<const IndexerRoute> planned;  // set for strategies beyond the seed modes
-  Model model;
-  std::string error;
-  try {
-    SPARSECP_CHECK(flags.repeats >= 1, "--repeats must be at least 1, got ", flags.repeats);
-    lengths = flags.batch.load(cp);
-    const bool seed_mode = flags.mode == "none" || flags.mode == "zigzag" ||
-                           flags.mode == "greedy" || flags.mode == "hybrid";
-    // Any other registered strategy (spill, auto, ...) plans here and runs its route;
-    // the seed modes plan inside the exchange, as the seed does.
-    const Strategy* strategy = seed_mode ? nullptr : &find_strategy(flags.mode);
-    options.mode = seed_mode ? parse_mode(flags.mode) : Mode::kZigzag;
-    SPARSECP_CHECK(!seed_mode || options.mode != Mode::kNone,
-                   "--mode none is the baseline every run already includes; choose zigzag, greedy "
-                   "or hybrid");
-    int64_t total = 0;
-    for (const int64_t length : lengths) {
-      SPARSECP_CHECK(!__builtin_add_overflow(total, length, &total),
-                     "Indexer balance document lengths sum beyond 64 bits (document of ", length,
-                     " tokens)");
+  Job job = prepare(flags, comm);
+  if (flags.check_agreement) agree(flags, job, comm);
+  add_cost_model(flags, job, comm);
+  std::vector<StrategyRuns> runs = measure(flags, job, comm);
+  std::vector<Summary> summaries;
+  for (const StrategyRuns& r : runs) summaries.push_back(summarise(r, runs.front(), comm));
+  if (flags.overlap) {
+    for (size_t s = 1; s < runs.size(); ++s) {
+      attach_overlap(summaries[s], measure_overlap(job.model, runs[s], flags.repeats, comm), comm);
     }
-    options.block_size = flags.block_size;
-    if (!options.block_size && options.mode != Mode::kZigzag) {
-      // The seed's default of 2048 rows may exceed a small shard; cap it there.
-      options.block_size = std::clamp<int64_t>(total / cp, 1, kDefaultBlockSize);
-    }
-    if (options.mode == Mode::kHybrid) {
-      options.zigzag_min_length =
-          flags.zigzag_min_length.value_or(std::max<int64_t>(total / cp, 1));
-    } else {
-      options.zigzag_min_length = flags.zigzag_min_length;
-    }
-    if (strategy) {
-      validate_plan_inputs(lengths, cp, flags.ratio, Mode::kNone, std::nullopt);
-      StrategyParams params;
-      params.block_size = flags.block_size;
-      params.zigzag_min_length = flags.zigzag_min_length;
-      const StrategyPlan plan = strategy->plan(lengths, cp, flags.ratio, params);
-      planned =
-          std::make_shared<const IndexerRoute>(make_route(plan.plan, lengths, rank, flags.ratio));
-      options = PlanOptions{};  // the fingerprint below then names the strategy instead
-    } else {
-      validate_plan_inputs(lengths, cp, flags.ratio, options.mode, options.block_size);
-      validate_hybrid_threshold(options.mode, options.zigzag_min_length);
-    }
-    model = make_model(flags, lengths, rank, total / cp);
-  } catch (const std::exception& e) {
-    error = e.what();
   }
-  barrier(comm);  // generating the model takes uneven time
-  std::vector<int64_t> failed = {error.empty() ? 0 : 1};
-  comm.all_reduce(failed, ReduceOp::kSum);
-  if (!error.empty()) throw Error(error);
-  SPARSECP_CHECK(failed[0] == 0, "another rank rejected the inputs");
-  if (flags.check_agreement) {
-    // Ranks handed different inputs (an MPMD launch, a per-rank lengths file) would
-    // plan different routes, or run different numbers of collectives and hang: every
-    // setting that shapes the collectives below must agree (agreement.hpp).
-    PlanningFingerprint fingerprint(lengths, cp, flags.ratio, options);
-    fingerprint.add("heads", flags.heads)
-        .add("head_dim", flags.head_dim)
-        .add("rope_dim", flags.rope_dim)
-        .add("q_rank", flags.q_rank)
-        .add("topk", flags.topk)
-        .add("model_seed", static_cast<int64_t>(flags.model_seed))
-        .add("repeats", flags.repeats)
-        .add("overlap", flags.overlap ? 1 : 0);
-    // FNV-1a of the strategy name: "spill" and "auto" share the seed options above.
-    uint64_t name_hash = 1469598103934665603ULL;
-    for (const char c : flags.mode)
-      name_hash = (name_hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
-    fingerprint.add("strategy", static_cast<int64_t>(name_hash));
-    check_agreement(comm, fingerprint);
-  }
-
-  const PlanOptions baseline{Mode::kNone, std::nullopt, std::nullopt};
-  const ModeRun none = run_mode(model, lengths, baseline, nullptr, flags.repeats, comm);
-  const ModeRun balanced = run_mode(model, lengths, options, planned, flags.repeats, comm);
-  const OverlapFigures overlap =
-      flags.overlap ? measure_overlap(model, lengths, options, planned, flags.repeats, comm)
-                    : OverlapFigures{};
-
   barrier(comm);
-  // Bit-identical top-k on every rank: compare row by row, count mismatches.
-  int64_t mismatched_rows = 0;
-  for (int64_t row = 0; row < model.local; ++row) {
-    const auto a = none.result.row(row);
-    const auto b = balanced.result.row(row);
-    mismatched_rows += std::equal(a.begin(), a.end(), b.begin(), b.end()) ? 0 : 1;
-  }
-  if (none.result.rows != model.local || balanced.result.rows != model.local) {
-    mismatched_rows = model.local;
-  }
-  std::vector<int64_t> totals = {mismatched_rows, none.unstable_repeats + balanced.unstable_repeats,
-                                 overlap.alone > 0 ? 1 : 0};
-  comm.all_reduce(totals, ReduceOp::kSum);
-  const std::vector<RankFigures> none_ranks = gather(comm, none.figures);
-  const std::vector<RankFigures> balanced_ranks = gather(comm, balanced.figures);
-  // Overlap figures: the slowest rank's (max over ranks).
-  std::vector<int64_t> overlap_ns = {static_cast<int64_t>(overlap.alone * 1e9),
-                                     static_cast<int64_t>(overlap.work * 1e9),
-                                     static_cast<int64_t>(overlap.wait_after * 1e9),
-                                     static_cast<int64_t>(overlap.wait_polled * 1e9)};
-  comm.all_reduce(overlap_ns, ReduceOp::kMax);
-  const bool verified = totals[0] == 0 && totals[1] == 0;
-  bool bytes_match = true;
-  for (const auto* ranks : {&none_ranks, &balanced_ranks}) {
-    for (const RankFigures& f : *ranks) {
-      bytes_match = bytes_match && f.bytes_sent == f.predicted_sent &&
-                    f.bytes_received == f.predicted_received;
-    }
-  }
-  const double speedup =
-      slowest(balanced_ranks) > 0 ? slowest(none_ranks) / slowest(balanced_ranks) : 0.0;
-  const std::string mode = planned ? flags.mode : std::string(mode_name(options.mode));
-  const auto hidden = [&](int64_t wait_ns) {
-    return overlap_ns[0] > 0
-               ? std::clamp(1.0 - static_cast<double>(wait_ns) / static_cast<double>(overlap_ns[0]),
-                            0.0, 1.0)
-               : 0.0;
-  };
-
-  if (rank == 0) {
+  if (comm.rank() == 0) {
     if (flags.json) {
-      nlohmann::json out;
-      out["verified"] = verified;
-      out["cp"] = cp;
-      out["batch"] = flags.batch.describe();
-      out["documents"] = lengths.size();
-      out["tokens"] = model.local * cp;
-      out["ratio"] = flags.ratio;
-      out["mode"] = mode;
-      out["block_size"] = resolve_block_size(options.mode, options.block_size).value_or(0);
-      if (options.zigzag_min_length) out["zigzag_min_length"] = *options.zigzag_min_length;
-      out["model"] = {{"heads", flags.heads},       {"head_dim", flags.head_dim},
-                      {"rope_dim", flags.rope_dim}, {"q_rank", flags.q_rank},
-                      {"topk", flags.topk},         {"seed", flags.model_seed},
-                      {"threads", flags.threads},   {"repeats", flags.repeats}};
-      out["mismatched_rows"] = totals[0];
-      out["unstable_repeats"] = totals[1];
-      out["bytes_match_route"] = bytes_match;
-      out["none"] = mode_json(none_ranks);
-      out["balanced"] = mode_json(balanced_ranks);
-      out["speedup_slowest_rank"] = speedup;
-      if (flags.overlap) {
-        out["overlap"] = {{"exchange_alone_s", overlap_ns[0] * 1e-9},
-                          {"owner_work_s", overlap_ns[1] * 1e-9},
-                          {"wait_after_work_s", overlap_ns[2] * 1e-9},
-                          {"wait_after_polled_work_s", overlap_ns[3] * 1e-9},
-                          {"hidden_fraction", hidden(overlap_ns[2])},
-                          {"hidden_fraction_polled", hidden(overlap_ns[3])}};
-      }
-      std::printf("%s\n", out.dump(2).c_str());
+      print_json(flags, job, summaries);
     } else {
-      std::printf(
-          "sparsecp run: %lld ranks, %s: %zu documents, %lld tokens (%lld per rank), "
-          "ratio %lld\n",
-          static_cast<long long>(cp), flags.batch.describe().c_str(), lengths.size(),
-          static_cast<long long>(model.local * cp), static_cast<long long>(model.local),
-          static_cast<long long>(flags.ratio));
-      std::printf(
-          "model: %lld index heads x head_dim %lld (rope %lld), q_rank %lld, top-k %lld, "
-          "bank %lld keys; bf16 qr/Wq_b/keys, fp32 weights/RoPE; seed %llu\n",
-          static_cast<long long>(flags.heads), static_cast<long long>(flags.head_dim),
-          static_cast<long long>(flags.rope_dim), static_cast<long long>(flags.q_rank),
-          static_cast<long long>(flags.topk), static_cast<long long>(model.bank),
-          static_cast<unsigned long long>(flags.model_seed));
-      std::printf(
-          "balanced mode: %s, block %lld", mode.c_str(),
-          static_cast<long long>(resolve_block_size(options.mode, options.block_size).value_or(0)));
-      if (options.zigzag_min_length) {
-        std::printf(", zigzag_min_length %lld%s",
-                    static_cast<long long>(*options.zigzag_min_length),
-                    flags.zigzag_min_length ? "" : " (default: the local shard, tokens / ranks)");
-      }
-      std::printf(
-          "\n%d selection thread(s) per rank; figures are medians of %d repeat(s); CPU "
-          "time is per rank (ranks may share cores)\n",
-          flags.threads, flags.repeats);
-      print_table("none (every rank selects its own rows)", none_ranks);
-      print_table(mode.c_str(), balanced_ranks);
-      std::printf(
-          "\nslowest rank's selection CPU time: none %.1f ms, %s %.1f ms -> speedup %.2fx "
-          "(work imbalance of none / %s: %.2fx)\n",
-          slowest(none_ranks) * 1e3, mode.c_str(), slowest(balanced_ranks) * 1e3, speedup,
-          mode.c_str(), work_imbalance(none_ranks) / work_imbalance(balanced_ranks));
-      std::printf("bytes moved equal the route's prediction on every rank: %s\n",
-                  bytes_match ? "yes" : "NO");
-      if (flags.overlap) {
-        std::printf(
-            "overlap (slowest rank): input exchange alone %.2f ms; owner Q projection "
-            "%.2f ms; wait after it %.2f ms (%.0f%% hidden), with test() between blocks "
-            "%.2f ms (%.0f%% hidden)\n",
-            overlap_ns[0] * 1e-6, overlap_ns[1] * 1e-6, overlap_ns[2] * 1e-6,
-            100 * hidden(overlap_ns[2]), overlap_ns[3] * 1e-6, 100 * hidden(overlap_ns[3]));
-      }
-      if (verified) {
-        std::printf(
-            "verified: the %s top-k equals mode none bit for bit on every rank (%lld "
-            "rows)\n",
-            mode.c_str(), static_cast<long long>(model.local * cp));
-      } else {
-        std::printf(
-            "NOT VERIFIED: %lld rows differ between none and %s; %lld repeats were not "
-            "reproducible\n",
-            static_cast<long long>(totals[0]), mode.c_str(), static_cast<long long>(totals[1]));
-      }
+      print_text(flags, job, summaries);
     }
     std::fflush(stdout);
   }
-  if (!verified) throw ExitStatus{1};
+  if (!verified(summaries)) throw ExitStatus{1};
 }
 
 void run_job(const RunFlags& flags) {
   const MpiSession session;
   try {
     run_ranks(flags);
+  } catch (const ExitStatus&) {
+    throw;
   } catch (const std::exception& error) {
     session.leave_on_error(error.what());
     throw;
@@ -717,35 +874,23 @@ const Registration registration("run", [](CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "run",
       "The main job, under mpirun: every rank owns one contiguous shard of a packed batch and\n"
-      "runs the Lightning Indexer top-k selection twice: with mode 'none' (every rank selects\n"
-      "its own rows) and balanced (--mode, default hybrid), moving qr, merge weights and RoPE\n"
-      "to workers and the int32 key ids back over MPI. Checks that both give bit-identical\n"
-      "top-k on every rank and reports, per rank: rows selected, causal work, selection CPU\n"
-      "time, bytes sent and received (checked against the route's prediction); then the work\n"
-      "and CPU-time imbalance of both runs, the slowest rank's speedup, and how much of the\n"
-      "input exchange the owner's own Q projection hides. Exit status 1 when results differ.\n"
-      "Model tensors are seeded small integers (exact scores); the Index K bank is the same\n"
-      "on every rank.");
+      "runs the Lightning Indexer top-k selection once per strategy: 'none' (every rank selects\n"
+      "its own rows), the seed's 'hybrid' and sparsecp's 'spill' balancing a cost model\n"
+      "calibrated for this shape on this machine (cached), or 'none' and one --mode. Inputs\n"
+      "(qr, merge weights, RoPE) move to workers and the int32 key ids back over MPI. Checks\n"
+      "every strategy's top-k equals none's bit for bit on every rank, repeats the strategies\n"
+      "interleaved until the spread of the slowest rank's time is known, and reports per rank\n"
+      "(rows, causal work, selection CPU time, bytes checked against the route) and side by\n"
+      "side (slowest rank's time min/median/max and speedup with its range, work and time\n"
+      "imbalance, bytes). Exit status 1 when results differ. Model tensors are seeded small\n"
+      "integers (exact scores); the Index K bank is the same on every rank.");
   flags->batch.add_to(*sub);
-  sub->add_option("--ratio", flags->ratio, "Key compression ratio of the indexer layer")
-      ->capture_default_str();
-  sub->add_option("--mode", flags->mode,
-                  "Balanced mode to compare with none: a seed mode (zigzag, greedy, hybrid) or any "
-                  "other strategy of 'sparsecp simulate --list' (e.g. spill, auto, snake)")
-      ->capture_default_str();
-  sub->add_option("--block", flags->block_size,
-                  "Greedy/hybrid: rows per pooled block (default 2048, or the rows per rank when "
-                  "fewer; printed)");
-  sub->add_option("--zigzag-min-length", flags->zigzag_min_length,
-                  "Hybrid: documents of at least this many tokens keep their zigzag chunks "
-                  "(default: the rows per rank, tokens / ranks; printed)");
-  sub->add_option("--heads", flags->heads, "Index heads")->capture_default_str();
-  sub->add_option("--head-dim", flags->head_dim, "Index head dimension")->capture_default_str();
-  sub->add_option("--rope-dim", flags->rope_dim, "Rotated trailing channels per head (even)")
-      ->capture_default_str();
-  sub->add_option("--q-rank", flags->q_rank, "Low-rank query residual width (q_lora_rank)")
-      ->capture_default_str();
-  sub->add_option("--topk", flags->topk, "Selected keys per query row")->capture_default_str();
+  add_cp_and_ratio(*sub, nullptr, flags->ratio);
+  flags->strategy.add_to(*sub,
+                         "One strategy to compare with none: any of 'sparsecp simulate --list' "
+                         "(zigzag, greedy, hybrid, spill, auto, snake, ...) [default: hybrid and "
+                         "spill]");
+  flags->model.add_to(*sub);
   sub->add_option("--model-seed", flags->model_seed, "Seed of the model tensors")
       ->capture_default_str();
   sub->add_option("--threads", flags->threads,
@@ -753,26 +898,41 @@ const Registration registration("run", [](CLI::App& app) {
                   "when 1, the process's otherwise")
       ->capture_default_str();
   sub->add_option("--repeats", flags->repeats,
-                  "Repeats of each run; figures are per-rank medians, results must repeat exactly")
+                  "Interleaved repeats of every strategy at least (results must repeat exactly)")
       ->capture_default_str();
-  sub->add_flag("!--no-overlap", flags->overlap,
-                "Skip the overlap measurement (input exchange alone vs hidden behind the owner's "
-                "Q projection)");
+  sub->add_option("--max-repeats", flags->max_repeats,
+                  "Repeats at most: more are added while a strategy's spread overlaps none's")
+      ->capture_default_str();
+  sub->add_option("--time-budget", flags->time_budget,
+                  "Seconds of measuring after which no repeat is added")
+      ->capture_default_str();
+  sub->add_flag("!--no-calibrate", flags->calibrate,
+                "spill/auto without a --cost-model balance causal pairs instead of a model "
+                "calibrated at start-up (or read from the cache: $SPARSECP_CACHE_DIR, "
+                "$XDG_CACHE_HOME/sparsecp or ~/.cache/sparsecp)");
+  sub->add_flag("--overlap", flags->overlap,
+                "Also measure how much of the input exchange the owner's own Q projection hides");
   sub->add_flag("!--no-agreement-check", flags->check_agreement,
                 "Skip the check (on by default) that every rank was given the same document "
-                "lengths, mode, block, threshold, model sizes, repeats and overlap setting; "
-                "without it, ranks given different inputs can hang or mix up rows");
+                "lengths, strategies, parameters, model sizes and repeat settings; without it, "
+                "ranks given different inputs can hang or mix up rows");
   sub->add_flag("--json", flags->json,
-                "Print JSON (rank 0): {verified, cp, mode, zigzag_min_length, model, none: "
-                "{ranks: [{rank, rows, work, select_cpu_s, bytes_sent, bytes_received, "
-                "predicted_bytes_sent, ...}], work_imbalance, time_imbalance, "
-                "slowest_select_cpu_s}, balanced: {...}, speedup_slowest_rank, overlap: {...}}");
+                "Print JSON (rank 0): {verified, cp, tokens, model, cost_model, repeats, "
+                "strategies: [{mode, parameters, ranks: [{rank, rows, work, select_cpu_s, "
+                "bytes_sent, bytes_received, predicted_bytes_sent, ...}], work_imbalance, "
+                "time_imbalance, slowest_select_cpu_s: {min, median, max}, "
+                "speedup_slowest_rank: {median, low, high, outside_noise}, bytes..., "
+                "bytes_match_route, mismatched_rows}]}");
   sub->footer(
-      "Examples:\n"
+      "Examples (as root, mpirun needs --allow-run-as-root; with more ranks than cores, "
+      "--oversubscribe):\n"
       "  mpirun --allow-run-as-root --oversubscribe -np 4 sparsecp run\n"
-      "  mpirun -np 4 sparsecp run --mode greedy --dist pareto --tokens 131072 --seed 3\n"
-      "  mpirun -np 8 sparsecp run --lengths-file batch.txt --mode hybrid "
-      "--zigzag-min-length 8192 --json");
+      "  mpirun --allow-run-as-root --oversubscribe -np 4 sparsecp run --mode greedy --dist "
+      "pareto --tokens 131072 --seed 3\n"
+      "  sparsecp batch --tokens 65536 --cp 8 > batch.txt\n"
+      "  mpirun --allow-run-as-root --oversubscribe -np 8 sparsecp run --lengths-file batch.txt "
+      "--mode spill --cost-model cost_model.txt --json\n" +
+      lengths_file_help());
   sub->callback([flags] { run_job(*flags); });
 });
 

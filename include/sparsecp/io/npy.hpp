@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,22 +28,27 @@ const char* npy_dtype_name(NpyDType dtype);
 std::size_t npy_item_size(NpyDType dtype);
 
 // An array read from a .npy file: shape, element type and the raw little-endian bytes.
+// `bytes` views memory that `storage` keeps alive: a copy (parse_npy) or the file mapped
+// read-only into memory (read_npy), so reading a file costs no second copy of its data.
 struct NpyArray {
   NpyDType dtype = NpyDType::kFloat32;
   std::vector<int64_t> shape;
-  std::vector<std::byte> bytes;
+  std::span<const std::byte> bytes;
+  std::shared_ptr<const void> storage;
 
   int64_t elements() const;
-  // Typed access; the caller checks `dtype` first.
+  // Typed access; the caller checks `dtype` first. The data of a parsed .npy is at least
+  // 4-byte aligned when the image is (the header pads it to a multiple of 16 bytes).
   template <typename T>
   const T* as() const {
     return reinterpret_cast<const T*>(bytes.data());
   }
 };
 
-// Parses a whole .npy image; `name` is used in error messages.
+// Parses a whole .npy image and copies its data; `name` is used in error messages.
 NpyArray parse_npy(std::span<const std::byte> image, const std::string& name);
-// Reads and parses the file at `path`.
+// Reads the file at `path` by mapping it read-only (no copy; falls back to reading it
+// when it cannot be mapped) and parses it.
 NpyArray read_npy(const std::string& path);
 
 // Serialises `data` (shape product elements of `dtype`) as a version 1.0 image

@@ -88,6 +88,12 @@ std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, in
                                             int64_t ratio, Mode mode,
                                             std::optional<int64_t> block_size);
 
+// The local row count sum(lengths) / cp after the seed's structural checks (cp >= 1,
+// at least one document, every length >= 1, a sum that fits 64 bits and divides by cp),
+// with the seed's text otherwise. Unlike validate_plan_inputs it needs no ratio and does
+// not bound the causal work.
+int64_t local_rows(std::span<const int64_t> lengths, int64_t cp);
+
 // An immutable per-rank task assignment. Tasks of each rank are sorted by
 // (document, start, end), disjoint, and adjacent tasks of one document are merged.
 // Any strategy that produces such lists can build one (see `TaskPlan::from_ranks`)

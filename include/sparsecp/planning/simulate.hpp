@@ -52,8 +52,8 @@ namespace sparsecp {
 struct SimulationResult {
   std::string strategy;
   int64_t cp = 0;
-  std::string workload;  // distribution name, or "file"
-  int64_t batch = 0;     // the generator seed, or the line of the lengths file
+  std::string workload;  // distribution name, or the given batch's name
+  int64_t batch = 0;     // the generator seed, or the given batch's position (1-based)
   int64_t total_rows = 0;
   std::vector<int64_t> work, rows, fragments, rows_sent, padding;  // per rank
   int64_t total_work = 0;
@@ -101,12 +101,29 @@ struct SweepSpec {
   int64_t tokens = 1 << 20;
   int64_t doc_scale = 0;
   std::vector<std::vector<int64_t>> file_batches;  // when non-empty, replaces generators
+  std::vector<std::string> file_batch_names;       // their workload names [default "file"]
   int64_t ratio = 4;
   StrategyParams params;  // unset defaults resolve per batch (resolve_seed_options)
 };
 
 // Batches a sweep will plan: |cps| * (|distributions| * |seeds| or |file_batches|).
 int64_t sweep_batches(const SweepSpec& spec);
+
+// One batch of a sweep: the CP size, the workload (distribution or file batch name), the
+// batch id (the seed, or the file batch's 1-based position) and its lengths.
+struct SweepBatch {
+  int64_t cp = 0;
+  std::string workload;
+  int64_t batch = 0;
+  std::span<const int64_t> lengths;
+};
+
+// Calls visit(batch) for every batch of the sweep in (cp, workload, batch) order,
+// generating each when needed (the strategies are not used). Throws Error before the
+// first visit when the spec is unusable (no or non-positive CP size, an unknown
+// distribution, tokens or a file batch that a CP size does not divide, ...).
+void for_each_sweep_batch(const SweepSpec& spec,
+                          const std::function<void(const SweepBatch&)>& visit);
 
 // Runs every strategy on every batch, in (cp, workload, batch, strategy) order.
 // Throws Error before planning anything when the spec is unusable (no strategy, a

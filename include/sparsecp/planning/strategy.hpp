@@ -12,6 +12,12 @@
 //   round-robin                    SGLang's token round-robin split
 //   snake                          PyTorch's _PTRRLoadBalancer (snake round-robin by cost)
 //   lpt-search                     MagiAttention's DSA dispatch-solver idea (LPT + search)
+//   wlb                            WLB-LLM per-document sharding (long documents split over
+//                                  all ranks, short ones whole, round-robin by cost)
+//   spill                          sparsecp's own: owners keep their rows, overloaded ranks
+//                                  shed only their heaviest tails (spill.hpp)
+//   auto                           sparsecp's own: the candidate with the lowest predicted
+//                                  step time (strategies/auto.hpp)
 //
 // Adding a strategy: one file src/planning/strategies/<stem>.cpp that defines
 //   std::vector<std::unique_ptr<const Strategy>> make_<stem>_strategies();
@@ -102,6 +108,13 @@ struct StrategyParams {
 PlanOptions resolve_seed_options(Mode mode, std::span<const int64_t> lengths, int64_t cp,
                                  const StrategyParams& params);
 
+// The seed's errors for options given to a mode that does not take them ("..._block_size
+// requires indexer_load_balance='greedy' or 'hybrid'", "indexer_zigzag_min_length
+// requires indexer_load_balance='hybrid'"). Strategies ignore unused parameters (one set
+// drives a whole sweep); a caller that runs one seed mode on behalf of a user (the CLI's
+// --mode) calls this so that a misplaced option is an error, as in the seed.
+void check_seed_options_used(Mode mode, const StrategyParams& params);
+
 // Throws Error naming the first invalid field (a non-positive block or threshold,
 // target < 1, negative fragments, an invalid cost model, bandwidth <= 0, ...).
 // Strategies call it; so can callers that want to fail before planning.
@@ -147,7 +160,15 @@ class Strategy {
   // a rank outside [0, cp) and for everything plan() rejects.
   virtual IndexerRoute route(std::span<const int64_t> lengths, int64_t cp, int64_t rank,
                              int64_t ratio, const StrategyParams& params) const;
+  // The parameters this strategy uses on this batch, resolved and in words, for report
+  // headers: e.g. "block 2048 (default), zigzag_min_length 16384 (default: the rows per
+  // rank)" for hybrid. Empty when it takes none. Throws like plan() on a bad batch.
+  virtual std::string describe(std::span<const int64_t> lengths, int64_t cp,
+                               const StrategyParams& params) const;
 };
+
+// "a=61.5 b=0.0412 c=0.0031 ns/row", or `fallback` when `model` is unset.
+std::string describe_cost_model(const std::optional<CostModel>& model, std::string_view fallback);
 
 // Every registered strategy, in listing order (then by name). Lives for the program.
 std::span<const Strategy* const> all_strategies();

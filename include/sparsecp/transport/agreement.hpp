@@ -58,7 +58,7 @@ class PlanningFingerprint {
  public:
   // Settings compared value by value and named in a mismatch message (the first
   // kMaxNamedSettings added; any further ones still enter the fingerprint).
-  static constexpr int kMaxNamedSettings = 32;
+  static constexpr int kMaxNamedSettings = 64;
 
   // The seed-mode inputs (plan_tasks / indexer_route).
   PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,

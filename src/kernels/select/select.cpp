@@ -413,8 +413,33 @@ std::vector<float> widen(MatrixView view) {
 }
 }  // namespace
 
+ProjectionWeights::ProjectionWeights(MatrixView wq_b, WeightLayout layout)
+    : original_(wq_b), layout_(layout) {
+  SPARSECP_CHECK(wq_b.rows >= 0 && wq_b.cols >= 0, "Indexer wq_b shape [", wq_b.rows, ", ",
+                 wq_b.cols, "] has a negative extent");
+  SPARSECP_CHECK(wq_b.rows == 0 || wq_b.cols <= INT64_MAX / wq_b.rows, "Indexer wq_b shape [",
+                 wq_b.rows, ", ", wq_b.cols, "] overflows 64 bits");
+  SPARSECP_CHECK(wq_b.rows * wq_b.cols == 0 || wq_b.data != nullptr, "Indexer wq_b has no data");
+  // The distro's OpenBLAS is built without its bf16 GEMM, so bf16 weights are widened
+  // (exactly) to fp32 once here and multiplied by sgemm: the same products, fp32
+  // accumulation.
+  if (wq_b.dtype == DType::kBFloat16) widened_ = widen(wq_b);
+}
+
+const float* ProjectionWeights::fp32_data() const {
+  return original_.dtype == DType::kBFloat16 ? widened_.data()
+                                             : static_cast<const float*>(original_.data);
+}
+
 void project_index_query(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixView sin,
                          const SelectConfig& config, std::span<float> q_out, WeightLayout layout) {
+  project_index_query(qr, ProjectionWeights(wq_b, layout), cos, sin, config, q_out);
+}
+
+void project_index_query(MatrixView qr, const ProjectionWeights& weights, MatrixView cos,
+                         MatrixView sin, const SelectConfig& config, std::span<float> q_out) {
+  const MatrixView wq_b = weights.view();
+  const WeightLayout layout = weights.layout();
   const int64_t width = sd::validate_projection(qr, wq_b, cos, sin, config, q_out, layout);
   const int64_t rows = qr.rows;
   const int64_t rank = qr.cols;
@@ -427,18 +452,14 @@ void project_index_query(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixV
   } else {
     const CBLAS_TRANSPOSE trans = layout == WeightLayout::kInOut ? CblasNoTrans : CblasTrans;
     const int ldb = static_cast<int>(layout == WeightLayout::kInOut ? width : rank);
-    // The distro's OpenBLAS is built without its bf16 GEMM, so bf16 operands are
-    // widened (exactly) to fp32 and multiplied by sgemm: the same products, fp32
-    // accumulation. Costs rows x q_rank + q_rank x width fp32 temporaries.
-    std::vector<float> widened_qr, widened_wq;
+    // bf16 qr is widened per call (rows x q_rank fp32); Wq_b was widened once.
+    std::vector<float> widened_qr;
     const float* a = static_cast<const float*>(qr.data);
-    const float* b = static_cast<const float*>(wq_b.data);
     if (bf16) {
       widened_qr = widen(qr);
-      widened_wq = widen(wq_b);
       a = widened_qr.data();
-      b = widened_wq.data();
     }
+    const float* b = weights.fp32_data();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, trans, static_cast<int>(rows), static_cast<int>(width),
                 static_cast<int>(rank), 1.0f, a, static_cast<int>(rank), b, ldb, 0.0f, q_out.data(),
                 static_cast<int>(width));
@@ -471,11 +492,19 @@ void project_index_query(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixV
 void select_worker_rows(MatrixView qr, MatrixView weights, MatrixView cos, MatrixView sin,
                         MatrixView wq_b, MatrixView keys, std::span<const Segment> segments,
                         const SelectConfig& config, std::span<int32_t> out, WeightLayout layout) {
+  select_worker_rows(qr, weights, cos, sin, ProjectionWeights(wq_b, layout), keys, segments, config,
+                     out);
+}
+
+void select_worker_rows(MatrixView qr, MatrixView weights, MatrixView cos, MatrixView sin,
+                        const ProjectionWeights& wq_b, MatrixView keys,
+                        std::span<const Segment> segments, const SelectConfig& config,
+                        std::span<int32_t> out) {
   validate_select_config(config);
   SPARSECP_CHECK(qr.rows >= 0 && qr.rows <= INT64_MAX / 4 / (config.heads * config.head_dim),
                  "Indexer query residual rows ", qr.rows, " out of range");
   std::vector<float> q(static_cast<std::size_t>(qr.rows * config.heads * config.head_dim));
-  project_index_query(qr, wq_b, cos, sin, config, q, layout);
+  project_index_query(qr, wq_b, cos, sin, config, q);
   select_topk(MatrixView::f32(q.data(), qr.rows, config.heads * config.head_dim), weights, keys,
               segments, config, out);
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <sstream>
 
 #include "packed_sequence.hpp"
 #include "sparsecp/error.hpp"
@@ -162,7 +163,16 @@ class Auto final : public Strategy {
     return "per batch, the seed mode or spill target with the lowest predicted "
            "step time";
   }
-  std::string_view unit() const override { return "chosen plan's"; }
+  std::string_view unit() const override { return "that of the chosen plan"; }
+
+  std::string describe(std::span<const int64_t>, int64_t,
+                       const StrategyParams& params) const override {
+    std::ostringstream text;
+    text << "predicts step time on "
+         << describe_cost_model(params.cost_model, "a nominal accelerator model") << " at "
+         << params.bandwidth_gbps << " GB/s (balances time, not causal pairs)";
+    return text.str();
+  }
   int listing_order() const override { return 51; }
 
   StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <set>
+#include <sstream>
 #include <tuple>
 
 #include "packed_sequence.hpp"
@@ -346,6 +347,14 @@ class LptSearch final : public Strategy {
     return "aligned fragments, LPT under a row cap, then bounded move/swap search";
   }
   std::string_view unit() const override { return "fragment"; }
+  std::string describe(std::span<const int64_t>, int64_t,
+                       const StrategyParams& params) const override {
+    std::ostringstream text;
+    text << "align " << params.lpt_align << ", row cap x" << params.lpt_row_cap << ", "
+         << params.lpt_search_steps << " search steps, fragment cap " << params.lpt_fragment_cap
+         << ", " << row_cost_name(params.lpt_cost) << " row cost";
+    return text.str();
+  }
   int listing_order() const override { return 13; }
 
   StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,

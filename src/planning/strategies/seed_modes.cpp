@@ -99,6 +99,21 @@ class SeedMode final : public Strategy {
     return result;
   }
 
+  std::string describe(std::span<const int64_t> lengths, int64_t cp,
+                       const StrategyParams& params) const override {
+    const PlanOptions options = resolve_seed_options(mode_, lengths, cp, params);
+    std::string text;
+    if (options.block_size) {
+      text = "block " + std::to_string(*options.block_size) +
+             (params.block_size ? "" : " (default: min(2048, rows per rank))");
+    }
+    if (options.zigzag_min_length) {
+      text += ", zigzag_min_length " + std::to_string(*options.zigzag_min_length) +
+              (params.zigzag_min_length ? "" : " (default: the rows per rank)");
+    }
+    return text;
+  }
+
   IndexerRoute route(std::span<const int64_t> lengths, int64_t cp, int64_t rank, int64_t ratio,
                      const StrategyParams& params) const override {
     validate_strategy_params(params);

@@ -20,6 +20,10 @@ class Snake final : public Strategy {
     return "packed blocks sorted by cost, dealt to ranks in snake order";
   }
   std::string_view unit() const override { return "block"; }
+  std::string describe(std::span<const int64_t>, int64_t,
+                       const StrategyParams& params) const override {
+    return "block " + std::to_string(params.snake_block);
+  }
   int listing_order() const override { return 12; }
 
   StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,

@@ -1,6 +1,7 @@
 #include "sparsecp/planning/strategies/spill.hpp"
 
 #include <cstdio>
+#include <sstream>
 
 #include "packed_sequence.hpp"
 
@@ -55,6 +56,17 @@ class Spill final : public Strategy {
                     const StrategyParams& params) const override {
     validate_strategy_params(params);
     return spill_strategy_plan(lengths, cp, ratio, spill_options(params));
+  }
+
+  std::string describe(std::span<const int64_t>, int64_t,
+                       const StrategyParams& params) const override {
+    std::ostringstream text;
+    text << "target imbalance " << params.target_imbalance << " on "
+         << describe_cost_model(params.cost_model, "causal pairs");
+    if (params.max_received_fragments > 0) {
+      text << ", at most " << params.max_received_fragments << " received pieces per rank";
+    }
+    return text.str();
   }
 };
 

@@ -1,0 +1,55 @@
+#include "bench_driver.hpp"
+
+#include <cblas.h>
+
+#include <memory>
+
+#include "sparsecp/error.hpp"
+
+namespace sparsecp::cli {
+
+CLI::App& bench_command(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == "bench") return *sub;
+  }
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Time sparsecp's kernels on generated data (see 'sparsecp bench <kernel> --help')");
+  bench->require_subcommand(1);
+  return *bench;
+}
+
+void time_interleaved(std::vector<TimedPath>& paths, int64_t repeats) {
+  for (int64_t i = 0; i < repeats; ++i) {
+    for (TimedPath& path : paths) {
+      const double start = wall_seconds();
+      path.run();
+      path.seconds.push_back(wall_seconds() - start);
+    }
+  }
+}
+
+TimedPath sgemm_path(int64_t n) {
+  auto buffers = std::make_shared<std::vector<float>>(static_cast<size_t>(3 * n * n), 0.5f);
+  return {"sgemm", [buffers, n] {
+            float* a = buffers->data();
+            const int size = static_cast<int>(n);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size, size, 1.0f, a, size,
+                        a + n * n, size, 0.0f, a + 2 * n * n, size);
+          }};
+}
+
+double sgemm_gflops(const TimedPath& path, int64_t n) {
+  const double flops =
+      2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  return flops / path.median_seconds() / 1e9;
+}
+
+KernelIsa parse_isa(const std::string& name) {
+  for (const KernelIsa isa :
+       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (name == kernel_isa_name(isa)) return isa;
+  }
+  SPARSECP_FAIL("--isa must be auto, portable, avx2 or avx512, got '", name, "'");
+}
+
+}  // namespace sparsecp::cli

@@ -1,0 +1,362 @@
+// `sparsecp bench select`: the worker's selection kernels timed side by side on generated
+// small-integer data (every score exact, so every path must select the same keys).
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "batch_input.hpp"
+#include "bench_driver.hpp"
+#include "command.hpp"
+#include "model_flags.hpp"
+#include "sparsecp/error.hpp"
+#include "sparsecp/kernels/bf16.hpp"
+#include "sparsecp/kernels/select.hpp"
+#include "sparsecp/planning/workload.hpp"
+
+namespace sparsecp::cli {
+namespace {
+
+struct BenchSelectFlags {
+  ModelFlags model;
+  int64_t rows = 0;  // per document; 0 = the whole document
+  int64_t doc_length = 8192;
+  int64_t documents = 1;
+  int64_t ratio = 4;
+  std::string dtype = "both";
+  std::string isa = "auto";
+  int threads = 0;
+  int64_t repeat = 3;
+  int64_t sgemm_size = 2048;
+  bool baseline = true;
+  bool json = false;
+  uint64_t seed = 1;
+};
+
+// What a user would write without a fused kernel: per head, a BLAS GEMM of the
+// segment's rows against all of its document's keys into a [rows, keys] matrix, ReLU
+// and the weighted sum into a [rows, keys] score matrix, then a partial sort of each
+// row's visible keys. Same ordering of candidates (ties to the lower id).
+void baseline_select(const std::vector<float>& q, const std::vector<float>& weights,
+                     const std::vector<float>& keys, std::span<const Segment> segments,
+                     const SelectConfig& config, std::vector<int32_t>& out) {
+  const int64_t heads = config.heads, dim = config.head_dim, topk = config.topk;
+  std::fill(out.begin(), out.end(), -1);
+  std::vector<float> logits, scores;
+  for (const Segment& s : segments) {
+    const int64_t rows = s.q_end - s.q_begin;
+    const int64_t count = s.key_end - s.key_begin;
+    if (rows == 0 || count == 0) continue;
+    logits.assign(static_cast<size_t>(rows * count), 0.0f);
+    scores.assign(static_cast<size_t>(rows * count), 0.0f);
+    for (int64_t h = 0; h < heads; ++h) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                  static_cast<int>(count), static_cast<int>(dim), 1.0f,
+                  q.data() + s.q_begin * heads * dim + h * dim, static_cast<int>(heads * dim),
+                  keys.data() + s.key_begin * dim, static_cast<int>(dim), 0.0f, logits.data(),
+                  static_cast<int>(count));
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float w = weights[static_cast<size_t>((s.q_begin + r) * heads + h)];
+        float* score = scores.data() + r * count;
+        const float* logit = logits.data() + r * count;
+        for (int64_t k = 0; k < count; ++k) score[k] += w * std::max(logit[k], 0.0f);
+      }
+    }
+    const int64_t end = count * config.ratio + s.residual;
+#pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t visible = (end - rows + r + 1) / config.ratio;
+      std::vector<std::pair<float, int32_t>> row;
+      for (int64_t k = 0; k < visible; ++k) {
+        row.emplace_back(scores[static_cast<size_t>(r * count + k)],
+                         static_cast<int32_t>(s.key_begin + k));
+      }
+      const int64_t kept = std::min(topk, visible);
+      std::partial_sort(row.begin(), row.begin() + kept, row.end(),
+                        [](const auto& a, const auto& b) {
+                          return a.first > b.first || (a.first == b.first && a.second < b.second);
+                        });
+      int32_t* dst = out.data() + (s.q_begin + r) * topk;
+      for (int64_t i = 0; i < kept; ++i) dst[i] = row[static_cast<size_t>(i)].second;
+      std::sort(dst, dst + kept);
+    }
+  }
+}
+
+// The generated problem: segments, small-integer Q/weights/keys (fp32 and bf16 copies)
+// and real-valued projection inputs.
+struct Problem {
+  SelectConfig config;
+  int64_t rows = 0;
+  int64_t bank = 0;
+  int64_t width = 0;
+  std::vector<Segment> segments;
+  std::vector<float> q, weights, keys;
+  std::vector<uint16_t> q16, keys16;
+  std::vector<float> qr, wq, cos, sin;
+  std::vector<uint16_t> qr16, wq16;
+};
+
+// Sizes are checked before anything is allocated: a product that overflows is an error,
+// and a problem larger than the machine's memory fails at once.
+Problem make_problem(const BenchSelectFlags& c) {
+  SPARSECP_CHECK(c.documents >= 1, "--documents must be positive, got ", c.documents);
+  SPARSECP_CHECK(c.doc_length >= 1, "--doc-length must be positive, got ", c.doc_length);
+  SPARSECP_CHECK(c.rows >= 0 && c.rows <= c.doc_length, "--rows must be within [0, --doc-length ",
+                 c.doc_length, "], got ", c.rows);
+  check_repeats(c.repeat, "--repeat");
+  SPARSECP_CHECK(c.sgemm_size >= 1 && c.sgemm_size <= 65536,
+                 "--sgemm-size must be within [1, 65536], got ", c.sgemm_size);
+  SPARSECP_CHECK(c.dtype == "fp32" || c.dtype == "bf16" || c.dtype == "both",
+                 "--dtype must be fp32, bf16 or both, got '", c.dtype, "'");
+  Problem p;
+  p.config = c.model.select_config(c.ratio, c.threads);
+  p.config.isa = parse_isa(c.isa);
+  validate_select_config(p.config);
+  const int64_t per_doc = c.rows == 0 ? c.doc_length : c.rows;
+  BufferBudget budget("bench select");
+  p.rows = budget.elements({per_doc, c.documents});
+  p.bank = budget.elements({c.doc_length / c.ratio, c.documents});
+  p.width = budget.elements({c.model.heads, c.model.head_dim});
+  budget.add(4 * 3, {p.rows, p.width});  // q (fp32, bf16) and the projected q
+  budget.add(4 * 2, {p.rows, c.model.heads});
+  budget.add(4 * 2, {p.bank, c.model.head_dim});
+  budget.add(4 * 2, {p.rows, c.model.q_rank});
+  budget.add(4 * 2, {c.model.q_rank, p.width});
+  budget.add(4, {p.rows, c.model.rope_dim});
+  budget.add(4 * 3, {p.rows, c.model.topk});
+  budget.add(4 * 3, {c.sgemm_size, c.sgemm_size});
+  budget.check_fits_memory();
+
+  const int64_t keys_per_doc = c.doc_length / c.ratio;
+  for (int64_t d = 0; d < c.documents; ++d) {
+    p.segments.push_back({d * per_doc, (d + 1) * per_doc, d * keys_per_doc, (d + 1) * keys_per_doc,
+                          c.doc_length % c.ratio});
+  }
+  SplitMix64 random(c.seed);
+  const auto fill = [&](std::vector<float>& v, int64_t n, int bound) {
+    v.resize(static_cast<size_t>(n));
+    for (float& x : v) {
+      x = static_cast<float>(static_cast<int>(random.next() % (2 * bound + 1)) - bound);
+    }
+  };
+  fill(p.q, p.rows * p.width, 2);
+  fill(p.weights, p.rows * c.model.heads, 2);
+  fill(p.keys, p.bank * c.model.head_dim, 2);
+  p.q16.resize(p.q.size());
+  p.keys16.resize(p.keys.size());
+  std::transform(p.q.begin(), p.q.end(), p.q16.begin(), float_to_bf16);
+  std::transform(p.keys.begin(), p.keys.end(), p.keys16.begin(), float_to_bf16);
+  // Projection inputs (real-valued; only timed).
+  p.qr.resize(static_cast<size_t>(p.rows * c.model.q_rank));
+  p.wq.resize(static_cast<size_t>(c.model.q_rank * p.width));
+  p.cos.resize(static_cast<size_t>(p.rows * c.model.rope_dim / 2));
+  p.sin.resize(p.cos.size());
+  for (float& x : p.qr) x = static_cast<float>(random.uniform() - 0.5);
+  for (float& x : p.wq) x = static_cast<float>(random.uniform() - 0.5) * 0.05f;
+  for (size_t i = 0; i < p.cos.size(); ++i) {
+    p.cos[i] = static_cast<float>(std::cos(0.001 * static_cast<double>(i)));
+    p.sin[i] = static_cast<float>(std::sin(0.001 * static_cast<double>(i)));
+  }
+  p.qr16.resize(p.qr.size());
+  p.wq16.resize(p.wq.size());
+  std::transform(p.qr.begin(), p.qr.end(), p.qr16.begin(), float_to_bf16);
+  std::transform(p.wq.begin(), p.wq.end(), p.wq16.begin(), float_to_bf16);
+  return p;
+}
+
+void run_bench(const BenchSelectFlags& c) {
+  Problem p = make_problem(c);
+  const SelectConfig& config = p.config;
+  const int64_t rows = p.rows, width = p.width, q_rank = c.model.q_rank;
+  const int64_t half = c.model.rope_dim / 2;
+  const bool run_fp32 = c.dtype != "bf16", run_bf16 = c.dtype != "fp32";
+  std::vector<int32_t> fused(static_cast<size_t>(rows * c.model.topk)), fused16(fused.size()),
+      base(fused.size());
+  std::vector<float> projected(static_cast<size_t>(rows * width));
+  const MatrixView weights = MatrixView::f32(p.weights.data(), rows, c.model.heads);
+  const ProjectionWeights wq(MatrixView::f32(p.wq.data(), q_rank, width));
+  const ProjectionWeights wq16(MatrixView::bf16(p.wq16.data(), q_rank, width));
+  const MatrixView cos = MatrixView::f32(p.cos.data(), rows, half);
+  const MatrixView sin = MatrixView::f32(p.sin.data(), rows, half);
+
+  std::vector<TimedPath> paths = {sgemm_path(c.sgemm_size)};
+  if (run_fp32) {
+    paths.push_back({"fused fp32", [&] {
+                       select_topk(MatrixView::f32(p.q.data(), rows, width), weights,
+                                   MatrixView::f32(p.keys.data(), p.bank, c.model.head_dim),
+                                   p.segments, config, fused);
+                     }});
+    paths.push_back({"projection fp32", [&] {
+                       project_index_query(MatrixView::f32(p.qr.data(), rows, q_rank), wq, cos, sin,
+                                           config, projected);
+                     }});
+  }
+  if (run_bf16) {
+    paths.push_back({"fused bf16", [&] {
+                       select_topk(MatrixView::bf16(p.q16.data(), rows, width), weights,
+                                   MatrixView::bf16(p.keys16.data(), p.bank, c.model.head_dim),
+                                   p.segments, config, fused16);
+                     }});
+    paths.push_back({"projection bf16", [&] {
+                       project_index_query(MatrixView::bf16(p.qr16.data(), rows, q_rank), wq16, cos,
+                                           sin, config, projected);
+                     }});
+  }
+  if (c.baseline) {
+    paths.push_back({"baseline (GEMM/head)",
+                     [&] { baseline_select(p.q, p.weights, p.keys, p.segments, config, base); }});
+  }
+  time_interleaved(paths, c.repeat);
+  const auto path = [&](const std::string& name) -> const TimedPath* {
+    for (const TimedPath& t : paths) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  };
+
+  const double flops = select_score_flops(p.segments, config);
+  const double proj_flops =
+      2.0 * static_cast<double>(rows) * static_cast<double>(q_rank) * static_cast<double>(width);
+  const double sgemm = sgemm_gflops(paths.front(), c.sgemm_size);
+  bool verified = true;
+  if (run_fp32 && run_bf16) verified = verified && fused == fused16;
+  if (c.baseline) verified = verified && (run_fp32 ? fused : fused16) == base;
+  const int threads = c.threads > 0 ? c.threads : omp_get_max_threads();
+  const KernelIsa isa = config.isa == KernelIsa::kAuto ? best_kernel_isa() : config.isa;
+  const TimedPath* main = path(run_fp32 ? "fused fp32" : "fused bf16");
+
+  nlohmann::ordered_json out;
+  out["rows"] = rows;
+  out["doc_length"] = c.doc_length;
+  out["documents"] = c.documents;
+  out["heads"] = c.model.heads;
+  out["head_dim"] = c.model.head_dim;
+  out["q_rank"] = q_rank;
+  out["topk"] = c.model.topk;
+  out["ratio"] = c.ratio;
+  out["threads"] = threads;
+  out["isa"] = kernel_isa_name(isa);
+  out["repeat"] = c.repeat;
+  out["score_gflop"] = flops / 1e9;
+  out["sgemm_gflops"] = sgemm;
+  out["seconds"] = main->median_seconds();
+  out["seconds_min"] = main->spread().min;
+  out["seconds_max"] = main->spread().max;
+  out["score_gflops"] = flops / main->median_seconds() / 1e9;
+  out["score_fraction_of_sgemm"] = flops / main->median_seconds() / 1e9 / sgemm;
+  if (run_fp32) {
+    out["projection_seconds"] = path("projection fp32")->median_seconds();
+    out["projection_gflops"] = proj_flops / path("projection fp32")->median_seconds() / 1e9;
+  }
+  if (run_bf16) {
+    out["bf16_seconds"] = path("fused bf16")->median_seconds();
+    out["bf16_score_gflops"] = flops / path("fused bf16")->median_seconds() / 1e9;
+    out["bf16_projection_gflops"] = proj_flops / path("projection bf16")->median_seconds() / 1e9;
+  }
+  if (run_fp32 && run_bf16) {
+    out["bf16_speedup"] =
+        path("fused fp32")->median_seconds() / path("fused bf16")->median_seconds();
+  }
+  if (c.baseline) {
+    out["baseline_seconds"] = path("baseline (GEMM/head)")->median_seconds();
+    out["speedup_vs_baseline"] =
+        path("baseline (GEMM/head)")->median_seconds() / main->median_seconds();
+  }
+  out["scratch_bytes"] =
+      select_scratch_bytes(config, run_bf16 ? DType::kBFloat16 : DType::kFloat32, threads);
+  out["verified"] = verified;
+  if (c.json) {
+    std::cout << out.dump() << "\n";
+  } else {
+    std::printf(
+        "bench select: %lld rows (%lld document(s) of %lld tokens), %lld keys, heads %lld x %lld, "
+        "q_rank %lld, topk %lld, ratio %lld, %d threads, %s kernel; medians of %lld interleaved "
+        "repeats (min-max)\n",
+        static_cast<long long>(rows), static_cast<long long>(c.documents),
+        static_cast<long long>(c.doc_length), static_cast<long long>(p.bank),
+        static_cast<long long>(c.model.heads), static_cast<long long>(c.model.head_dim),
+        static_cast<long long>(q_rank), static_cast<long long>(c.model.topk),
+        static_cast<long long>(c.ratio), threads, kernel_isa_name(isa),
+        static_cast<long long>(c.repeat));
+    std::printf("  score work             %10.1f GFLOP (2*heads*head_dim per visible pair)\n",
+                flops / 1e9);
+    for (const TimedPath& t : paths) {
+      const Spread s = t.spread();
+      const double work = t.name == "sgemm" ? 2.0 * std::pow(static_cast<double>(c.sgemm_size), 3)
+                          : t.name.rfind("projection", 0) == 0 ? proj_flops
+                                                               : flops;
+      std::printf("  %-22s %10.4f s (%.4f-%.4f)  %8.1f GFLOP/s", t.name.c_str(), s.median, s.min,
+                  s.max, work / s.median / 1e9);
+      if (t.name.rfind("fused", 0) == 0) {
+        std::printf("  (%.0f%% of sgemm)", 100.0 * work / s.median / 1e9 / sgemm);
+      }
+      std::printf("\n");
+    }
+    if (run_fp32 && run_bf16)
+      std::printf("  bf16 / fp32 fused speedup: %.2fx\n", out["bf16_speedup"].get<double>());
+    if (c.baseline) {
+      std::printf("  fused is %.2fx faster than the baseline\n",
+                  out["speedup_vs_baseline"].get<double>());
+    }
+    std::printf("  scratch memory         %10.2f MiB (threads x tile, independent of rows)\n",
+                static_cast<double>(out["scratch_bytes"].get<size_t>()) / (1 << 20));
+    std::printf("  results %s\n", verified ? "identical across fused fp32, fused bf16 and baseline"
+                                           : "DIFFER between paths");
+  }
+  if (!verified) throw ExitStatus{1};
+}
+
+// Registered under "bench" so that the tool knows `sparsecp bench ...` as a command;
+// every `bench <kernel>` command shares the parent through bench_command().
+const Registration registration("bench", [](CLI::App& app) {
+  auto b = std::make_shared<BenchSelectFlags>();
+  CLI::App* bench = bench_command(app).add_subcommand(
+      "select",
+      "Time worker-side selection on generated small-integer data: fused score+top-k (fp32 "
+      "and bf16), Index-Q projection (BLAS + RoPE), the BLAS's own square sgemm rate and a "
+      "materialising baseline (BLAS GEMM per head + ReLU + weighted sum + partial sort), all "
+      "interleaved in one run; checks that every path selects the same keys.");
+  bench
+      ->add_option("--rows", b->rows, "Rows per document: its last N rows (0 = the whole document)")
+      ->capture_default_str();
+  bench->add_option("--doc-length", b->doc_length, "Tokens per document")->capture_default_str();
+  bench->add_option("--documents", b->documents, "Documents (one segment each)")
+      ->capture_default_str();
+  b->model.add_to(*bench);
+  bench->add_option("--ratio", b->ratio, "Compression ratio")->capture_default_str();
+  bench->add_option("--dtype", b->dtype, "fp32, bf16 or both (bf16/fp32 ratio in one run)")
+      ->capture_default_str();
+  bench->add_option("--isa", b->isa, "Kernel: auto, portable, avx2 or avx512")
+      ->capture_default_str();
+  bench->add_option("--threads", b->threads, "Threads (0 = OpenMP default)")->capture_default_str();
+  bench
+      ->add_option("--repeat", b->repeat,
+                   "Repetitions, interleaved (at most 10000); medians are reported")
+      ->capture_default_str();
+  bench->add_option("--sgemm-size", b->sgemm_size, "N of the reference N x N x N sgemm")
+      ->capture_default_str();
+  bench->add_option("--seed", b->seed, "Seed of the generated data")->capture_default_str();
+  bench->add_flag("--no-baseline{false}", b->baseline, "Skip the materialising baseline");
+  bench->add_flag("--json", b->json,
+                  "Print one JSON object: score_gflops, sgemm_gflops, seconds (+_min/_max), "
+                  "baseline_seconds, bf16_score_gflops, bf16_speedup, projection_gflops, "
+                  "speedup_vs_baseline, scratch_bytes, verified, ...");
+  bench->footer(
+      "Examples:\n"
+      "  sparsecp bench select                      # DeepSeek-V4 indexer shape, 8192-token "
+      "document\n"
+      "  sparsecp bench select --dtype fp32 --doc-length 4096 --repeat 5 --json\n"
+      "Exit status 1 if the paths disagree.");
+  bench->callback([b] { run_bench(*b); });
+});
+
+}  // namespace
+}  // namespace sparsecp::cli

@@ -1,0 +1,80 @@
+#include "strategy_flags.hpp"
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/planning/cost_model.hpp"
+
+namespace sparsecp::cli {
+
+void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool with_mode) {
+  if (with_mode) command.add_option("--mode", mode, mode_help);
+  command.add_option("--block", given.block_size,
+                     "greedy/hybrid: rows per pooled block [default: 2048, or the rows per rank "
+                     "when fewer; a larger explicit block is the seed's error]");
+  command.add_option("--zigzag-min-length", given.zigzag_min_length,
+                     "hybrid: documents of at least this many tokens keep their zigzag chunks "
+                     "[default: the rows per rank, tokens / cp]");
+  command
+      .add_option("--target", given.target_imbalance,
+                  "spill: target imbalance, max load / mean load (>= 1) on the cost model")
+      ->capture_default_str();
+  command
+      .add_option("--fragments", given.max_received_fragments,
+                  "spill: most pieces one rank receives from others (0 = unbounded)")
+      ->capture_default_str();
+  command.add_option("--cost-model", cost_model,
+                     "spill/auto: per-row cost model file from `sparsecp calibrate` [default: "
+                     "spill balances causal pairs; auto predicts a nominal accelerator]");
+  command
+      .add_option("--bandwidth", given.bandwidth_gbps,
+                  "auto: exchange bandwidth per rank and direction in GB/s")
+      ->capture_default_str();
+  command.add_option("--wlb-split-length", given.wlb_split_length,
+                     "wlb: documents longer than this many tokens are split over all ranks "
+                     "[default: the rows per rank]");
+  command.add_option("--snake-block", given.snake_block, "snake: rows per packed block")
+      ->capture_default_str();
+  command.add_option("--lpt-align", given.lpt_align, "lpt-search: rows per aligned fragment")
+      ->capture_default_str();
+  command
+      .add_option("--lpt-row-cap", given.lpt_row_cap,
+                  "lpt-search: per-rank row cap as a multiple (>= 1) of the local rows")
+      ->capture_default_str();
+  command
+      .add_option("--lpt-steps", given.lpt_search_steps,
+                  "lpt-search: most improving local-search steps after LPT")
+      ->capture_default_str();
+  command
+      .add_option("--lpt-fragment-cap", given.lpt_fragment_cap,
+                  "lpt-search: fall back to contiguous when a rank has more fragments than this "
+                  "(MagiAttention uses 64); 0 = no cap")
+      ->capture_default_str();
+  command
+      .add_option("--lpt-cost", lpt_cost,
+                  "lpt-search internal row cost: magi (min(p+1,window)+min(topk,vis)+vis+0.25) "
+                  "or causal (vis); reports always use causal work")
+      ->capture_default_str();
+  command
+      .add_option("--window", given.window, "lpt-search: sliding window in tokens (magi row cost)")
+      ->capture_default_str();
+}
+
+StrategyParams StrategyFlags::params(const ModelFlags& model) const {
+  StrategyParams params = given;
+  if (!cost_model.empty()) params.cost_model = load_cost_model(cost_model);
+  params.lpt_cost = parse_row_cost(lpt_cost);
+  params.row_bytes = model.row_bytes();
+  params.topk = model.topk;
+  validate_strategy_params(params);
+  return params;
+}
+
+const Strategy& StrategyFlags::strategy(std::string_view fallback) const {
+  const Strategy& chosen = find_strategy(mode.empty() ? fallback : std::string_view(mode));
+  for (const Mode seed : {Mode::kNone, Mode::kZigzag, Mode::kGreedy, Mode::kHybrid}) {
+    if (chosen.name() != mode_name(seed)) continue;
+    check_seed_options_used(seed, given);
+  }
+  return chosen;
+}
+
+}  // namespace sparsecp::cli
