@@ -20,6 +20,36 @@ __extension__ using Wide = __int128;
 // Far beyond any CP group; it bounds the per-rank bookkeeping a hostile input can request.
 constexpr int64_t kMaxCp = int64_t{1} << 20;
 
+// The most tasks one plan may build before merging (16M tasks: ~400 MiB of bookkeeping).
+// A tiny greedy block on a huge batch, or a huge CP group on many documents, would ask
+// for billions; the count is known from the arithmetic before anything is allocated.
+constexpr int64_t kMaxTasks = int64_t{1} << 24;
+
+// Tasks a seed-mode plan builds before merging: pooled blocks of `block` rows (greedy,
+// and hybrid's pool), zigzag chunk pairs (2 * cp per document that has a chunk) and
+// zigzag remainders (one piece per document, at most cp + documents after dealing).
+// Saturates at kMaxTasks + 1.
+int64_t tasks_before_merging(std::span<const int64_t> lengths, int64_t cp, Mode mode,
+                             std::optional<int64_t> block, std::optional<int64_t> min_length) {
+  int64_t count = 0;
+  const auto add = [&](int64_t n) {
+    count = std::min(kMaxTasks + 1, count + std::min(n, kMaxTasks + 1));
+  };
+  for (const int64_t length : lengths) {
+    const int64_t chunk = length / (2 * cp);
+    const bool pairs =
+        mode == Mode::kZigzag || (mode == Mode::kHybrid && length >= *min_length && chunk > 0);
+    if (pairs) add(chunk > 0 ? std::min(2 * cp, kMaxTasks + 1) : 0);
+    int64_t pooled = 0;  // rows cut into blocks
+    if (mode == Mode::kGreedy) pooled = length;
+    if (mode == Mode::kHybrid) pooled = pairs ? length % (2 * cp) : length;
+    if (block) add(pooled / *block + (pooled % *block != 0));
+    if (mode == Mode::kZigzag) add(length % (2 * cp) != 0 ? 2 : 0);
+    if (mode == Mode::kNone) add(2);
+  }
+  return count;
+}
+
 // Blocks of at most `block` rows over document rows [0, end); written so that a block
 // size near 2^63 cannot overflow `start + block`.
 void append_blocks(std::vector<Task>& tasks, int64_t document, int64_t end, int64_t block) {
@@ -315,6 +345,14 @@ TaskPlan plan_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
   const std::optional<int64_t> block =
       validate_plan_inputs(lengths, cp, ratio, options.mode, options.block_size);
   validate_hybrid_threshold(options.mode, options.zigzag_min_length);
+  const int64_t tasks =
+      tasks_before_merging(lengths, cp, options.mode, block, options.zigzag_min_length);
+  SPARSECP_CHECK(tasks <= kMaxTasks, "Indexer ", mode_name(options.mode), " plan would build ",
+                 tasks > kMaxTasks ? "more than " : "", kMaxTasks, " tasks for ", lengths.size(),
+                 " documents on ", cp, " ranks",
+                 block ? " in blocks of " + std::to_string(*block) + " rows" : std::string(),
+                 "; the planner supports at most ", kMaxTasks,
+                 block ? " (use a larger block size)" : "");
   const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
   switch (options.mode) {
     case Mode::kNone:

@@ -10,6 +10,7 @@
 
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost.hpp"
+#include "support/error_of.hpp"
 #include "support/random_batch.hpp"
 
 namespace sparsecp {
@@ -17,15 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "no error";
-}
+using sparsecp::testing::error_of;
 
 TEST(CostModel, DefaultIsTheCausalPairCountExactly) {
   const CostModel model;

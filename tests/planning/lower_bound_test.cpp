@@ -12,10 +12,13 @@
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/strategy.hpp"
+#include "support/error_of.hpp"
 #include "support/random_batch.hpp"
 
 namespace sparsecp {
 namespace {
+
+using sparsecp::testing::error_of;
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -186,14 +189,6 @@ TEST(LowerBound, NoStrategyMovesFewerRowsThanTheBoundAtItsOwnLoad) {
 
 TEST(LowerBound, RejectsBadInputs) {
   const std::vector<int64_t> lengths = {4, 4};
-  const auto error_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& error) {
-      return error.what();
-    }
-    return "no error";
-  };
   EXPECT_THAT(error_of([&] { rows_moved_lower_bound(lengths, 3, 4, 1.0); }),
               HasSubstr("equal contiguous CP partition"));
   EXPECT_THAT(error_of([&] { rows_moved_lower_bound(lengths, 2, 4, 0.99); }),

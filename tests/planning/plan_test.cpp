@@ -8,6 +8,7 @@
 
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost.hpp"
+#include "support/error_of.hpp"
 #include "support/random_batch.hpp"
 
 namespace sparsecp {
@@ -15,14 +16,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using sparsecp::testing::error_of;
 
 TEST(CostModel, WorkPrefixMatchesBruteForce) {
   for (int64_t ratio : {1, 2, 3, 4, 7, 128}) {
@@ -198,6 +192,31 @@ TEST(Plans, SameInputsSamePlan) {
   for (int64_t rank = 0; rank < 8; ++rank) {
     EXPECT_TRUE(std::ranges::equal(first.tasks(rank), second.tasks(rank)));
   }
+}
+
+}  // namespace
+}  // namespace sparsecp
+
+namespace sparsecp {
+namespace {
+
+// A plan that would build billions of tasks fails at once, from the arithmetic, with a
+// message naming the sizes (before: minutes of allocation, then out of memory).
+TEST(PlanLimits, TooManyTasksFailBeforeAllocating) {
+  const std::vector<int64_t> huge = {int64_t{1} << 32};
+  EXPECT_THAT(error_of([&] { plan_tasks(huge, 2, 4, {.mode = Mode::kGreedy, .block_size = 1}); }),
+              HasSubstr("Indexer greedy plan would build more than 16777216 tasks for 1 "
+                        "documents on 2 ranks in blocks of 1 rows"));
+  EXPECT_THAT(error_of([&] {
+                plan_tasks(huge, 2, 4,
+                           {.mode = Mode::kHybrid, .block_size = 1, .zigzag_min_length = 1});
+              }),
+              ::testing::IsEmpty());             // the pool is only the remainder: 0 rows
+  const std::vector<int64_t> many(64, 1 << 20);  // 64 documents x 2 * 2^18 chunks each
+  EXPECT_THAT(error_of([&] { plan_tasks(many, 1 << 18, 4, {.mode = Mode::kZigzag}); }),
+              HasSubstr("Indexer zigzag plan would build more than 16777216 tasks"));
+  // The default block on the same huge document stays well inside the limit.
+  EXPECT_EQ(plan_tasks(huge, 2, 4, {.mode = Mode::kGreedy}).rows(0), int64_t{1} << 31);
 }
 
 }  // namespace

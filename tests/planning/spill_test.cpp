@@ -21,6 +21,7 @@
 #include "sparsecp/planning/strategies/auto.hpp"
 #include "sparsecp/planning/strategies/spill.hpp"
 #include "sparsecp/planning/strategy.hpp"
+#include "support/error_of.hpp"
 #include "support/random_batch.hpp"
 
 namespace sparsecp {
@@ -37,15 +38,7 @@ std::vector<std::vector<Task>> ranks_of(const TaskPlan& plan) {
   return ranks;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "no error";
-}
+using sparsecp::testing::error_of;
 
 // Rows of rank r's own shard that rank r still selects.
 int64_t rows_kept(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t rank) {

@@ -13,6 +13,7 @@
 #include "sparsecp/error.hpp"
 #include "sparsecp/transport/exchange.hpp"
 #include "sparsecp/transport/mpi_communicator.hpp"
+#include "support/error_of.hpp"
 
 namespace sparsecp {
 namespace {
@@ -38,16 +39,7 @@ struct Fixture {
   }
 };
 
-// Runs `call` on every rank and returns its error text ("" when it did not throw).
-template <typename Call>
-std::string error_of(Call&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
-}
+using sparsecp::testing::error_of;
 
 // Every rank threw: no rank can be left inside a collective.
 void expect_all_ranks_failed(Communicator& comm, const std::string& message) {

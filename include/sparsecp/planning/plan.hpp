@@ -120,7 +120,10 @@ class TaskPlan {
 };
 
 // Seed `indexer_task_plan(lengths, size, ratio, mode, block_size, zigzag_min_length)`.
-// Validation order and texts follow the seed; see the mode descriptions above.
+// Validation order and texts follow the seed; see the mode descriptions above. One limit
+// the seed does not have: a plan may build at most 2^24 tasks before merging (blocks,
+// zigzag chunks and remainders, counted from the lengths before anything is allocated);
+// beyond it, e.g. greedy blocks of 1 row on a 4-billion-token batch, it throws Error.
 TaskPlan plan_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const PlanOptions& options);
 
