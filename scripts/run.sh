@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on its built-in default workload: installs what is missing, builds the
 # optimised tool, and runs balanced Lightning Indexer selection on 4 MPI ranks
-# (`sparsecp run`: unbalanced 'none' vs hybrid, verified bit for bit, per-rank report).
+# (`sparsecp run`: 'none', the seed's hybrid and sparsecp's spill on a calibrated cost
+# model, verified bit for bit, per-rank and side-by-side report).
 # Arguments replace the default command, e.g. `bash scripts/run.sh plan --cp 16`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
