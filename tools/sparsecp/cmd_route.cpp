@@ -176,12 +176,12 @@ const Registration registration("route", [](CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "route",
       "Build a rank's IndexerRoute: which local rows it sends to each peer, where received rows "
-      "land, and the segments its selector sees (field names as in the seed's IndexerRoute).");
+      "land, and the segments its selector sees (field names as in hyper_parallel indexer_balance's IndexerRoute).");
   command->batch.add_to(*sub);
   add_cp_and_ratio(*sub, &command->cp, command->ratio);
   command->strategy.add_to(*sub,
-                           "Strategy (any of 'sparsecp simulate --list'; the seed modes give the "
-                           "seed's exact IndexerRoute) [default: zigzag]");
+                           "Strategy (any of 'sparsecp simulate --list'; none/zigzag/greedy/hybrid "
+                           "give hyper_parallel's exact IndexerRoute) [default: zigzag]");
   command->model.add_to(*sub, ModelFlags::kTopk);
   sub->add_option("--rank", command->rank, "The rank whose route to build (0 <= R < --cp)");
   sub->add_flag("--all-ranks", command->all_ranks,

@@ -1,6 +1,6 @@
 // `sparsecp run`: the main job. Under `mpirun -np N`, every rank owns one contiguous
 // shard of a packed batch and runs the Lightning Indexer selection once per strategy —
-// 'none' (every rank selects its own rows), the seed's 'hybrid' and sparsecp's 'spill'
+// 'none' (every rank selects its own rows), hyper_parallel's 'hybrid' and sparsecp's 'spill'
 // balancing a cost model calibrated on this machine, or 'none' and one --mode — moving
 // qr, merge weights and RoPE to workers and the int32 key ids back over MPI. It checks
 // that every strategy's top-k equals 'none' bit for bit on every rank, repeats the
@@ -875,7 +875,7 @@ const Registration registration("run", [](CLI::App& app) {
       "run",
       "The main job, under mpirun: every rank owns one contiguous shard of a packed batch and\n"
       "runs the Lightning Indexer top-k selection once per strategy: 'none' (every rank selects\n"
-      "its own rows), the seed's 'hybrid' and sparsecp's 'spill' balancing a cost model\n"
+      "its own rows), hyper_parallel's 'hybrid' and sparsecp's 'spill' balancing a cost model\n"
       "calibrated for this shape on this machine (cached), or 'none' and one --mode. Inputs\n"
       "(qr, merge weights, RoPE) move to workers and the int32 key ids back over MPI. Checks\n"
       "every strategy's top-k equals none's bit for bit on every rank, repeats the strategies\n"

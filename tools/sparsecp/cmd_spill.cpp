@@ -202,7 +202,7 @@ void print_batch(const BatchReport& r, const SpillFlags& flags, const CostModel&
               scale.c_str(), after / r.spill.mean_load, before / r.spill.mean_load,
               flags.strategy.given.target_imbalance, r.spill.target_met ? "met" : "NOT met");
   if (!model.is_causal()) {
-    std::printf("imbalance in causal pairs (the seed's measure): %.4f (balance bound %.4f)\n",
+    std::printf("imbalance in causal pairs (hyper_parallel's measure): %.4f (balance bound %.4f)\n",
                 r.stats.imbalance, r.bound.bound);
   } else {
     std::printf("balance bound (the best any row-granular plan can reach): %.4f\n", r.bound.bound);
@@ -224,7 +224,7 @@ void print_batch(const BatchReport& r, const SpillFlags& flags, const CostModel&
 
 void print_sweep(const std::vector<BatchReport>& reports, double target) {
   std::printf("  %-9s %4s %5s %9s %7s %7s %8s %7s %13s %13s %6s %8s\n", "workload", "cp", "batch",
-              "imbalance", "bound", "moved%", "LB@t %", "LB@1 %", "busiest s+r", "best seed s+r",
+              "imbalance", "bound", "moved%", "LB@t %", "LB@1 %", "busiest s+r", "best mode s+r",
               "ratio", "plan ms");
   int64_t allowed = 0, met = 0;
   double worst_moved_ratio = 0, worst_traffic_ratio = 1e300, slowest = 0;
@@ -255,7 +255,7 @@ void print_sweep(const std::vector<BatchReport>& reports, double target) {
   std::printf(
       "\n%zu batches: imbalance <= %g on %lld of the %lld batches whose balance bound allows it; "
       "rows moved / lower bound at the target <= %.3f; busiest rank's rows sent+received at "
-      "least %.1fx below the best seed mode's; slowest plan %.3f ms\n",
+      "least %.1fx below the best hyper_parallel mode's; slowest plan %.3f ms\n",
       reports.size(), target, static_cast<long long>(met), static_cast<long long>(allowed),
       worst_moved_ratio, worst_traffic_ratio, slowest);
 }
@@ -297,7 +297,7 @@ void run_spill(const SpillFlags& flags) {
     std::printf(
         "moved%% = rows spill moves; LB@t = fewest rows any plan must move to reach the "
         "target (spill equals it); LB@1 = ... to bring every rank to the mean; s+r = rows a "
-        "rank sends plus receives; best seed = zigzag/greedy/hybrid with the lowest busiest "
+        "rank sends plus receives; best mode = zigzag/greedy/hybrid with the lowest busiest "
         "s+r (their imbalance is 1.000-1.003)\n");
     print_sweep(reports, flags.strategy.given.target_imbalance);
   }
@@ -315,7 +315,7 @@ const Registration registration("spill", [](CLI::App& app) {
       "rows sent + received against zigzag, greedy and hybrid. With several CP sizes,\n"
       "distributions, seeds or files, prints one line per batch and a summary: how often the\n"
       "target was met where the balance bound allows it, rows moved against the lower bound, and\n"
-      "the busiest rank's traffic against the best seed mode's.");
+      "the busiest rank's traffic against the best of zigzag, greedy and hybrid.");
   flags->sweep.add_to(*sub, "8", "lognormal", "1");
   sub->add_option("--ratio", flags->ratio, "Compression ratio of the indexer (tokens per key)")
       ->capture_default_str();

@@ -9,7 +9,7 @@ void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool
   if (with_mode) command.add_option("--mode", mode, mode_help);
   command.add_option("--block", given.block_size,
                      "greedy/hybrid: rows per pooled block [default: 2048, or the rows per rank "
-                     "when fewer; a larger explicit block is the seed's error]");
+                     "when fewer; a larger explicit block is an error, as in hyper_parallel]");
   command.add_option("--zigzag-min-length", given.zigzag_min_length,
                      "hybrid: documents of at least this many tokens keep their zigzag chunks "
                      "[default: the rows per rank, tokens / cp]");

@@ -160,7 +160,7 @@ class Auto final : public Strategy {
     return "sparsecp choose_plan (include/sparsecp/planning/strategies/auto.hpp)";
   }
   std::string_view summary() const override {
-    return "per batch, the seed mode or spill target with the lowest predicted "
+    return "per batch, the hyper_parallel mode or spill target with the lowest predicted "
            "step time";
   }
   std::string_view unit() const override { return "that of the chosen plan"; }

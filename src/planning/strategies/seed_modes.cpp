@@ -40,7 +40,7 @@ class SeedMode final : public Strategy {
 
   std::string_view name() const override { return mode_name(mode_); }
   std::string_view source() const override {
-    return "seed indexer_balance.py indexer_task_plan (sparsecp::plan_tasks)";
+    return "Huawei hyper_parallel indexer_balance.indexer_task_plan (sparsecp::plan_tasks)";
   }
   std::string_view summary() const override {
     switch (mode_) {
