@@ -298,6 +298,31 @@ const BadInput kBadInputs[] = {
     {"BenchSizeOverflows", "bench select --documents 4611686018427387904 --doc-length 4",
      "buffer size overflows 64 bits"},
     {"BenchBeyondMemory", "bench select --sgemm-size 60000", "GiB of memory"},
+    // Counts are capped: a valid but endless number is an error, not a run for ever.
+    {"RouteRepeatHuge", "route --lengths 8,8 --cp 2 --all-ranks --repeat 9223372036854775807",
+     "--repeat must be within [1, 10000]"},
+    {"DispatchSeedsHuge", "dispatch --kind swa --tokens 1024 --sweep 4 --seeds 9223372036854775807",
+     "--seeds must be within [1, 100000]"},
+    {"BenchRepeatHuge", "bench select --repeat 9223372036854775807",
+     "--repeat must be within [1, 10000]"},
+    {"SimulateSeedsHuge", "simulate --cp 4 --tokens 1024 --seeds 0-9223372036854775806",
+     "bad range"},
+    {"SpillRepeatsHuge", "spill --lengths 8,8 --cp 2 --repeats 9223372036854775807",
+     "--repeats must be within [1, 10000]"},
+    {"CalibrateRepeatsHuge", "calibrate --repeats 1000000 --out -",
+     "--repeats must be within [1, 10000]"},
+    // A tiny greedy block on a huge document: an error from the arithmetic, at once.
+    {"GreedyTinyBlockHugeDocument", "plan --lengths 4294967296 --cp 2 --mode greedy --block 1",
+     "plan would build more than 16777216 tasks"},
+    // Model-shape products of `run` (one rank, MPI singleton): overflow and memory.
+    {"RunQRankOverflow", "run --q-rank 4611686018427387904 --tokens 1024 --repeats 1",
+     "run: buffer size overflows 64 bits"},
+    {"RunTopkTooLarge", "run --topk 4611686018427387 --tokens 1024 --repeats 1 --no-calibrate",
+     "Indexer topk 4611686018427387 is too large"},
+    {"RunBeyondMemory", "run --q-rank 1000000000 --tokens 1048576 --repeats 1 --no-calibrate",
+     "GiB of buffers, more than this machine's"},
+    {"RunRepeatsHuge", "run --tokens 1024 --repeats 9223372036854775807",
+     "--repeats must be within [1, 10000]"},
 };
 
 class BadInputTest : public ::testing::TestWithParam<BadInput> {};

@@ -168,7 +168,8 @@ void run_single(const DispatchCommand& command) {
 void run_sweep(const DispatchCommand& command) {
   SPARSECP_CHECK(command.cp == 0, "--sweep replaces --cp; give one of them");
   SPARSECP_CHECK(!command.rank, "--rank does not apply to --sweep");
-  SPARSECP_CHECK(command.seeds >= 1, "--seeds must be at least 1, got ", command.seeds);
+  SPARSECP_CHECK(command.seeds >= 1 && command.seeds <= kMaxSweepBatches,
+                 "--seeds must be within [1, ", kMaxSweepBatches, "], got ", command.seeds);
   SPARSECP_CHECK(!command.sweep.empty(), "--sweep needs at least one CP size");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (!command.json) {
@@ -282,7 +283,7 @@ const Registration registration("dispatch", [](CLI::App& app) {
       ->delimiter(',');
   sub->add_option("--seeds", command->seeds,
                   "With --sweep and a generated batch: batches per CP size, seeds --seed, "
-                  "--seed + 1, ...")
+                  "--seed + 1, ... (at most 100000)")
       ->capture_default_str();
   sub->add_flag("--json", command->json,
                 "Print JSON: per-rank global_start, global_end, local_start, local_length, "
