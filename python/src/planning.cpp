@@ -26,6 +26,7 @@
 #include "sparsecp/planning/route.hpp"
 #include "sparsecp/planning/row_bytes.hpp"
 #include "sparsecp/planning/strategy.hpp"
+#include "sparsecp/planning/workload.hpp"
 #include "sparsecp/transport/exchange.hpp"
 
 namespace sparsecp::python {
@@ -402,6 +403,30 @@ void bind_routes(nb::module_& m) {
       "make_route: a rank's route under a plan made beforehand.");
 }
 
+void bind_workload(nb::module_& m) {
+  m.def(
+      "generate_batch",
+      [](std::string distribution, int64_t tokens, int64_t cp, uint64_t seed, int64_t scale) {
+        return generate_batch(WorkloadSpec{.distribution = std::move(distribution),
+                                           .tokens = tokens,
+                                           .scale = scale,
+                                           .cp = cp,
+                                           .seed = seed});
+      },
+      nb::arg("distribution") = "lognormal", nb::arg("tokens") = int64_t{1} << 20,
+      nb::arg("cp") = 8, nb::arg("seed") = 1, nb::arg("scale") = 0,
+      "Document lengths of a seeded generated batch (`sparsecp batch`); scale 0 = a quarter "
+      "of the local shard.");
+  m.def(
+      "workload_distributions",
+      [] {
+        std::vector<std::string> names;
+        for (const std::string_view name : workload_distributions()) names.emplace_back(name);
+        return names;
+      },
+      "The distributions generate_batch knows.");
+}
+
 void bind_dispatch(nb::module_& m) {
   nb::class_<SequenceDispatchRoute>(m, "SequenceDispatchRoute",
                                     "One rank's KV dispatch route (planning/dispatch.hpp).")
@@ -461,6 +486,7 @@ void bind_planning(nb::module_& m) {
   bind_plans(m);
   bind_routes(m);
   bind_dispatch(m);
+  bind_workload(m);
 }
 
 }  // namespace sparsecp::python

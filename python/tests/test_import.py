@@ -73,3 +73,18 @@ def test_torch_and_extension_load_together(order):
     done = run_python(code, OMP_NUM_THREADS="2")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok")
+
+
+def test_type_stubs_match_the_extension(tmp_path):
+    """sparsecp/_core.pyi is what nanobind.stubgen writes for the built module (regenerate it
+    with `python -m nanobind.stubgen -m sparsecp._core -o python/sparsecp/_core.pyi`)."""
+    pytest.importorskip("nanobind")
+    import sparsecp
+
+    installed = os.path.join(os.path.dirname(sparsecp.__file__), "_core.pyi")
+    assert os.path.exists(os.path.join(os.path.dirname(sparsecp.__file__), "py.typed"))
+    done = subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-q", "-m", "sparsecp._core", "-o",
+                           str(tmp_path / "_core.pyi")], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "_core.pyi").read_text() == open(installed).read()

@@ -36,7 +36,6 @@ from __future__ import annotations
 import operator
 import threading
 import warnings
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import FrozenInstanceError, dataclass
 from functools import lru_cache
@@ -47,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core, strategy_params
-from ._agreement import agree, capture, control_device
+from ._agreement import agree, capture, control_device, dtype_code
 
 __all__ = [
     "ExchangeBytes",
@@ -152,8 +151,14 @@ class IndexerTask:
         return self.end - self.start
 
 
-def _with_cache(cached: Any, public: Callable) -> Callable:
-    public.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+def _with_cache(public: Callable, cached: Any, *also: Any) -> Callable:
+    """Give ``public`` the lru_cache methods of ``cached``; cache_clear() clears ``also`` too."""
+
+    def cache_clear() -> None:
+        for cache in (cached, *also):
+            cache.cache_clear()
+
+    public.cache_clear = cache_clear  # type: ignore[attr-defined]
     public.cache_info = cached.cache_info  # type: ignore[attr-defined]
     return public
 
@@ -208,7 +213,7 @@ def indexer_task_plan(lengths: tuple[int, ...], size: int, ratio: int, mode: str
                               tuple(sorted(strategy_params.items())))
 
 
-_with_cache(_indexer_task_plan, indexer_task_plan)
+_with_cache(indexer_task_plan, _indexer_task_plan, _plan)
 
 
 class RowTuple(Sequence):
@@ -289,6 +294,7 @@ def _int64(values: Any, width: int = 0) -> np.ndarray:
 
 _ROUTE_FIELDS = ("segments", "input_splits", "output_splits", "send_rows", "receive_rows", "local_sources",
                  "local_targets", "query_count")
+_ROW_FIELDS = _ROUTE_FIELDS[:7]
 
 
 class IndexerRoute:
@@ -298,33 +304,49 @@ class IndexerRoute:
     key_begin, key_end, residual) per worker task), ``input_splits``, ``output_splits``,
     ``send_rows``, ``receive_rows``, ``local_sources``, ``local_targets`` (each a
     ``RowTuple``, equal to the seed's tuple) and ``query_count`` (int). ``core`` is the
-    C++ route (``sparsecp.Route``) when sparsecp built it.
+    C++ route (``sparsecp.Route``) when sparsecp built it; its fields are then wrapped on
+    first access, without copying.
     """
 
-    __slots__ = _ROUTE_FIELDS + ("core", "_hash")
+    __slots__ = tuple("_" + name for name in _ROW_FIELDS) + ("query_count", "core", "_hash")
 
     def __init__(self, segments: Any, input_splits: Any, output_splits: Any, send_rows: Any, receive_rows: Any,
                  local_sources: Any, local_targets: Any, query_count: int) -> None:
         set_field = object.__setattr__
-        set_field(self, "segments", RowTuple(_int64(segments, width=5)))
-        for name, values in zip(_ROUTE_FIELDS[1:7], (input_splits, output_splits, send_rows, receive_rows,
-                                                     local_sources, local_targets)):
-            set_field(self, name, RowTuple(_int64(values)))
+        set_field(self, "_segments", RowTuple(_int64(segments, width=5)))
+        for name, values in zip(_ROW_FIELDS[1:], (input_splits, output_splits, send_rows, receive_rows,
+                                                  local_sources, local_targets)):
+            set_field(self, "_" + name, RowTuple(_int64(values)))
         set_field(self, "query_count", operator.index(query_count))
         set_field(self, "core", None)
         set_field(self, "_hash", None)
 
     @classmethod
     def from_core(cls, route: _core.Route) -> IndexerRoute:
-        """Wrap a C++ route without copying its arrays."""
+        """Wrap a C++ route; its arrays are viewed, never copied."""
         self = cls.__new__(cls)
         set_field = object.__setattr__
-        for name in _ROUTE_FIELDS[:7]:
-            set_field(self, name, RowTuple(getattr(route, name)))
+        for name in _ROW_FIELDS:
+            set_field(self, "_" + name, None)
         set_field(self, "query_count", route.query_count)
         set_field(self, "core", route)
         set_field(self, "_hash", None)
         return self
+
+    def _field(self, name: str) -> RowTuple:
+        value = object.__getattribute__(self, "_" + name)
+        if value is None:
+            value = RowTuple(getattr(self.core, name))
+            object.__setattr__(self, "_" + name, value)
+        return value
+
+    segments = property(lambda self: self._field("segments"))
+    input_splits = property(lambda self: self._field("input_splits"))
+    output_splits = property(lambda self: self._field("output_splits"))
+    send_rows = property(lambda self: self._field("send_rows"))
+    receive_rows = property(lambda self: self._field("receive_rows"))
+    local_sources = property(lambda self: self._field("local_sources"))
+    local_targets = property(lambda self: self._field("local_targets"))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise FrozenInstanceError(f"cannot assign to field '{name}'")
@@ -338,8 +360,11 @@ class IndexerRoute:
         return self is other or all(getattr(self, name) == getattr(other, name) for name in _ROUTE_FIELDS)
 
     def __hash__(self) -> int:
+        # From cheap content summaries (sizes and sums), so that equal routes hash equally
+        # without hashing every byte: _device_rows' cache hashes each new route once.
         if self._hash is None:
-            digest = tuple(hash(getattr(self, name).array.tobytes()) for name in _ROUTE_FIELDS[:7])
+            digest = tuple((len(array), int(array.sum())) for array in (getattr(self, name).array
+                                                                         for name in _ROW_FIELDS))
             object.__setattr__(self, "_hash", hash((self.query_count, digest)))
         return self._hash
 
@@ -389,7 +414,7 @@ def indexer_route(lengths: tuple[int, ...], size: int, rank: int, ratio: int, mo
                           tuple(sorted(strategy_params.items())))
 
 
-_with_cache(_indexer_route, indexer_route)
+_with_cache(indexer_route, _indexer_route)
 
 
 @lru_cache(maxsize=32)
@@ -510,14 +535,6 @@ def _exchange_inputs(inputs: tuple[torch.Tensor, ...], route: IndexerRoute, grou
 # --------------------------------------------------------------------------------------
 # Validation and agreement (not in the seed, which trusts every rank's inputs).
 
-_DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3, torch.float64: 4, torch.int32: 5,
-                torch.int64: 6, torch.int16: 7, torch.int8: 8, torch.uint8: 9}
-
-
-def _dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPE_CODES.get(dtype) or (zlib.crc32(str(dtype).encode()) | 1 << 32)
-
-
 _INPUT_NAMES = ("qr", "weights", "cos", "sin")
 
 
@@ -569,7 +586,7 @@ def _launch_checks(inputs: tuple, lengths: Any, ratio: int, mode: str, group: An
     fingerprint = _planning_fingerprint(lengths, size, ratio, mode, block_size, zigzag_min_length, params)
     for name, tensor in zip(_INPUT_NAMES, tensors):
         fingerprint.add(name + " width", int(tensor.shape[-1]) if tensor.ndim else -1)
-        fingerprint.add(name + " dtype", _dtype_code(tensor.dtype))
+        fingerprint.add(name + " dtype", dtype_code(tensor.dtype))
     fingerprint.add("fields", len(inputs))
     agree(group, device, error, fingerprint, "Indexer input exchange")
     return route
@@ -595,7 +612,7 @@ def _result_checks(selected: Any, route: IndexerRoute, group: Any, device_hint: 
     _, error = capture(check)
     fingerprint = _core.PlanningFingerprint.seed([], 1, 1, "none", None, None)
     if error is None:
-        fingerprint.add("topk", int(selected.shape[1])).add("result dtype", _dtype_code(selected.dtype))
+        fingerprint.add("topk", int(selected.shape[1])).add("result dtype", dtype_code(selected.dtype))
     agree(group, device, error, fingerprint, "Indexer result exchange", invalid_first=True)
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
-from ._agreement import agree, capture, control_device
+from ._agreement import agree, capture, control_device, dtype_code
 
 SequenceDispatchRoute = _core.SequenceDispatchRoute
 
@@ -113,15 +113,11 @@ def _check_dim(tensor: torch.Tensor, sequence_dim: int) -> int:
     return sequence_dim % tensor.ndim
 
 
-_DTYPE_NAMES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3, torch.float64: 4, torch.int32: 5,
-                torch.int64: 6}
-
-
 def _agree_layout(group: Any, tensor: torch.Tensor, dim: int, error: Optional[BaseException], what: str,
                   **settings: int) -> None:
     fingerprint = _core.PlanningFingerprint.seed([], 1, 1, "none", None, None)
     if error is None:
-        fingerprint.add("dtype", _DTYPE_NAMES.get(tensor.dtype, 99)).add("dimension", dim).add("rank", tensor.ndim)
+        fingerprint.add("dtype", dtype_code(tensor.dtype)).add("dimension", dim).add("rank", tensor.ndim)
         for axis, extent in enumerate(tensor.shape):
             if axis != dim:
                 fingerprint.add(f"extent of dimension {axis}", int(extent))
