@@ -6,7 +6,9 @@ For each mode (zigzag, greedy, hybrid) on a lognormal batch (`sparsecp.generate_
 the same as `sparsecp batch --dist lognormal --tokens T --cp N --seed S`), one repetition
 is "plan once + build every rank's route", what a training step on all ranks does; each
 route is dropped after it is built, as each rank keeps only its own (the tool does the
-same). Medians over the repetitions, divided by cp:
+same). The minimum over the repetitions, divided by cp (on a shared machine the minimum is
+the run least disturbed by other processes; the medians are printed too; the seed's figure
+is the median of its --seed-repeat repetitions, as compare_seed_speed.py reports it):
 
   sparsecp.route   `sparsecp.plan(...)` once, then `sparsecp.route(plan, ..., rank)`
                    (zigzag: `sparsecp.route("zigzag", ..., rank)`, the per-rank fast path)
@@ -50,16 +52,12 @@ import sparsecp  # noqa: E402
 import sparsecp.torch as indexer_balance  # noqa: E402
 
 
-def median_seconds(repeat: int, run) -> float:
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+def timings(samples: list, cp: int) -> tuple[float, float]:
+    """(minimum, median) seconds per rank of all-rank repetitions."""
+    return min(samples) / cp, statistics.median(samples) / cp
 
 
-def time_sparsecp_route(lengths: tuple, cp: int, ratio: int, mode: str, threshold, repeat: int) -> float:
+def time_sparsecp_route(lengths: tuple, cp: int, ratio: int, mode: str, threshold, repeat: int) -> tuple:
     options = {"zigzag_min_length": threshold} if threshold is not None else {}
 
     def run() -> None:
@@ -71,10 +69,15 @@ def time_sparsecp_route(lengths: tuple, cp: int, ratio: int, mode: str, threshol
         for rank in range(cp):
             sparsecp.route(plan, lengths, cp, rank, ratio)
 
-    return median_seconds(repeat, run) / cp
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return timings(samples, cp)
 
 
-def time_indexer_route(lengths: tuple, cp: int, ratio: int, mode: str, threshold, repeat: int) -> float:
+def time_indexer_route(lengths: tuple, cp: int, ratio: int, mode: str, threshold, repeat: int) -> tuple:
     samples = []
     for _ in range(repeat):
         indexer_balance.indexer_route.cache_clear()
@@ -85,7 +88,7 @@ def time_indexer_route(lengths: tuple, cp: int, ratio: int, mode: str, threshold
         samples.append(time.perf_counter() - start)
     indexer_balance.indexer_route.cache_clear()
     indexer_balance.indexer_task_plan.cache_clear()
-    return statistics.median(samples) / cp
+    return timings(samples, cp)
 
 
 def main() -> int:
@@ -116,26 +119,31 @@ def main() -> int:
             local = tokens // cp
             for mode in args.modes.split(","):
                 threshold = local if mode == "hybrid" else None
-                cpp = seed_speed.sparsecp_route(args.sparsecp, lengths_file, cp, args.ratio, mode, threshold,
-                                                args.repeat)["seconds_per_rank"]
+                tool = seed_speed.sparsecp_route(args.sparsecp, lengths_file, cp, args.ratio, mode, threshold,
+                                                 args.repeat)
+                cpp = (tool["seconds_min_all_ranks"] / cp, tool["seconds_per_rank"])
                 python_route = time_sparsecp_route(lengths, cp, args.ratio, mode, threshold, args.repeat)
                 seed_api = time_indexer_route(lengths, cp, args.ratio, mode, threshold, args.repeat)
                 seed_python = seed_speed.time_seed(seed, lengths, cp, args.ratio, mode, threshold,
                                                    args.seed_repeat) / cp
                 row = {"case": seed_speed.case_name(tokens, cp), "mode": mode, "documents": len(lengths),
-                       "local_rows": local, "cpp_us": cpp * 1e6, "sparsecp_route_us": python_route * 1e6,
-                       "indexer_route_us": seed_api * 1e6, "seed_us": seed_python * 1e6,
-                       "sparsecp_route_vs_cpp": python_route / cpp, "indexer_route_vs_cpp": seed_api / cpp,
-                       "seed_vs_indexer_route": seed_python / seed_api}
+                       "local_rows": local, "cpp_us": cpp[0] * 1e6, "sparsecp_route_us": python_route[0] * 1e6,
+                       "indexer_route_us": seed_api[0] * 1e6, "seed_us": seed_python * 1e6,
+                       "median_us": {"cpp": cpp[1] * 1e6, "sparsecp_route": python_route[1] * 1e6,
+                                     "indexer_route": seed_api[1] * 1e6},
+                       "sparsecp_route_vs_cpp": python_route[0] / cpp[0], "indexer_route_vs_cpp": seed_api[0] / cpp[0],
+                       "seed_vs_indexer_route": seed_python / seed_api[0]}
                 rows.append(row)
                 if not args.json:
                     if len(rows) == 1:
                         print(f"{'case':7} {'mode':7} {'C++ us/rank':>11} {'sparsecp.route':>14} {'x C++':>6} "
-                              f"{'indexer_route':>13} {'x C++':>6} {'seed us/rank':>12} {'seed / indexer_route':>21}")
+                              f"{'indexer_route':>13} {'x C++':>6} {'seed us/rank':>12} {'seed / indexer_route':>21}"
+                              f"   (medians: C++, sparsecp.route, indexer_route)")
                     print(f"{row['case']:7} {mode:7} {row['cpp_us']:>11.1f} {row['sparsecp_route_us']:>14.1f} "
                           f"{row['sparsecp_route_vs_cpp']:>6.2f} {row['indexer_route_us']:>13.1f} "
                           f"{row['indexer_route_vs_cpp']:>6.2f} {row['seed_us']:>12.0f} "
-                          f"{row['seed_vs_indexer_route']:>20.0f}x", flush=True)
+                          f"{row['seed_vs_indexer_route']:>20.0f}x   ({cpp[1] * 1e6:.1f}, {python_route[1] * 1e6:.1f}, "
+                          f"{seed_api[1] * 1e6:.1f})", flush=True)
     summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": seed_speed.machine(),
                "python": platform.python_version(), "allocator": os.environ.get("GLIBC_TUNABLES", "glibc defaults"),
                "results": rows}

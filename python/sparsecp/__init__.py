@@ -155,7 +155,10 @@ def plan(lengths: Sequence[int], cp: int, ratio: int, mode: str = "zigzag", **st
         ValueError: invalid lengths, cp, ratio or parameters, or an unknown strategy (the
             message lists the registered ones).
     """
-    return _core.plan_strategy(mode, _lengths(lengths), cp, ratio, strategy_params(**strategy_params_))
+    lengths = _lengths(lengths)
+    made = _core.plan_strategy(mode, lengths, cp, ratio, strategy_params(**strategy_params_))
+    made.batch = (lengths, cp, ratio)  # what route() checks its arguments against
+    return made
 
 
 def route(plan_or_mode: Union[Plan, str], lengths: Sequence[int], cp: int, rank: int, ratio: int,
@@ -176,7 +179,8 @@ def route(plan_or_mode: Union[Plan, str], lengths: Sequence[int], cp: int, rank:
         made = plan_or_mode
         if strategy_params_:
             raise TypeError("route(plan, ...) takes no strategy parameters: the plan is made")
-        if made.cp != cp or made.ratio != ratio or tuple(made.lengths.tolist()) != lengths:
+        batch = getattr(made, "batch", None) or (tuple(made.lengths.tolist()), made.cp, made.ratio)
+        if batch[1] != cp or batch[2] != ratio or (batch[0] is not lengths and batch[0] != lengths):
             raise ValueError(
                 f"route: the plan was made for cp {made.cp}, ratio {made.ratio} and "
                 f"{len(made.lengths)} documents, got cp {cp}, ratio {ratio} and {len(lengths)} documents"

@@ -217,7 +217,8 @@ void bind_plans(nb::module_& m) {
       },
       "Every registered strategy as (name, source, summary, unit, listing order).");
 
-  nb::class_<Plan>(m, "Plan", "A strategy's plan of one batch (planning/strategy.hpp).")
+  nb::class_<Plan>(m, "Plan", "A strategy's plan of one batch (planning/strategy.hpp).",
+                   nb::dynamic_attr())
       .def_prop_ro("strategy", &Plan::strategy)
       .def_prop_ro("cp", &Plan::cp)
       .def_prop_ro("ratio", &Plan::ratio)

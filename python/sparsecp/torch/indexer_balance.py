@@ -151,16 +151,7 @@ class IndexerTask:
         return self.end - self.start
 
 
-def _with_cache(public: Callable, cached: Any, *also: Any) -> Callable:
-    """Give ``public`` the lru_cache methods of ``cached``; cache_clear() clears ``also`` too."""
-
-    def cache_clear() -> None:
-        for cache in (cached, *also):
-            cache.cache_clear()
-
-    public.cache_clear = cache_clear  # type: ignore[attr-defined]
-    public.cache_info = cached.cache_info  # type: ignore[attr-defined]
-    return public
+_LAST_PLAN: list = [None, None]  # (inputs, plan) of the last _plan call
 
 
 @lru_cache(maxsize=128)
@@ -171,17 +162,25 @@ def _plan(lengths: tuple[int, ...], size: int, ratio: int, mode: Any, block_size
                            _extra_params(_mode(mode), dict(params)))
 
 
+def _last_plan(*inputs: Any) -> _core.Plan:
+    """_plan, remembering the last inputs: the routes of every rank of one batch are built
+    one after another from the same objects, so a tuple comparison (identity first) stands
+    in for hashing the lengths again."""
+    last, planned = _LAST_PLAN
+    if last != inputs:
+        planned = _plan(*inputs)
+        _LAST_PLAN[:] = [inputs, planned]
+    return planned
+
+
 @lru_cache(maxsize=128)
-def _indexer_task_plan(lengths: tuple[int, ...], size: int, ratio: int, mode: Any, block_size: Any,
-                       zigzag_min_length: Any, params: tuple) -> tuple:
-    planned = _plan(lengths, size, ratio, mode, block_size, zigzag_min_length, params)
-    return tuple(tuple(IndexerTask(*task) for task in planned.tasks(rank)) for rank in range(size))
-
-
 def indexer_task_plan(lengths: tuple[int, ...], size: int, ratio: int, mode: str,
                       block_size: int | None = None, zigzag_min_length: int | None = None,
                       **strategy_params: Any) -> tuple:
     """Assign real queries using zigzag, greedy or a shared-budget hybrid plan.
+
+    Cached like the seed's (``functools.lru_cache``, so ``lengths`` is a tuple);
+    ``indexer_task_plan.cache_clear()`` also drops the plans behind ``indexer_route``.
 
     Args:
         lengths: Global document lengths in packed order.
@@ -209,11 +208,18 @@ def indexer_task_plan(lengths: tuple[int, ...], size: int, ratio: int, mode: str
         cap each worker at twice the original local query count; zigzag preserves equal
         row counts.
     """
-    return _indexer_task_plan(_lengths(lengths), size, ratio, mode, block_size, zigzag_min_length,
-                              tuple(sorted(strategy_params.items())))
+    planned = _last_plan(lengths, size, ratio, mode, block_size, zigzag_min_length,
+                         tuple(sorted(strategy_params.items())))
+    return tuple(tuple(IndexerTask(*task) for task in planned.tasks(rank)) for rank in range(size))
 
 
-_with_cache(indexer_task_plan, _indexer_task_plan, _plan)
+def _clear_plans(clear_task_plans: Callable[[], None] = indexer_task_plan.cache_clear) -> None:
+    clear_task_plans()
+    _plan.cache_clear()
+    _LAST_PLAN[:] = [None, None]
+
+
+indexer_task_plan.cache_clear = _clear_plans  # type: ignore[attr-defined]
 
 
 class RowTuple(Sequence):
@@ -308,45 +314,43 @@ class IndexerRoute:
     first access, without copying.
     """
 
-    __slots__ = tuple("_" + name for name in _ROW_FIELDS) + ("query_count", "core", "_hash")
+    __slots__ = ("core", "query_count", "_fields", "_hash")
 
     def __init__(self, segments: Any, input_splits: Any, output_splits: Any, send_rows: Any, receive_rows: Any,
                  local_sources: Any, local_targets: Any, query_count: int) -> None:
+        fields = [RowTuple(_int64(segments, width=5))]
+        fields += [RowTuple(_int64(values)) for values in (input_splits, output_splits, send_rows, receive_rows,
+                                                          local_sources, local_targets)]
         set_field = object.__setattr__
-        set_field(self, "_segments", RowTuple(_int64(segments, width=5)))
-        for name, values in zip(_ROW_FIELDS[1:], (input_splits, output_splits, send_rows, receive_rows,
-                                                  local_sources, local_targets)):
-            set_field(self, "_" + name, RowTuple(_int64(values)))
-        set_field(self, "query_count", operator.index(query_count))
         set_field(self, "core", None)
+        set_field(self, "query_count", operator.index(query_count))
+        set_field(self, "_fields", fields)
         set_field(self, "_hash", None)
 
     @classmethod
     def from_core(cls, route: _core.Route) -> IndexerRoute:
-        """Wrap a C++ route; its arrays are viewed, never copied."""
+        """Wrap a C++ route; its arrays are viewed (on first access), never copied."""
         self = cls.__new__(cls)
         set_field = object.__setattr__
-        for name in _ROW_FIELDS:
-            set_field(self, "_" + name, None)
-        set_field(self, "query_count", route.query_count)
         set_field(self, "core", route)
+        set_field(self, "query_count", route.query_count)
+        set_field(self, "_fields", [None] * 7)
         set_field(self, "_hash", None)
         return self
 
-    def _field(self, name: str) -> RowTuple:
-        value = object.__getattribute__(self, "_" + name)
+    def _field(self, index: int) -> RowTuple:
+        value = self._fields[index]
         if value is None:
-            value = RowTuple(getattr(self.core, name))
-            object.__setattr__(self, "_" + name, value)
+            value = self._fields[index] = RowTuple(getattr(self.core, _ROW_FIELDS[index]))
         return value
 
-    segments = property(lambda self: self._field("segments"))
-    input_splits = property(lambda self: self._field("input_splits"))
-    output_splits = property(lambda self: self._field("output_splits"))
-    send_rows = property(lambda self: self._field("send_rows"))
-    receive_rows = property(lambda self: self._field("receive_rows"))
-    local_sources = property(lambda self: self._field("local_sources"))
-    local_targets = property(lambda self: self._field("local_targets"))
+    segments = property(lambda self: self._field(0), doc="(q_begin, q_end, key_begin, key_end, residual) per task")
+    input_splits = property(lambda self: self._field(1), doc="rows this owner sends to each peer")
+    output_splits = property(lambda self: self._field(2), doc="rows this worker receives from each owner")
+    send_rows = property(lambda self: self._field(3), doc="local owner rows, grouped by destination")
+    receive_rows = property(lambda self: self._field(4), doc="worker positions, grouped by source owner")
+    local_sources = property(lambda self: self._field(5), doc="local owner rows this rank selects itself")
+    local_targets = property(lambda self: self._field(6), doc="their worker positions")
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise FrozenInstanceError(f"cannot assign to field '{name}'")
@@ -379,22 +383,13 @@ class IndexerRoute:
 
 
 @lru_cache(maxsize=128)
-def _indexer_route(lengths: tuple[int, ...], size: int, rank: int, ratio: int, mode: Any, block_size: Any,
-                   zigzag_min_length: Any, params: tuple) -> IndexerRoute:
-    if not 0 <= rank < size:
-        raise ValueError("Indexer balance rank must be inside its CP group")
-    if mode == "zigzag":  # the seed's fast path: only this rank's tasks
-        return IndexerRoute.from_core(
-            _core.route_seed(lengths, size, rank, ratio, mode, _option(block_size), _option(zigzag_min_length),
-                             _extra_params(mode, dict(params))))
-    planned = _plan(lengths, size, ratio, mode, block_size, zigzag_min_length, params)
-    return IndexerRoute.from_core(_core.route_from_plan(planned, rank))
-
-
 def indexer_route(lengths: tuple[int, ...], size: int, rank: int, ratio: int, mode: str,
                   block_size: int | None = None, zigzag_min_length: int | None = None,
                   **strategy_params: Any) -> IndexerRoute:
     """Keep self-owned tasks local and communicate the remaining rows in owner order.
+
+    Cached like the seed's (``functools.lru_cache``, so ``lengths`` is a tuple): the same
+    inputs return the same route object.
 
     Args:
         lengths: Shared document lengths in raw tokens.
@@ -410,11 +405,15 @@ def indexer_route(lengths: tuple[int, ...], size: int, rank: int, ratio: int, mo
     Returns:
         Immutable input/result route with a local-task bypass.
     """
-    return _indexer_route(_lengths(lengths), size, rank, ratio, mode, block_size, zigzag_min_length,
-                          tuple(sorted(strategy_params.items())))
-
-
-_with_cache(indexer_route, _indexer_route)
+    if not 0 <= rank < size:
+        raise ValueError("Indexer balance rank must be inside its CP group")
+    params = tuple(sorted(strategy_params.items()))
+    if mode == "zigzag":  # the seed's fast path: only this rank's tasks
+        return IndexerRoute.from_core(
+            _core.route_seed(lengths, size, rank, ratio, mode, _option(block_size), _option(zigzag_min_length),
+                             _extra_params(mode, dict(params))))
+    planned = _last_plan(lengths, size, ratio, mode, block_size, zigzag_min_length, params)
+    return IndexerRoute.from_core(_core.route_from_plan(planned, rank))
 
 
 @lru_cache(maxsize=32)
@@ -580,7 +579,7 @@ def _launch_checks(inputs: tuple, lengths: Any, ratio: int, mode: str, group: An
         if len(tensors) != len(inputs):
             raise ValueError("Indexer balance requires batch one and equal contiguous source query shards")
         _check_inputs(inputs, size, _lengths(lengths), axes_text)
-        return indexer_route(lengths, size, rank, ratio, mode, block_size, zigzag_min_length, **params)
+        return indexer_route(_lengths(lengths), size, rank, ratio, mode, block_size, zigzag_min_length, **params)
 
     route, error = capture(check)
     fingerprint = _planning_fingerprint(lengths, size, ratio, mode, block_size, zigzag_min_length, params)
