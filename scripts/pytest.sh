@@ -10,6 +10,7 @@
 # reinstalling recompiles only what changed.
 #
 #   scripts/pytest.sh [pytest args...]      e.g. scripts/pytest.sh -k golden
+# PYTHON=/usr/bin/python3 picks the interpreter the environment is made from (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
@@ -19,7 +20,7 @@ wanted=$(sha256sum "$requirements" | cut -d' ' -f1)
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$wanted" ]; then
   echo "pytest.sh: creating $venv from $requirements" >&2
   rm -rf "$venv"
-  python3 -m venv "$venv"
+  "${PYTHON:-python3}" -m venv "$venv"
   wheels=.cache/wheels
   mkdir -p "$wheels"
   if ! "$venv/bin/pip" install --quiet --no-index --find-links "$wheels" -r "$requirements" 2>/dev/null; then

@@ -126,6 +126,7 @@ def balanced_select(rank: int, size: int, seed: int, mode: str, options: dict, d
         "shape": tuple(balanced.shape),
         "dtype": str(balanced.dtype),
         "bytes": (stats["bytes_sent"], stats["bytes_received"]),
+        "exchanges": stats["exchanges"],
         "expected_bytes": (expected.sent, expected.received),
         "overlapped_bytes": (overlapped_stats["bytes_sent"], overlapped_stats["bytes_received"]),
         "worker_rows": (qr.shape[1], route.query_count, exchange.owner_queries),

@@ -31,6 +31,9 @@ def _check_balanced(results: list, size: int, label: str) -> None:
         assert result["overlapped_equal"], where
         assert result["shape"] == (1, 48, rank_tasks.TOPK) and result["dtype"] == "torch.int32", where
         assert result["bytes"] == result["expected_bytes"], where
+        # one all-to-all per dtype group (bf16 qr; fp32 weights, cos, sin), one for the results
+        expected_groups = 1 if result["worker_dtypes"][0] == "torch.float32" else 2
+        assert result["exchanges"] == expected_groups + 1, where
         assert result["overlapped_bytes"] == result["expected_bytes"], where
         assert result["worker_rows"][0] == result["worker_rows"][1], where
         assert result["worker_rows"][2] == 48, where

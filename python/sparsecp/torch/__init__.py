@@ -14,6 +14,11 @@ Also here: the selection op (``select_indices``, ``csa_tnd_plan``,
 with autograd (``sliding_window_route``, ``document_prefix_route``,
 ``sequence_dispatch``, ``sequence_gather``, ``SequenceGatherHandle``,
 ``DeferredBankLaunch``).
+
+Layout: ``indexer_balance.py`` (the seed's module), ``select.py`` (selection),
+``sequence.py`` (KV routes and gathers), ``_agreement.py`` (cross-rank input agreement).
+The indexer KL loss (``shared_compressed_indexer_kl_loss``) is meant to join as ``kl.py``,
+exported from here like the rest.
 """
 from __future__ import annotations
 
