@@ -103,6 +103,11 @@ def _extra_params(mode: str, params: dict[str, Any]) -> Optional[_core.StrategyP
     return strategy_params(**params)
 
 
+def _sparsecp_strategy(mode: Any) -> bool:
+    """True for a registered strategy that is not one of the seed's modes (spill, auto, ...)."""
+    return isinstance(mode, str) and mode in _STRATEGIES and mode not in _SEED_MODES
+
+
 def resolve_indexer_balance_block_size(mode: str, block_size: int | None) -> int | None:
     """Resolve the greedy-pool query block option, defaulting to 2048 rows.
 
@@ -111,8 +116,8 @@ def resolve_indexer_balance_block_size(mode: str, block_size: int | None) -> int
     sparsecp's own strategies (not in the seed) take an optional positive block size
     (``auto`` uses it for its greedy/hybrid candidates) and return it unchanged.
     """
-    if mode in _STRATEGIES and mode not in _SEED_MODES:
-        if block_size is not None and _option(block_size) == 0:
+    if _sparsecp_strategy(mode):
+        if block_size is not None and _option(block_size) < 1:
             raise ValueError("indexer_balance_block_size must be a positive integer")
         return block_size
     return _core.resolve_block_size(_mode(mode), _option(block_size))
@@ -130,8 +135,8 @@ def validate_indexer_hybrid_threshold(mode: str, min_length: int | None) -> None
         mode: Selected Indexer load-balancing strategy.
         min_length: Explicit positive raw-token document threshold for hybrid.
     """
-    if mode in _STRATEGIES and mode not in _SEED_MODES:
-        if min_length is not None and _option(min_length) == 0:
+    if _sparsecp_strategy(mode):
+        if min_length is not None and _option(min_length) < 1:
             raise ValueError("indexer_zigzag_min_length must be a positive integer")
         return
     _core.validate_hybrid_threshold(mode == "hybrid", _option(min_length))
