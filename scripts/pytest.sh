@@ -10,6 +10,8 @@
 # reinstalling recompiles only what changed.
 #
 #   scripts/pytest.sh [pytest args...]      e.g. scripts/pytest.sh -k golden
+#   scripts/pytest.sh --venv-only           only make sure .venv is ready (scripts/test.sh runs
+#                                           this in the background while the C++ builds)
 # PYTHON=/usr/bin/python3 picks the interpreter the environment is made from (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,9 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha256" 2>/dev/n
     "$venv/bin/pip" install --quiet --no-index --find-links "$wheels" -r "$requirements"
   fi
   echo "$wanted" > "$venv/.requirements.sha256"
+fi
+if [ "${1:-}" = "--venv-only" ]; then
+  exit 0
 fi
 echo "pytest.sh: pip install . (build folder build/python)" >&2
 start=$(date +%s)
