@@ -9,6 +9,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev     # command line and JSON
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
   python3                             # test-data checks and seed comparisons
+  python3-venv python3-dev            # the Python package: its test environment and extension
   clang libomp-14-dev libclang-rt-14-dev       # fuzzing (libFuzzer) and TSan with OpenMP (Archer)
 )
 missing=()

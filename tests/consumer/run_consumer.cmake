@@ -22,12 +22,18 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIAB
 if(status)
   message(FATAL_ERROR "building the consumer failed: ${status}")
 endif()
-foreach(consumer IN ITEMS plan_consumer full_consumer)
-  execute_process(COMMAND ${WORK_DIR}/build/${consumer} RESULT_VARIABLE status)
-  if(status)
-    message(FATAL_ERROR "${consumer} failed: ${status}")
-  endif()
-endforeach()
+# full_consumer initialises Open MPI, whose own allocations LeakSanitizer reports as leaks
+# (hwloc, ompi_op_base_op_select, ...; none from sparsecp): it runs with leak detection
+# off, as the MPI tests do (tests/CMakeLists.txt). plan_consumer keeps it on.
+execute_process(COMMAND ${WORK_DIR}/build/plan_consumer RESULT_VARIABLE status)
+if(status)
+  message(FATAL_ERROR "plan_consumer failed: ${status}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env ASAN_OPTIONS=detect_leaks=0 ${WORK_DIR}/build/full_consumer
+                RESULT_VARIABLE status)
+if(status)
+  message(FATAL_ERROR "full_consumer failed: ${status}")
+endif()
 
 # The planning layer without kernels or MPI (planning, transport, io): configured with
 # kernels and MPI off, it must build, install

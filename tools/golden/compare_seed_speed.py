@@ -31,7 +31,7 @@ field by field (sparsecp `route --all-ranks --json --full` against the seed).
 Usage:
   python3 tools/golden/reindent.py /tmp/seedref
   python3 tools/golden/compare_seed_speed.py --seed-module /tmp/seedref/indexer_balance_seed.py \
-      --sparsecp build/release/sparsecp [--json] [--verify]
+      --sparsecp build/native/sparsecp [--json] [--verify]
 """
 from __future__ import annotations
 

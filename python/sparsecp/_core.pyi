@@ -1,0 +1,512 @@
+"""
+sparsecp's C++ core: planning, routes, agreement fingerprints and CPU kernels. Use the packages `sparsecp` (planning, no torch needed) and `sparsecp.torch`.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Annotated
+
+import numpy
+from numpy.typing import NDArray
+
+
+class CostModel:
+    """
+    Per-row selection cost a + b * vis + c * min(topk, vis) (include/sparsecp/planning/cost_model.hpp).
+    """
+
+    def __init__(self) -> None: ...
+
+    @staticmethod
+    def linear(a: float, b: float, c: float, topk: int) -> CostModel: ...
+
+    @property
+    def a(self) -> float: ...
+
+    @a.setter
+    def a(self, arg: float, /) -> None: ...
+
+    @property
+    def b(self) -> float: ...
+
+    @b.setter
+    def b(self, arg: float, /) -> None: ...
+
+    @property
+    def c(self) -> float: ...
+
+    @c.setter
+    def c(self, arg: float, /) -> None: ...
+
+    @property
+    def topk(self) -> int: ...
+
+    @topk.setter
+    def topk(self, arg: int, /) -> None: ...
+
+    @property
+    def unit(self) -> str: ...
+
+    @unit.setter
+    def unit(self, arg: str, /) -> None: ...
+
+    @property
+    def note(self) -> str: ...
+
+    @note.setter
+    def note(self, arg: str, /) -> None: ...
+
+    def row(self, visible: int) -> float: ...
+
+    def __repr__(self) -> str: ...
+
+def load_cost_model(path: str) -> CostModel:
+    """Reads a cost model file (`sparsecp calibrate` writes them)."""
+
+def save_cost_model(path: str, model: CostModel) -> None: ...
+
+class RowBytes:
+    """Bytes of one moved row (planning/row_bytes.hpp)."""
+
+    def __init__(self) -> None: ...
+
+    @property
+    def qr_rank(self) -> int: ...
+
+    @qr_rank.setter
+    def qr_rank(self, arg: int, /) -> None: ...
+
+    @property
+    def qr_bytes(self) -> int: ...
+
+    @qr_bytes.setter
+    def qr_bytes(self, arg: int, /) -> None: ...
+
+    @property
+    def index_heads(self) -> int: ...
+
+    @index_heads.setter
+    def index_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def weight_bytes(self) -> int: ...
+
+    @weight_bytes.setter
+    def weight_bytes(self, arg: int, /) -> None: ...
+
+    @property
+    def rope_pairs(self) -> int: ...
+
+    @rope_pairs.setter
+    def rope_pairs(self, arg: int, /) -> None: ...
+
+    @property
+    def rope_bytes(self) -> int: ...
+
+    @rope_bytes.setter
+    def rope_bytes(self, arg: int, /) -> None: ...
+
+    @property
+    def topk(self) -> int: ...
+
+    @topk.setter
+    def topk(self, arg: int, /) -> None: ...
+
+    @property
+    def index_bytes(self) -> int: ...
+
+    @index_bytes.setter
+    def index_bytes(self, arg: int, /) -> None: ...
+
+    def input_bytes(self) -> int: ...
+
+    def result_bytes(self) -> int: ...
+
+class StrategyParams:
+    """
+    Parameters of every strategy (planning/strategy.hpp); each strategy reads only its own.
+    """
+
+    def __init__(self) -> None: ...
+
+    @property
+    def block_size(self) -> int | None: ...
+
+    @block_size.setter
+    def block_size(self, arg: int | None, /) -> None: ...
+
+    @property
+    def zigzag_min_length(self) -> int | None: ...
+
+    @zigzag_min_length.setter
+    def zigzag_min_length(self, arg: int | None, /) -> None: ...
+
+    @property
+    def target_imbalance(self) -> float: ...
+
+    @target_imbalance.setter
+    def target_imbalance(self, arg: float, /) -> None: ...
+
+    @property
+    def max_received_fragments(self) -> int: ...
+
+    @max_received_fragments.setter
+    def max_received_fragments(self, arg: int, /) -> None: ...
+
+    @property
+    def cost_model(self) -> CostModel | None: ...
+
+    @cost_model.setter
+    def cost_model(self, arg: CostModel | None, /) -> None: ...
+
+    @property
+    def bandwidth_gbps(self) -> float: ...
+
+    @bandwidth_gbps.setter
+    def bandwidth_gbps(self, arg: float, /) -> None: ...
+
+    @property
+    def row_bytes(self) -> RowBytes: ...
+
+    @row_bytes.setter
+    def row_bytes(self, arg: RowBytes, /) -> None: ...
+
+    @property
+    def wlb_split_length(self) -> int | None: ...
+
+    @wlb_split_length.setter
+    def wlb_split_length(self, arg: int | None, /) -> None: ...
+
+    @property
+    def snake_block(self) -> int: ...
+
+    @snake_block.setter
+    def snake_block(self, arg: int, /) -> None: ...
+
+    @property
+    def lpt_align(self) -> int: ...
+
+    @lpt_align.setter
+    def lpt_align(self, arg: int, /) -> None: ...
+
+    @property
+    def lpt_row_cap(self) -> float: ...
+
+    @lpt_row_cap.setter
+    def lpt_row_cap(self, arg: float, /) -> None: ...
+
+    @property
+    def lpt_search_steps(self) -> int: ...
+
+    @lpt_search_steps.setter
+    def lpt_search_steps(self, arg: int, /) -> None: ...
+
+    @property
+    def lpt_fragment_cap(self) -> int: ...
+
+    @lpt_fragment_cap.setter
+    def lpt_fragment_cap(self, arg: int, /) -> None: ...
+
+    @property
+    def lpt_cost(self) -> str: ...
+
+    @lpt_cost.setter
+    def lpt_cost(self, arg: str, /) -> None: ...
+
+    @property
+    def window(self) -> int: ...
+
+    @window.setter
+    def window(self, arg: int, /) -> None: ...
+
+    @property
+    def topk(self) -> int: ...
+
+    @topk.setter
+    def topk(self, arg: int, /) -> None: ...
+
+    def validate(self) -> None: ...
+
+def strategies() -> list[tuple[str, str, str, str, int]]:
+    """
+    Every registered strategy as (name, source, summary, unit, listing order).
+    """
+
+class Plan:
+    """A strategy's plan of one batch (planning/strategy.hpp)."""
+
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def cp(self) -> int: ...
+
+    @property
+    def ratio(self) -> int: ...
+
+    @property
+    def lengths(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    def tasks_array(self, rank: int) -> Annotated[NDArray[numpy.int64], dict(writable=False)]:
+        """This rank's tasks as an int64 [tasks, 3] (document, start, end) view."""
+
+    def tasks(self, rank: int) -> list[tuple[int, int, int]]:
+        """This rank's tasks as a list of (document, start, end)."""
+
+    @property
+    def task_count(self) -> int: ...
+
+    @property
+    def rows(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def work(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def total_work(self) -> int: ...
+
+    @property
+    def imbalance(self) -> float: ...
+
+    @property
+    def rows_moved(self) -> int: ...
+
+    @property
+    def imbalance_bound(self) -> float: ...
+
+    @property
+    def rows_moved_bound(self) -> int: ...
+
+    @property
+    def unit_bound(self) -> float: ...
+
+    @property
+    def padding_rows(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def largest_unit_work(self) -> int: ...
+
+    @property
+    def note(self) -> str: ...
+
+def plan_strategy(name: str, lengths: Sequence[int], cp: int, ratio: int, params: StrategyParams) -> Plan:
+    """
+    Strategy `name`'s plan (unset defaults resolved by resolve_seed_options).
+    """
+
+def plan_seed(lengths: Sequence[int], cp: int, ratio: int, mode: str, block_size: int | None, zigzag_min_length: int | None, params: StrategyParams | None = None) -> Plan:
+    """
+    The seed's indexer_task_plan (plan_tasks, the seed's validation and texts); other registered strategy names plan through the strategy with these two options.
+    """
+
+def resolve_block_size(mode: str, block_size: int | None) -> int | None:
+    """Seed resolve_indexer_balance_block_size."""
+
+def validate_hybrid_threshold(hybrid: bool, min_length: int | None) -> None:
+    """Seed validate_indexer_hybrid_threshold (mode reduced to 'is hybrid')."""
+
+class Route:
+    """
+    One rank's route (planning/route.hpp); fields are read-only int64 numpy views of the route's own memory.
+    """
+
+    @property
+    def segments(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def input_splits(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def output_splits(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def send_rows(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def receive_rows(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def local_sources(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def local_targets(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def query_count(self) -> int: ...
+
+    @property
+    def owner_rows(self) -> int: ...
+
+    def expected_bytes(self, input_row_bytes: int, topk: int) -> tuple:
+        """
+        (inputs_sent, inputs_received, results_sent, results_received): the bytes this rank moves to and from other ranks (expected_exchange_bytes).
+        """
+
+    def __eq__(self, arg: Route, /) -> bool: ...
+
+def route_seed(lengths: Sequence[int], cp: int, rank: int, ratio: int, mode: str, block_size: int | None, zigzag_min_length: int | None, params: StrategyParams | None = None) -> Route:
+    """
+    The seed's indexer_route (seed validation and texts; zigzag's fast path).
+    """
+
+def route_strategy(name: str, lengths: Sequence[int], cp: int, rank: int, ratio: int, params: StrategyParams) -> Route:
+    """Strategy::route: any strategy's route of one rank."""
+
+def route_from_plan(plan: Plan, rank: int) -> Route:
+    """make_route: a rank's route under a plan made beforehand."""
+
+class SequenceDispatchRoute:
+    """One rank's KV dispatch route (planning/dispatch.hpp)."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def global_start(self) -> int: ...
+
+    @property
+    def global_end(self) -> int: ...
+
+    @property
+    def local_start(self) -> int: ...
+
+    @property
+    def local_length(self) -> int: ...
+
+    @property
+    def send_begin(self) -> list[int]: ...
+
+    @property
+    def send_splits(self) -> list[int]: ...
+
+    @property
+    def receive_splits(self) -> list[int]: ...
+
+    @property
+    def exchange_needed(self) -> bool: ...
+
+    @property
+    def block_rows(self) -> int: ...
+
+    @property
+    def received_rows(self) -> int: ...
+
+    @property
+    def sent_rows(self) -> int: ...
+
+    def __eq__(self, arg: SequenceDispatchRoute, /) -> bool: ...
+
+def sliding_window_route(boundaries: Sequence[int], local_length: int, size: int, rank: int, window: int) -> SequenceDispatchRoute:
+    """
+    Seed sliding_window_route: the raw-KV halo of sliding-window attention.
+    """
+
+def document_prefix_route(boundaries: Sequence[int], local_length: int, size: int, rank: int, ratio: int) -> SequenceDispatchRoute:
+    """
+    Seed document_prefix_route: compressed-KV document prefixes (ratio 1, 2).
+    """
+
+def compressed_document_offsets(boundaries: Sequence[int], ratio: int) -> list[int]: ...
+
+def compressed_owner_offsets(boundaries: Sequence[int], ratio: int, local_length: int) -> list[int]: ...
+
+def document_boundaries(lengths: Sequence[int]) -> list[int]: ...
+
+def generate_batch(distribution: str = 'lognormal', tokens: int = 1048576, cp: int = 8, seed: int = 1, scale: int = 0) -> list[int]:
+    """
+    Document lengths of a seeded generated batch (`sparsecp batch`); scale 0 = a quarter of the local shard.
+    """
+
+def workload_distributions() -> list[str]:
+    """The distributions generate_batch knows."""
+
+class PlanningFingerprint:
+    """
+    What every CP rank must agree on before data moves (transport/agreement.hpp).
+    """
+
+    @staticmethod
+    def seed(lengths: Sequence[int], cp: int, ratio: int, mode: str, block_size: int | None, zigzag_min_length: int | None) -> PlanningFingerprint:
+        """
+        The seed-mode inputs (mode none, zigzag, greedy or hybrid; options as given).
+        """
+
+    @staticmethod
+    def strategy(lengths: Sequence[int], cp: int, ratio: int, name: str, params: StrategyParams) -> PlanningFingerprint:
+        """Any registered strategy and every parameter."""
+
+    def add(self, name: str, value: int) -> PlanningFingerprint: ...
+
+    def add_real(self, name: str, value: float) -> PlanningFingerprint: ...
+
+    @property
+    def value(self) -> int: ...
+
+    @property
+    def documents(self) -> int: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    def components(self) -> list[int]: ...
+
+    @property
+    def setting_names(self) -> list[str]: ...
+
+def check_agreement(fingerprint: PlanningFingerprint, rank: int, size: int, all_reduce: Callable, context: str = '') -> None:
+    """
+    Collective: raises ValueError on every rank unless all fingerprints are equal, naming what differs. all_reduce(values: list[int], op: str) -> list[int] reduces over the group.
+    """
+
+def select_topk(q: Annotated[NDArray, dict(device='cpu', writable=False)], weights: Annotated[NDArray, dict(device='cpu', writable=False)], keys: Annotated[NDArray, dict(device='cpu', writable=False)], segments: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], heads: int, head_dim: int, ratio: int, topk: int, threads: int = 0, isa: str = 'auto') -> None:
+    """
+    Fused scoring + top-k (kernels/select.hpp select_topk) into `out` [rows, topk] int32. q [rows, heads * head_dim] (any trailing shape), weights [rows, heads], keys [bank, head_dim]; fp32 or bf16; C-contiguous CPU arrays, read in place.
+    """
+
+def select_worker_rows(qr: Annotated[NDArray, dict(device='cpu', writable=False)], weights: Annotated[NDArray, dict(device='cpu', writable=False)], cos: Annotated[NDArray, dict(device='cpu', writable=False)], sin: Annotated[NDArray, dict(device='cpu', writable=False)], wq_b: Annotated[NDArray, dict(device='cpu', writable=False)], keys: Annotated[NDArray, dict(device='cpu', writable=False)], segments: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], heads: int, head_dim: int, rope_dim: int, ratio: int, topk: int, out_in: bool = True, threads: int = 0, isa: str = 'auto') -> None:
+    """
+    Worker selection (select_worker_rows): Index-Q projection qr @ Wq_b with RoPE, then fused top-k. wq_b is [heads * head_dim, q_rank] (out_in, torch Linear.weight) or [q_rank, heads * head_dim].
+    """
+
+def project_index_query(qr: Annotated[NDArray, dict(device='cpu', writable=False)], wq_b: Annotated[NDArray, dict(device='cpu', writable=False)], cos: Annotated[NDArray, dict(device='cpu', writable=False)], sin: Annotated[NDArray, dict(device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], heads: int, head_dim: int, rope_dim: int, out_in: bool = True) -> None:
+    """
+    Index-Q projection with RoPE (project_index_query) into `out` [rows, heads * head_dim] float32.
+    """
+
+class TndPlan:
+    """Packed layout of the rows that see a key (kernels/tnd_plan.hpp)."""
+
+    @property
+    def ratio(self) -> int: ...
+
+    @property
+    def packed_rows(self) -> int: ...
+
+    @property
+    def sequences(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]:
+        """
+        [n, 6] int64: row_begin, row_end, packed_begin, first_position, key_begin, key_end.
+        """
+
+    def query_offsets(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    def key_offsets(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    def packed_row_ids(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    def covers_queries(self, rows: int) -> bool: ...
+
+def csa_tnd_plan(segments: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], ratio: int) -> TndPlan | None:
+    """Seed csa_tnd_plan: None when no row sees a key."""
+
+def kernel_isa() -> str:
+    """The ISA the selection kernels use on this CPU (auto's choice)."""
+
+def kernel_isa_supported(name: str) -> bool: ...
+
+def array_address(array: Annotated[NDArray, dict(device='cpu', writable=False)]) -> int:
+    """
+    The address of the data the binding reads for `array` (tests use it to prove zero copy).
+    """

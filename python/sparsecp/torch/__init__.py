@@ -1,0 +1,108 @@
+"""sparsecp.torch: the seed's ``indexer_balance`` module for PyTorch, drop-in, and more.
+
+``import sparsecp.torch as indexer_balance`` gives the names, signatures and error texts
+of Huawei hyper_parallel's ``indexer_balance`` (``resolve_indexer_balance_block_size``,
+``validate_indexer_hybrid_threshold``, ``IndexerTask``, ``indexer_task_plan``,
+``IndexerRoute``, ``indexer_route``, ``balanced_indexer_select``,
+``launch_indexer_inputs`` with ``IndexerInputExchange`` / ``_PendingRows``), backed by
+sparsecp's C++ planners; ``mode`` also takes sparsecp's strategies (``spill``, ``auto``,
+...). Data moves with ``torch.distributed`` on the caller's process group (gloo for CPU
+tensors, NCCL for CUDA tensors).
+
+Also here: the selection op (``select_indices``, ``csa_tnd_plan``,
+``packed_indexer_select``, ``project_index_query``, ``IndexerSelector``) and the KV routes
+with autograd (``sliding_window_route``, ``document_prefix_route``,
+``sequence_dispatch``, ``sequence_gather``, ``SequenceGatherHandle``,
+``DeferredBankLaunch``).
+
+Layout: ``indexer_balance.py`` (the seed's module), ``select.py`` (selection),
+``sequence.py`` (KV routes and gathers), ``_agreement.py`` (cross-rank input agreement).
+The indexer KL loss (``shared_compressed_indexer_kl_loss``) is meant to join as ``kl.py``,
+exported from here like the rest.
+"""
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "sparsecp.torch needs PyTorch, which is not installed: pip install torch "
+        "(`import sparsecp` plans without it)"
+    ) from error
+
+from .indexer_balance import (  # noqa: E402
+    ExchangeBytes,
+    IndexerInputExchange,
+    IndexerRoute,
+    IndexerTask,
+    RowTuple,
+    _device_rows,
+    _exchange_inputs,
+    _exchange_rows,
+    _PendingRows,
+    balanced_indexer_select,
+    exchange_stats,
+    expected_exchange_bytes,
+    indexer_route,
+    indexer_task_plan,
+    launch_indexer_inputs,
+    reset_exchange_stats,
+    resolve_indexer_balance_block_size,
+    validate_indexer_hybrid_threshold,
+)
+from .select import (  # noqa: E402
+    IndexerSelector,
+    TndPlan,
+    csa_tnd_plan,
+    packed_indexer_select,
+    project_index_query,
+    select_indices,
+)
+from .sequence import (  # noqa: E402
+    DeferredBankLaunch,
+    SequenceDispatchRoute,
+    SequenceGatherHandle,
+    _DeferredBankLaunch,
+    compressed_document_offsets,
+    compressed_owner_offsets,
+    document_prefix_route,
+    launch_sequence_dispatch,
+    launch_sequence_gather,
+    sequence_dispatch,
+    sequence_gather,
+    sliding_window_route,
+)
+
+__all__ = [
+    "DeferredBankLaunch",
+    "ExchangeBytes",
+    "IndexerInputExchange",
+    "IndexerRoute",
+    "IndexerSelector",
+    "IndexerTask",
+    "RowTuple",
+    "SequenceDispatchRoute",
+    "SequenceGatherHandle",
+    "TndPlan",
+    "balanced_indexer_select",
+    "compressed_document_offsets",
+    "compressed_owner_offsets",
+    "csa_tnd_plan",
+    "document_prefix_route",
+    "exchange_stats",
+    "expected_exchange_bytes",
+    "indexer_route",
+    "indexer_task_plan",
+    "launch_indexer_inputs",
+    "launch_sequence_dispatch",
+    "launch_sequence_gather",
+    "packed_indexer_select",
+    "project_index_query",
+    "reset_exchange_stats",
+    "resolve_indexer_balance_block_size",
+    "select_indices",
+    "sequence_dispatch",
+    "sequence_gather",
+    "sliding_window_route",
+    "validate_indexer_hybrid_threshold",
+]

@@ -1,0 +1,57 @@
+// sparsecp._core: shared helpers of the nanobind bindings (python/src/*.cpp).
+//
+// The extension never links libtorch. Arrays cross the boundary as nanobind ndarrays:
+// inputs through DLPack (a CPU torch tensor or a numpy array, zero copy when it is
+// C-contiguous), outputs as numpy arrays that either view memory owned by a bound C++
+// object (a route's row lists) or own a moved std::vector (a capsule frees it).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sparsecp/planning/segment.hpp"
+
+namespace sparsecp::python {
+
+namespace nb = nanobind;
+
+// Read-only int64 numpy array.
+using Int64Array = nb::ndarray<nb::numpy, const int64_t>;
+// Any CPU array-like input (torch tensor, numpy array, read-only or not) of any dtype and
+// shape; the binding only reads it.
+using CpuInput = nb::ndarray<nb::ro, nb::device::cpu>;
+// A writable CPU array the binding writes results into.
+using CpuArray = nb::ndarray<nb::device::cpu>;
+// A [n, 5] int64 segment table (q_begin, q_end, key_begin, key_end, residual).
+using SegmentArray = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// Properties that return numpy views of memory their object owns (the array holds the owner).
+inline constexpr auto kView = nb::rv_policy::reference;
+
+static_assert(sizeof(Segment) == 5 * sizeof(int64_t), "Segment must be five packed int64 values");
+
+// A read-only numpy view of `values` ([values.size()] or `shape`), kept alive by `owner`
+// (the Python object that owns the C++ vector).
+inline Int64Array view_int64(const std::vector<int64_t>& values, nb::handle owner) {
+  const size_t shape[1] = {values.size()};
+  return Int64Array(values.data(), 1, shape, owner);
+}
+
+// A read-only numpy array that takes over `values` (freed with the array).
+inline Int64Array own_int64(std::vector<int64_t>&& values, std::vector<size_t> shape = {}) {
+  auto* heap = new std::vector<int64_t>(std::move(values));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+  if (shape.empty()) shape = {heap->size()};
+  return Int64Array(heap->data(), shape.size(), shape.data(), owner);
+}
+
+void bind_planning(nb::module_& m);
+void bind_transport(nb::module_& m);
+void bind_kernels(nb::module_& m);
+
+}  // namespace sparsecp::python

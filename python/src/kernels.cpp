@@ -1,0 +1,216 @@
+// sparsecp._core kernels: the CPU selection kernels on caller-owned arrays, in place.
+//
+// Inputs arrive as DLPack arrays (CPU torch tensors or numpy arrays) and are read where
+// they are: the binding checks dtype, device and C-contiguity and never copies. Outputs
+// are written into arrays the caller allocated (int32 ids, fp32 projections). The GIL is
+// released while a kernel runs.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bindings.hpp"
+#include "sparsecp/error.hpp"
+#include "sparsecp/kernels/select.hpp"
+#include "sparsecp/kernels/tnd_plan.hpp"
+
+namespace sparsecp::python {
+namespace {
+
+constexpr nb::dlpack::dtype kBFloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+
+static_assert(sizeof(TndSequence) == 6 * sizeof(int64_t), "TndSequence must be six int64 values");
+
+template <typename Array>
+bool c_contiguous(const Array& array) {
+  int64_t expected = 1;
+  for (size_t i = array.ndim(); i-- > 0;) {
+    if (array.shape(i) != 1 && array.stride(i) != expected) return false;
+    expected *= static_cast<int64_t>(array.shape(i));
+  }
+  return true;
+}
+
+template <typename Array>
+std::string shape_text(const Array& array) {
+  std::string text = "[";
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    text += (i ? ", " : "") + std::to_string(array.shape(i));
+  }
+  return text + "]";
+}
+
+// A [shape[0], prod(shape[1:])] view of a C-contiguous fp32 or bf16 array of rank >= 2.
+MatrixView matrix(const CpuInput& array, const char* what) {
+  SPARSECP_CHECK(array.ndim() >= 2, what, " must have at least 2 dimensions, got shape ",
+                 shape_text(array));
+  SPARSECP_CHECK(c_contiguous(array), what, " must be C-contiguous");
+  DType dtype = DType::kFloat32;
+  if (array.dtype() == nb::dtype<float>()) {
+    dtype = DType::kFloat32;
+  } else if (array.dtype() == kBFloat16) {
+    dtype = DType::kBFloat16;
+  } else {
+    SPARSECP_FAIL(what, " must be float32 or bfloat16");
+  }
+  int64_t cols = 1;
+  for (size_t i = 1; i < array.ndim(); ++i) cols *= static_cast<int64_t>(array.shape(i));
+  return MatrixView{array.data(), dtype, static_cast<int64_t>(array.shape(0)), cols};
+}
+
+// The writable element span of a C-contiguous array of `T` with `rows` x `cols` elements.
+template <typename T>
+std::span<T> output(const CpuArray& array, const char* what, int64_t rows, int64_t cols) {
+  SPARSECP_CHECK(array.dtype() == nb::dtype<T>(), what, " has the wrong dtype");
+  SPARSECP_CHECK(c_contiguous(array), what, " must be C-contiguous");
+  SPARSECP_CHECK(array.ndim() == 2 && static_cast<int64_t>(array.shape(0)) == rows &&
+                     static_cast<int64_t>(array.shape(1)) == cols,
+                 what, " must have shape [", rows, ", ", cols, "], got ", shape_text(array));
+  return {static_cast<T*>(array.data()), static_cast<size_t>(rows * cols)};
+}
+
+std::span<const Segment> segments_of(const SegmentArray& segments) {
+  SPARSECP_CHECK(segments.shape(1) == 5,
+                 "segments must be [n, 5] (q_begin, q_end, key_begin, key_end, residual)");
+  return {reinterpret_cast<const Segment*>(segments.data()), segments.shape(0)};
+}
+
+KernelIsa parse_isa(std::string_view name) {
+  for (const KernelIsa isa :
+       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (name == kernel_isa_name(isa)) return isa;
+  }
+  SPARSECP_FAIL("unknown kernel ISA '", name, "' (expected auto, portable, avx2 or avx512)");
+}
+
+SelectConfig config_of(int64_t heads, int64_t head_dim, int64_t rope_dim, int64_t ratio,
+                       int64_t topk, int threads, std::string_view isa) {
+  SelectConfig config;
+  config.heads = heads;
+  config.head_dim = head_dim;
+  config.rope_dim = rope_dim;
+  config.topk = topk;
+  config.ratio = ratio;
+  config.threads = threads;
+  config.isa = parse_isa(isa);
+  validate_select_config(config);
+  return config;
+}
+
+WeightLayout layout_of(bool out_in) { return out_in ? WeightLayout::kOutIn : WeightLayout::kInOut; }
+
+}  // namespace
+
+void bind_kernels(nb::module_& m) {
+  m.def(
+      "select_topk",
+      [](const CpuInput& q, const CpuInput& weights, const CpuInput& keys,
+         const SegmentArray& segments, const CpuArray& out, int64_t heads, int64_t head_dim,
+         int64_t ratio, int64_t topk, int threads, std::string_view isa) {
+        const SelectConfig config = config_of(heads, head_dim, 0, ratio, topk, threads, isa);
+        const MatrixView q_view = matrix(q, "query");
+        const MatrixView w_view = matrix(weights, "weights");
+        const MatrixView k_view = matrix(keys, "key");
+        const auto out_span = output<int32_t>(out, "out", q_view.rows, topk);
+        const auto segment_span = segments_of(segments);
+        nb::gil_scoped_release release;
+        select_topk(q_view, w_view, k_view, segment_span, config, out_span);
+      },
+      nb::arg("q"), nb::arg("weights"), nb::arg("keys"), nb::arg("segments"), nb::arg("out"),
+      nb::arg("heads"), nb::arg("head_dim"), nb::arg("ratio"), nb::arg("topk"),
+      nb::arg("threads") = 0, nb::arg("isa") = "auto",
+      "Fused scoring + top-k (kernels/select.hpp select_topk) into `out` [rows, topk] int32. "
+      "q [rows, heads * head_dim] (any trailing shape), weights [rows, heads], keys [bank, "
+      "head_dim]; fp32 or bf16; C-contiguous CPU arrays, read in place.");
+  m.def(
+      "select_worker_rows",
+      [](const CpuInput& qr, const CpuInput& weights, const CpuInput& cos, const CpuInput& sin,
+         const CpuInput& wq_b, const CpuInput& keys, const SegmentArray& segments,
+         const CpuArray& out, int64_t heads, int64_t head_dim, int64_t rope_dim, int64_t ratio,
+         int64_t topk, bool out_in, int threads, std::string_view isa) {
+        const SelectConfig config = config_of(heads, head_dim, rope_dim, ratio, topk, threads, isa);
+        const MatrixView qr_view = matrix(qr, "query_residual");
+        const MatrixView w_view = matrix(weights, "weights");
+        const MatrixView cos_view = matrix(cos, "cos");
+        const MatrixView sin_view = matrix(sin, "sin");
+        const MatrixView wq_view = matrix(wq_b, "wq_b");
+        const MatrixView k_view = matrix(keys, "key");
+        const auto out_span = output<int32_t>(out, "out", qr_view.rows, topk);
+        const auto segment_span = segments_of(segments);
+        nb::gil_scoped_release release;
+        select_worker_rows(qr_view, w_view, cos_view, sin_view, wq_view, k_view, segment_span,
+                           config, out_span, layout_of(out_in));
+      },
+      nb::arg("qr"), nb::arg("weights"), nb::arg("cos"), nb::arg("sin"), nb::arg("wq_b"),
+      nb::arg("keys"), nb::arg("segments"), nb::arg("out"), nb::arg("heads"), nb::arg("head_dim"),
+      nb::arg("rope_dim"), nb::arg("ratio"), nb::arg("topk"), nb::arg("out_in") = true,
+      nb::arg("threads") = 0, nb::arg("isa") = "auto",
+      "Worker selection (select_worker_rows): Index-Q projection qr @ Wq_b with RoPE, then "
+      "fused top-k. wq_b is [heads * head_dim, q_rank] (out_in, torch Linear.weight) or "
+      "[q_rank, heads * head_dim].");
+  m.def(
+      "project_index_query",
+      [](const CpuInput& qr, const CpuInput& wq_b, const CpuInput& cos, const CpuInput& sin,
+         const CpuArray& out, int64_t heads, int64_t head_dim, int64_t rope_dim, bool out_in) {
+        const SelectConfig config = config_of(heads, head_dim, rope_dim, 1, 1, 0, "auto");
+        const MatrixView qr_view = matrix(qr, "query_residual");
+        const MatrixView wq_view = matrix(wq_b, "wq_b");
+        const MatrixView cos_view = matrix(cos, "cos");
+        const MatrixView sin_view = matrix(sin, "sin");
+        const auto out_span = output<float>(out, "out", qr_view.rows, heads * head_dim);
+        nb::gil_scoped_release release;
+        project_index_query(qr_view, wq_view, cos_view, sin_view, config, out_span,
+                            layout_of(out_in));
+      },
+      nb::arg("qr"), nb::arg("wq_b"), nb::arg("cos"), nb::arg("sin"), nb::arg("out"),
+      nb::arg("heads"), nb::arg("head_dim"), nb::arg("rope_dim"), nb::arg("out_in") = true,
+      "Index-Q projection with RoPE (project_index_query) into `out` [rows, heads * head_dim] "
+      "float32.");
+
+  nb::class_<TndPlan>(m, "TndPlan",
+                      "Packed layout of the rows that see a key (kernels/tnd_plan.hpp).")
+      .def_prop_ro("ratio", &TndPlan::ratio)
+      .def_prop_ro("packed_rows", &TndPlan::packed_rows)
+      .def_prop_ro(
+          "sequences",
+          [](nb::handle self) {
+            const TndPlan& plan = nb::cast<const TndPlan&>(self);
+            const size_t shape[2] = {plan.sequences().size(), 6};
+            return Int64Array(reinterpret_cast<const int64_t*>(plan.sequences().data()), 2, shape,
+                              self);
+          },
+          "[n, 6] int64: row_begin, row_end, packed_begin, first_position, key_begin, "
+          "key_end.",
+          kView)
+      .def("query_offsets", [](const TndPlan& plan) { return own_int64(plan.query_offsets()); })
+      .def("key_offsets", [](const TndPlan& plan) { return own_int64(plan.key_offsets()); })
+      .def("packed_row_ids", [](const TndPlan& plan) { return own_int64(plan.packed_row_ids()); })
+      .def("covers_queries", &TndPlan::covers_queries, nb::arg("rows"));
+  m.def(
+      "csa_tnd_plan",
+      [](const SegmentArray& segments, int64_t ratio) {
+        return csa_tnd_plan(segments_of(segments), ratio);
+      },
+      nb::arg("segments"), nb::arg("ratio"), "Seed csa_tnd_plan: None when no row sees a key.");
+
+  m.def(
+      "kernel_isa", [] { return std::string(kernel_isa_name(best_kernel_isa())); },
+      "The ISA the selection kernels use on this CPU (auto's choice).");
+  m.def(
+      "kernel_isa_supported",
+      [](std::string_view name) { return kernel_isa_supported(parse_isa(name)); }, nb::arg("name"));
+  m.def(
+      "array_address",
+      [](const CpuInput& array) { return reinterpret_cast<uintptr_t>(array.data()); },
+      nb::arg("array"),
+      "The address of the data the binding reads for `array` (tests use it to prove zero copy).");
+}
+
+}  // namespace sparsecp::python

@@ -1,0 +1,493 @@
+// sparsecp._core planning: strategies, plans, routes, bounds and the KV dispatch routes.
+//
+// Routes are returned as bound C++ objects; their fields are numpy views of the route's
+// own vectors (no copy, kept alive by the route object), so building every rank's route
+// from Python costs the C++ planner plus a constant.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.hpp"
+#include "sparsecp/error.hpp"
+#include "sparsecp/planning/compression_plan.hpp"
+#include "sparsecp/planning/cost_model.hpp"
+#include "sparsecp/planning/dispatch.hpp"
+#include "sparsecp/planning/lower_bound.hpp"
+#include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/row_bytes.hpp"
+#include "sparsecp/planning/strategy.hpp"
+#include "sparsecp/planning/workload.hpp"
+#include "sparsecp/transport/exchange.hpp"
+
+namespace sparsecp::python {
+namespace {
+
+static_assert(sizeof(Task) == 3 * sizeof(int64_t), "Task must be three packed int64 values");
+
+using Lengths = std::vector<int64_t>;
+using Option = std::optional<int64_t>;
+
+// A plan of one strategy on one batch, with its figures computed on first use.
+class Plan {
+ public:
+  Plan(std::string strategy, Lengths lengths, int64_t cp, int64_t ratio, StrategyPlan planned)
+      : strategy_(std::move(strategy)),
+        lengths_(std::move(lengths)),
+        cp_(cp),
+        ratio_(ratio),
+        planned_(std::move(planned)) {}
+
+  const std::string& strategy() const { return strategy_; }
+  const Lengths& lengths() const { return lengths_; }
+  int64_t cp() const { return cp_; }
+  int64_t ratio() const { return ratio_; }
+  const StrategyPlan& planned() const { return planned_; }
+  const TaskPlan& tasks() const { return planned_.plan; }
+
+  const PlanStats& stats() {
+    if (!stats_) stats_ = plan_stats(planned_.plan, lengths_, ratio_);
+    return *stats_;
+  }
+  double imbalance_bound() {
+    if (!imbalance_bound_) imbalance_bound_ = balance_bound(lengths_, cp_, ratio_).bound;
+    return *imbalance_bound_;
+  }
+  int64_t rows_moved_bound() {
+    if (!rows_moved_bound_) {
+      const PlanStats& s = stats();
+      const int64_t busiest = s.work.empty() ? 0 : *std::max_element(s.work.begin(), s.work.end());
+      rows_moved_bound_ =
+          rows_moved_lower_bound_at(lengths_, cp_, ratio_, static_cast<double>(busiest)).total;
+    }
+    return *rows_moved_bound_;
+  }
+  // max(mean work, largest unit) / mean work; 1 without work.
+  double unit_bound() {
+    const PlanStats& s = stats();
+    if (s.total_work == 0) return 1.0;
+    const double mean = static_cast<double>(s.total_work) / static_cast<double>(cp_);
+    return std::max(mean, static_cast<double>(planned_.largest_unit_work)) / mean;
+  }
+
+ private:
+  std::string strategy_;
+  Lengths lengths_;
+  int64_t cp_;
+  int64_t ratio_;
+  StrategyPlan planned_;
+  std::optional<PlanStats> stats_;
+  std::optional<double> imbalance_bound_;
+  std::optional<int64_t> rows_moved_bound_;
+};
+
+PlanOptions seed_options(std::string_view mode, Option block_size, Option zigzag_min_length) {
+  return PlanOptions{
+      .mode = parse_mode(mode), .block_size = block_size, .zigzag_min_length = zigzag_min_length};
+}
+
+bool is_seed_mode(std::string_view name) {
+  return name == "none" || name == "zigzag" || name == "greedy" || name == "hybrid";
+}
+
+// The seed API given a name that is not one of its modes: the batch is validated first
+// (the seed's order), then the name must be a registered strategy. An unknown name gets
+// the seed's text followed by the strategies sparsecp also accepts.
+const Strategy& seed_api_strategy(std::string_view name, std::span<const int64_t> lengths,
+                                  int64_t cp, int64_t ratio) {
+  validate_plan_inputs(lengths, cp, ratio, Mode::kNone, std::nullopt);
+  for (const Strategy* strategy : all_strategies()) {
+    if (strategy->name() == name) return *strategy;
+  }
+  std::string known;
+  for (const Strategy* strategy : all_strategies()) {
+    if (is_seed_mode(strategy->name())) continue;
+    known += (known.empty() ? "" : ", ") + std::string(strategy->name());
+  }
+  SPARSECP_FAIL("indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'",
+                " (sparsecp also accepts its strategies: ", known, "; got '", name, "')");
+}
+
+// Strategy parameters for the seed API's two options on top of `extra` (or the defaults).
+StrategyParams with_options(std::optional<StrategyParams> extra, Option block_size,
+                            Option zigzag_min_length) {
+  StrategyParams params = extra.value_or(StrategyParams{});
+  if (block_size) params.block_size = block_size;
+  if (zigzag_min_length) params.zigzag_min_length = zigzag_min_length;
+  return params;
+}
+
+StrategyPlan as_strategy_plan(TaskPlan plan) {
+  StrategyPlan planned;
+  planned.padding_rows.assign(static_cast<size_t>(plan.cp()), 0);
+  planned.plan = std::move(plan);
+  return planned;
+}
+
+nb::tuple expected_bytes(const IndexerRoute& route, int64_t input_row_bytes, int64_t topk) {
+  const ExchangeBytes bytes = expected_exchange_bytes(route, input_row_bytes, topk);
+  return nb::make_tuple(bytes.inputs_sent, bytes.inputs_received, bytes.results_sent,
+                        bytes.results_received);
+}
+
+template <typename Getter>
+auto route_field(Getter getter) {
+  return [getter](nb::handle self) {
+    const IndexerRoute& route = nb::cast<const IndexerRoute&>(self);
+    return view_int64(getter(route), self);
+  };
+}
+
+void bind_params(nb::module_& m) {
+  nb::class_<CostModel>(m, "CostModel",
+                        "Per-row selection cost a + b * vis + c * min(topk, vis) "
+                        "(include/sparsecp/planning/cost_model.hpp).")
+      .def(nb::init<>())
+      .def_static("linear", &CostModel::linear, nb::arg("a"), nb::arg("b"), nb::arg("c"),
+                  nb::arg("topk"))
+      .def_rw("a", &CostModel::a)
+      .def_rw("b", &CostModel::b)
+      .def_rw("c", &CostModel::c)
+      .def_rw("topk", &CostModel::topk)
+      .def_rw("unit", &CostModel::unit)
+      .def_rw("note", &CostModel::note)
+      .def("row", &CostModel::row, nb::arg("visible"))
+      .def("__repr__", [](const CostModel& model) { return format_cost_model(model); });
+  m.def("load_cost_model", &load_cost_model, nb::arg("path"),
+        "Reads a cost model file (`sparsecp calibrate` writes them).");
+  m.def("save_cost_model", &save_cost_model, nb::arg("path"), nb::arg("model"));
+
+  nb::class_<RowBytes>(m, "RowBytes", "Bytes of one moved row (planning/row_bytes.hpp).")
+      .def(nb::init<>())
+      .def_rw("qr_rank", &RowBytes::qr_rank)
+      .def_rw("qr_bytes", &RowBytes::qr_bytes)
+      .def_rw("index_heads", &RowBytes::index_heads)
+      .def_rw("weight_bytes", &RowBytes::weight_bytes)
+      .def_rw("rope_pairs", &RowBytes::rope_pairs)
+      .def_rw("rope_bytes", &RowBytes::rope_bytes)
+      .def_rw("topk", &RowBytes::topk)
+      .def_rw("index_bytes", &RowBytes::index_bytes)
+      .def("input_bytes", &RowBytes::input_bytes)
+      .def("result_bytes", &RowBytes::result_bytes);
+
+  nb::class_<StrategyParams>(m, "StrategyParams",
+                             "Parameters of every strategy (planning/strategy.hpp); each "
+                             "strategy reads only its own.")
+      .def(nb::init<>())
+      .def_rw("block_size", &StrategyParams::block_size)
+      .def_rw("zigzag_min_length", &StrategyParams::zigzag_min_length)
+      .def_rw("target_imbalance", &StrategyParams::target_imbalance)
+      .def_rw("max_received_fragments", &StrategyParams::max_received_fragments)
+      .def_rw("cost_model", &StrategyParams::cost_model)
+      .def_rw("bandwidth_gbps", &StrategyParams::bandwidth_gbps)
+      .def_rw("row_bytes", &StrategyParams::row_bytes)
+      .def_rw("wlb_split_length", &StrategyParams::wlb_split_length)
+      .def_rw("snake_block", &StrategyParams::snake_block)
+      .def_rw("lpt_align", &StrategyParams::lpt_align)
+      .def_rw("lpt_row_cap", &StrategyParams::lpt_row_cap)
+      .def_rw("lpt_search_steps", &StrategyParams::lpt_search_steps)
+      .def_rw("lpt_fragment_cap", &StrategyParams::lpt_fragment_cap)
+      .def_prop_rw(
+          "lpt_cost",
+          [](const StrategyParams& p) { return std::string(row_cost_name(p.lpt_cost)); },
+          [](StrategyParams& p, std::string_view name) { p.lpt_cost = parse_row_cost(name); })
+      .def_rw("window", &StrategyParams::window)
+      .def_rw("topk", &StrategyParams::topk)
+      .def("validate", &validate_strategy_params);
+}
+
+void bind_plans(nb::module_& m) {
+  m.def(
+      "strategies",
+      [] {
+        std::vector<std::tuple<std::string, std::string, std::string, std::string, int>> out;
+        for (const Strategy* s : all_strategies()) {
+          out.emplace_back(s->name(), s->source(), s->summary(), s->unit(), s->listing_order());
+        }
+        return out;
+      },
+      "Every registered strategy as (name, source, summary, unit, listing order).");
+
+  nb::class_<Plan>(m, "Plan", "A strategy's plan of one batch (planning/strategy.hpp).",
+                   nb::dynamic_attr())
+      .def_prop_ro("strategy", &Plan::strategy)
+      .def_prop_ro("cp", &Plan::cp)
+      .def_prop_ro("ratio", &Plan::ratio)
+      .def_prop_ro(
+          "lengths",
+          [](nb::handle self) { return view_int64(nb::cast<Plan&>(self).lengths(), self); }, kView)
+      .def(
+          "tasks_array",
+          [](nb::handle self, int64_t rank) {
+            Plan& plan = nb::cast<Plan&>(self);
+            SPARSECP_CHECK(rank >= 0 && rank < plan.cp(),
+                           "Indexer balance rank must be inside its CP group");
+            const std::span<const Task> tasks = plan.tasks().tasks(rank);
+            const size_t shape[2] = {tasks.size(), 3};
+            return Int64Array(reinterpret_cast<const int64_t*>(tasks.data()), 2, shape, self);
+          },
+          nb::arg("rank"), "This rank's tasks as an int64 [tasks, 3] (document, start, end) view.")
+      .def(
+          "tasks",
+          [](const Plan& plan, int64_t rank) {
+            SPARSECP_CHECK(rank >= 0 && rank < plan.cp(),
+                           "Indexer balance rank must be inside its CP group");
+            std::vector<std::tuple<int64_t, int64_t, int64_t>> out;
+            for (const Task& task : plan.tasks().tasks(rank)) {
+              out.emplace_back(task.document, task.start, task.end);
+            }
+            return out;
+          },
+          nb::arg("rank"), "This rank's tasks as a list of (document, start, end).")
+      .def_prop_ro("task_count", [](const Plan& plan) { return plan.tasks().task_count(); })
+      .def_prop_ro(
+          "rows", [](Plan& plan) { return own_int64(std::vector<int64_t>(plan.stats().rows)); },
+          kView)
+      .def_prop_ro(
+          "work", [](Plan& plan) { return own_int64(std::vector<int64_t>(plan.stats().work)); },
+          kView)
+      .def_prop_ro("total_work", [](Plan& plan) { return plan.stats().total_work; })
+      .def_prop_ro("imbalance", [](Plan& plan) { return plan.stats().imbalance; })
+      .def_prop_ro("rows_moved", [](Plan& plan) { return plan.stats().rows_moved; })
+      .def_prop_ro("imbalance_bound", &Plan::imbalance_bound)
+      .def_prop_ro("rows_moved_bound", &Plan::rows_moved_bound)
+      .def_prop_ro("unit_bound", &Plan::unit_bound)
+      .def_prop_ro(
+          "padding_rows",
+          [](const Plan& plan) {
+            return own_int64(std::vector<int64_t>(plan.planned().padding_rows));
+          },
+          kView)
+      .def_prop_ro("largest_unit_work",
+                   [](const Plan& plan) { return plan.planned().largest_unit_work; })
+      .def_prop_ro("note", [](const Plan& plan) { return plan.planned().note; });
+
+  m.def(
+      "plan_strategy",
+      [](std::string_view name, Lengths lengths, int64_t cp, int64_t ratio,
+         const StrategyParams& params) {
+        const Strategy& strategy = find_strategy(name);
+        StrategyPlan planned = strategy.plan(lengths, cp, ratio, params);
+        return Plan(std::string(strategy.name()), std::move(lengths), cp, ratio,
+                    std::move(planned));
+      },
+      nb::arg("name"), nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("params"),
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Strategy `name`'s plan (unset defaults resolved by resolve_seed_options).");
+  m.def(
+      "plan_seed",
+      [](Lengths lengths, int64_t cp, int64_t ratio, std::string_view mode, Option block_size,
+         Option zigzag_min_length, std::optional<StrategyParams> extra) {
+        if (!is_seed_mode(mode)) {
+          const Strategy& strategy = seed_api_strategy(mode, lengths, cp, ratio);
+          const StrategyParams params =
+              with_options(std::move(extra), block_size, zigzag_min_length);
+          StrategyPlan planned = strategy.plan(lengths, cp, ratio, params);
+          return Plan(std::string(strategy.name()), std::move(lengths), cp, ratio,
+                      std::move(planned));
+        }
+        SPARSECP_CHECK(!extra, "the seed's mode '", mode,
+                       "' takes only block_size and zigzag_min_length");
+        TaskPlan plan =
+            plan_tasks(lengths, cp, ratio, seed_options(mode, block_size, zigzag_min_length));
+        return Plan(std::string(mode), std::move(lengths), cp, ratio,
+                    as_strategy_plan(std::move(plan)));
+      },
+      nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("mode"),
+      nb::arg("block_size").none(), nb::arg("zigzag_min_length").none(),
+      nb::arg("params").none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+      "The seed's indexer_task_plan (plan_tasks, the seed's validation and texts); other "
+      "registered strategy names plan through the strategy with these two options.");
+
+  m.def(
+      "resolve_block_size",
+      [](std::string_view mode, Option block_size) {
+        return resolve_block_size(parse_mode(mode), block_size);
+      },
+      nb::arg("mode"), nb::arg("block_size").none(), "Seed resolve_indexer_balance_block_size.");
+  m.def(
+      "validate_hybrid_threshold",
+      [](bool hybrid, Option min_length) {
+        validate_hybrid_threshold(hybrid ? Mode::kHybrid : Mode::kNone, min_length);
+      },
+      nb::arg("hybrid"), nb::arg("min_length").none(),
+      "Seed validate_indexer_hybrid_threshold (mode reduced to 'is hybrid').");
+}
+
+void bind_routes(nb::module_& m) {
+  nb::class_<IndexerRoute>(m, "Route",
+                           "One rank's route (planning/route.hpp); fields are read-only int64 "
+                           "numpy views of the route's own memory.")
+      .def_prop_ro(
+          "segments",
+          [](nb::handle self) {
+            const IndexerRoute& route = nb::cast<const IndexerRoute&>(self);
+            const size_t shape[2] = {route.segments.size(), 5};
+            return Int64Array(reinterpret_cast<const int64_t*>(route.segments.data()), 2, shape,
+                              self);
+          },
+          kView)
+      .def_prop_ro("input_splits",
+                   route_field([](const IndexerRoute& r) -> const auto& { return r.input_splits; }),
+                   kView)
+      .def_prop_ro(
+          "output_splits",
+          route_field([](const IndexerRoute& r) -> const auto& { return r.output_splits; }), kView)
+      .def_prop_ro("send_rows",
+                   route_field([](const IndexerRoute& r) -> const auto& { return r.send_rows; }),
+                   kView)
+      .def_prop_ro("receive_rows",
+                   route_field([](const IndexerRoute& r) -> const auto& { return r.receive_rows; }),
+                   kView)
+      .def_prop_ro(
+          "local_sources",
+          route_field([](const IndexerRoute& r) -> const auto& { return r.local_sources; }), kView)
+      .def_prop_ro(
+          "local_targets",
+          route_field([](const IndexerRoute& r) -> const auto& { return r.local_targets; }), kView)
+      .def_ro("query_count", &IndexerRoute::query_count)
+      .def_prop_ro("owner_rows",
+                   [](const IndexerRoute& r) {
+                     return static_cast<int64_t>(r.send_rows.size() + r.local_sources.size());
+                   })
+      .def("expected_bytes", &expected_bytes, nb::arg("input_row_bytes"), nb::arg("topk"),
+           "(inputs_sent, inputs_received, results_sent, results_received): the bytes this "
+           "rank moves to and from other ranks (expected_exchange_bytes).")
+      .def("__eq__", [](const IndexerRoute& a, const IndexerRoute& b) { return a == b; });
+
+  m.def(
+      "route_seed",
+      [](const Lengths& lengths, int64_t cp, int64_t rank, int64_t ratio, std::string_view mode,
+         Option block_size, Option zigzag_min_length, std::optional<StrategyParams> extra) {
+        if (!is_seed_mode(mode)) {
+          SPARSECP_CHECK(rank >= 0 && rank < cp,
+                         "Indexer balance rank must be inside its CP group");
+          const Strategy& strategy = seed_api_strategy(mode, lengths, cp, ratio);
+          return strategy.route(lengths, cp, rank, ratio,
+                                with_options(std::move(extra), block_size, zigzag_min_length));
+        }
+        SPARSECP_CHECK(!extra, "the seed's mode '", mode,
+                       "' takes only block_size and zigzag_min_length");
+        return indexer_route(lengths, cp, rank, ratio,
+                             seed_options(mode, block_size, zigzag_min_length));
+      },
+      nb::arg("lengths"), nb::arg("cp"), nb::arg("rank"), nb::arg("ratio"), nb::arg("mode"),
+      nb::arg("block_size").none(), nb::arg("zigzag_min_length").none(),
+      nb::arg("params").none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+      "The seed's indexer_route (seed validation and texts; zigzag's fast path).");
+  m.def(
+      "route_strategy",
+      [](std::string_view name, const Lengths& lengths, int64_t cp, int64_t rank, int64_t ratio,
+         const StrategyParams& params) {
+        return find_strategy(name).route(lengths, cp, rank, ratio, params);
+      },
+      nb::arg("name"), nb::arg("lengths"), nb::arg("cp"), nb::arg("rank"), nb::arg("ratio"),
+      nb::arg("params"), nb::call_guard<nb::gil_scoped_release>(),
+      "Strategy::route: any strategy's route of one rank.");
+  m.def(
+      "route_from_plan",
+      [](const Plan& plan, int64_t rank) {
+        SPARSECP_CHECK(rank >= 0 && rank < plan.cp(),
+                       "Indexer balance rank must be inside its CP group");
+        return make_route(plan.tasks(), plan.lengths(), rank, plan.ratio());
+      },
+      nb::arg("plan"), nb::arg("rank"), nb::call_guard<nb::gil_scoped_release>(),
+      "make_route: a rank's route under a plan made beforehand.");
+}
+
+void bind_workload(nb::module_& m) {
+  m.def(
+      "generate_batch",
+      [](std::string distribution, int64_t tokens, int64_t cp, uint64_t seed, int64_t scale) {
+        return generate_batch(WorkloadSpec{.distribution = std::move(distribution),
+                                           .tokens = tokens,
+                                           .scale = scale,
+                                           .cp = cp,
+                                           .seed = seed});
+      },
+      nb::arg("distribution") = "lognormal", nb::arg("tokens") = int64_t{1} << 20,
+      nb::arg("cp") = 8, nb::arg("seed") = 1, nb::arg("scale") = 0,
+      "Document lengths of a seeded generated batch (`sparsecp batch`); scale 0 = a quarter "
+      "of the local shard.");
+  m.def(
+      "workload_distributions",
+      [] {
+        std::vector<std::string> names;
+        for (const std::string_view name : workload_distributions()) names.emplace_back(name);
+        return names;
+      },
+      "The distributions generate_batch knows.");
+}
+
+void bind_dispatch(nb::module_& m) {
+  nb::class_<SequenceDispatchRoute>(m, "SequenceDispatchRoute",
+                                    "One rank's KV dispatch route (planning/dispatch.hpp).")
+      .def_ro("size", &SequenceDispatchRoute::size)
+      .def_ro("rank", &SequenceDispatchRoute::rank)
+      .def_ro("global_start", &SequenceDispatchRoute::global_start)
+      .def_ro("global_end", &SequenceDispatchRoute::global_end)
+      .def_ro("local_start", &SequenceDispatchRoute::local_start)
+      .def_ro("local_length", &SequenceDispatchRoute::local_length)
+      .def_ro("send_begin", &SequenceDispatchRoute::send_begin)
+      .def_ro("send_splits", &SequenceDispatchRoute::send_splits)
+      .def_ro("receive_splits", &SequenceDispatchRoute::receive_splits)
+      .def_ro("exchange_needed", &SequenceDispatchRoute::exchange_needed)
+      .def_prop_ro("block_rows", &SequenceDispatchRoute::block_rows)
+      .def_prop_ro("received_rows", &SequenceDispatchRoute::received_rows)
+      .def_prop_ro("sent_rows", &SequenceDispatchRoute::sent_rows)
+      .def("__eq__",
+           [](const SequenceDispatchRoute& a, const SequenceDispatchRoute& b) { return a == b; });
+  m.def(
+      "sliding_window_route",
+      [](const Lengths& boundaries, int64_t local_length, int64_t size, int64_t rank,
+         int64_t window) {
+        return sliding_window_route(boundaries, local_length, size, rank, window);
+      },
+      nb::arg("boundaries"), nb::arg("local_length"), nb::arg("size"), nb::arg("rank"),
+      nb::arg("window"), "Seed sliding_window_route: the raw-KV halo of sliding-window attention.");
+  m.def(
+      "document_prefix_route",
+      [](const Lengths& boundaries, int64_t local_length, int64_t size, int64_t rank,
+         int64_t ratio) {
+        return document_prefix_route(boundaries, local_length, size, rank, ratio);
+      },
+      nb::arg("boundaries"), nb::arg("local_length"), nb::arg("size"), nb::arg("rank"),
+      nb::arg("ratio"),
+      "Seed document_prefix_route: compressed-KV document prefixes (ratio 1, 2).");
+  m.def(
+      "compressed_document_offsets",
+      [](const Lengths& boundaries, int64_t ratio) {
+        return compressed_document_offsets(boundaries, ratio);
+      },
+      nb::arg("boundaries"), nb::arg("ratio"));
+  m.def(
+      "compressed_owner_offsets",
+      [](const Lengths& boundaries, int64_t ratio, int64_t local_length) {
+        return compressed_owner_offsets(boundaries, ratio, local_length);
+      },
+      nb::arg("boundaries"), nb::arg("ratio"), nb::arg("local_length"));
+  m.def(
+      "document_boundaries", [](const Lengths& lengths) { return document_boundaries(lengths); },
+      nb::arg("lengths"));
+}
+
+}  // namespace
+
+void bind_planning(nb::module_& m) {
+  bind_params(m);
+  bind_plans(m);
+  bind_routes(m);
+  bind_dispatch(m);
+  bind_workload(m);
+}
+
+}  // namespace sparsecp::python

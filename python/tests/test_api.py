@@ -1,0 +1,235 @@
+"""The drop-in module's surface: names, signatures, return types, the seed's error texts and
+exception types, IndexerRoute's tuple semantics, caches; bad inputs to the exchange on a
+1-rank gloo group (in this process) raise the seed's ValueError, reused handles its
+RuntimeError; and the planning API of `sparsecp` itself."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import socket
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import sparsecp  # noqa: E402
+import sparsecp.torch as indexer_balance  # noqa: E402
+
+SEED_SIGNATURES = {
+    "resolve_indexer_balance_block_size": ["mode", "block_size"],
+    "validate_indexer_hybrid_threshold": ["mode", "min_length"],
+    "indexer_task_plan": ["lengths", "size", "ratio", "mode", "block_size", "zigzag_min_length"],
+    "indexer_route": ["lengths", "size", "rank", "ratio", "mode", "block_size", "zigzag_min_length"],
+    "balanced_indexer_select": ["query_residual", "weights", "position_embeddings", "selector", "lengths", "ratio",
+                                "mode", "group", "block_size", "zigzag_min_length"],
+    "launch_indexer_inputs": ["query_residual", "weights", "embeddings", "lengths", "ratio", "mode", "group",
+                              "block_size", "zigzag_min_length"],
+    "_exchange_rows": ["tensor", "route", "group", "rows"],
+    "_exchange_inputs": ["inputs", "route", "group", "rows"],
+    "_device_rows": ["route", "device"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEED_SIGNATURES))
+def test_seed_names_and_argument_order(name):
+    function = getattr(indexer_balance, name)
+    parameters = [p.name for p in inspect.signature(function).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    assert parameters == SEED_SIGNATURES[name]
+
+
+def test_seed_classes():
+    assert [f.name for f in dataclasses.fields(indexer_balance.IndexerTask)] == ["document", "start", "end"]
+    task = indexer_balance.IndexerTask(1, 2, 7)
+    assert task.length == 5 and task < indexer_balance.IndexerTask(1, 3, 4)
+    assert [f.name for f in dataclasses.fields(indexer_balance._PendingRows)][:5] == [
+        "send", "received", "output", "receive_rows", "work"]
+    assert [f.name for f in dataclasses.fields(indexer_balance.IndexerInputExchange)] == [
+        "route", "rows", "group", "owner_queries", "transfers", "fields", "widths", "consumed"]
+
+
+SEED_ERRORS = [
+    (lambda: indexer_balance.resolve_indexer_balance_block_size("zig", None),
+     "indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'"),
+    (lambda: indexer_balance.resolve_indexer_balance_block_size("zigzag", 16),
+     "indexer_balance_block_size requires indexer_load_balance='greedy' or 'hybrid'"),
+    (lambda: indexer_balance.resolve_indexer_balance_block_size("greedy", 0),
+     "indexer_balance_block_size must be a positive integer"),
+    (lambda: indexer_balance.resolve_indexer_balance_block_size("greedy", True),
+     "indexer_balance_block_size must be a positive integer"),
+    (lambda: indexer_balance.resolve_indexer_balance_block_size("greedy", 2.0),
+     "indexer_balance_block_size must be a positive integer"),
+    (lambda: indexer_balance.validate_indexer_hybrid_threshold("zigzag", 10),
+     "indexer_zigzag_min_length requires indexer_load_balance='hybrid'"),
+    (lambda: indexer_balance.validate_indexer_hybrid_threshold("hybrid", None),
+     "indexer_load_balance='hybrid' requires an explicit positive integer indexer_zigzag_min_length"),
+    (lambda: indexer_balance.validate_indexer_hybrid_threshold("hybrid", 0),
+     "indexer_load_balance='hybrid' requires an explicit positive integer indexer_zigzag_min_length"),
+    (lambda: indexer_balance.indexer_task_plan((5, 0, 3), 2, 4, "zigzag"),
+     "Indexer balance needs positive document lengths/ratio and an equal contiguous CP partition"),
+    (lambda: indexer_balance.indexer_task_plan((5000, 300, 2699, 1), 4, 4, "greedy"),
+     "Indexer greedy block size 2048 exceeds the local query count 2000"),
+    (lambda: indexer_balance.indexer_route((5000, 300, 2699, 1), 4, 4, 4, "zigzag"),
+     "Indexer balance rank must be inside its CP group"),
+    (lambda: indexer_balance.indexer_route((5000, 300, 2699, 1), 4, 1, 4, "zigzag", zigzag_min_length=5),
+     "indexer_zigzag_min_length requires indexer_load_balance='hybrid'"),
+]
+
+
+@pytest.mark.parametrize("call,text", SEED_ERRORS, ids=range(len(SEED_ERRORS)))
+def test_seed_error_texts(call, text):
+    with pytest.raises(ValueError) as raised:
+        call()
+    assert str(raised.value) == text
+
+
+def test_unknown_mode_names_the_seed_text_and_sparsecp_strategies():
+    with pytest.raises(ValueError) as raised:
+        indexer_balance.indexer_route((8,), 2, 0, 4, "spil")
+    assert str(raised.value).startswith("indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'")
+    assert "spill" in str(raised.value) and "'spil'" in str(raised.value)
+    with pytest.raises(ValueError, match="unknown strategy 'spil'"):
+        sparsecp.plan((8,), 2, 4, "spil")
+
+
+def test_indexer_route_fields_behave_like_the_seeds_tuples():
+    route = indexer_balance.indexer_route((5000, 300, 2699, 1), 4, 0, 4, "zigzag")
+    assert route.segments[0] == (0, 625, 0, 156, 1) and route.segments[-1] == tuple(route.segments)[-1]
+    assert route.input_splits == (0, 625, 625, 125) and (0, 625, 625, 125) == route.input_splits
+    assert route.input_splits != (0, 625, 625, 126) and route.input_splits != [0, 625, 625, 125]
+    assert hash(route.input_splits) == hash((0, 625, 625, 125))
+    assert list(route.output_splits) == list(tuple(route.output_splits)) and sum(route.output_splits) == 1375
+    assert route.send_rows[:3] == (625, 626, 627) and isinstance(route.send_rows[0], int)
+    assert len(route.local_sources) == len(route.local_targets) == 625
+    assert route.query_count == 2000 and isinstance(route.query_count, int)
+    assert np.asarray(route.send_rows).dtype == np.int64 and not np.asarray(route.send_rows).flags.writeable
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        route.query_count = 3
+    again = indexer_balance.indexer_route((5000, 300, 2699, 1), 4, 0, 4, "zigzag")
+    assert again is route  # lru_cached like the seed's
+    plain = indexer_balance.IndexerRoute(*(tuple(getattr(route, f)) for f in ("segments", "input_splits",
+                                                                              "output_splits", "send_rows",
+                                                                              "receive_rows", "local_sources",
+                                                                              "local_targets")), route.query_count)
+    assert plain == route and hash(plain) == hash(route)
+    assert indexer_balance.indexer_route.cache_info().hits >= 1
+    indexer_balance.indexer_route.cache_clear()
+    indexer_balance.indexer_task_plan.cache_clear()
+
+
+def test_none_and_sparsecp_strategies_through_the_seed_api():
+    lengths = (5000, 300, 2699, 1)
+    none = indexer_balance.indexer_task_plan(lengths, 4, 4, "none")
+    assert [sum(t.length for t in tasks) for tasks in none] == [2000] * 4
+    spill = indexer_balance.indexer_task_plan(lengths, 4, 4, "spill", target_imbalance=1.01)
+    assert sum(t.length for tasks in spill for t in tasks) == 8000
+    with pytest.raises(ValueError, match="takes only block_size and zigzag_min_length"):
+        indexer_balance.indexer_route(lengths, 4, 0, 4, "zigzag", target_imbalance=1.01)
+    assert indexer_balance.resolve_indexer_balance_block_size("spill", None) is None
+    indexer_balance.validate_indexer_hybrid_threshold("spill", None)
+
+
+def test_sparsecp_planning_api():
+    names = [s.name for s in sparsecp.strategies()]
+    assert names[:4] == ["none", "zigzag", "greedy", "hybrid"] and "spill" in names and "auto" in names
+    lengths = (5000, 300, 2699, 1)
+    plan = sparsecp.plan(lengths, 4, 4, "spill")
+    assert plan.imbalance <= 1.001 and plan.rows_moved == plan.rows_moved_bound
+    assert plan.imbalance_bound <= plan.imbalance and plan.work.sum() == plan.total_work
+    none = sparsecp.plan(lengths, 4, 4, "none")
+    assert none.rows_moved == 0 and none.imbalance > 1.4
+    assert sum(end - start for tasks in (plan.tasks(r) for r in range(4)) for _, start, end in tasks) == 8000
+    route = sparsecp.route(plan, lengths, 4, 3, 4)
+    assert route.send_rows.dtype == np.int64 and route.segments.shape[1] == 5
+    same = sparsecp.route("spill", lengths, 4, 3, 4)
+    assert np.array_equal(same.send_rows, route.send_rows) and same.query_count == route.query_count
+    with pytest.raises(ValueError, match="the plan was made for"):
+        sparsecp.route(plan, lengths, 2, 0, 4)
+    with pytest.raises(TypeError, match="unknown strategy parameter 'target'"):
+        sparsecp.plan(lengths, 4, 4, "spill", target=1.1)
+    with pytest.raises(ValueError, match="spill target imbalance must be at least 1"):
+        sparsecp.plan(lengths, 4, 4, "spill", target_imbalance=0.5)
+    model = sparsecp.plan(lengths, 4, 4, "spill", cost_model=(10.0, 1.0, 0.5, 512))
+    assert model.rows_moved > 0
+    auto = sparsecp.plan(lengths, 4, 4, "auto", bandwidth_gbps=10, row_bytes={"qr_rank": 256})
+    assert auto.strategy == "auto"
+
+
+# --------------------------------------------------------------------------------------
+# The exchange on a 1-rank group in this process.
+
+
+@pytest.fixture(scope="module")
+def group():
+    if not dist.is_initialized():
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _inputs(local=12, batch=1):
+    qr = torch.randint(-2, 3, (batch, local, 16)).bfloat16()
+    weights = torch.randint(-2, 3, (batch, local, 4)).float()
+    cos, sin = torch.ones(batch, local, 2), torch.zeros(batch, local, 2)
+    return qr, weights, (cos, sin)
+
+
+def _selector():
+    return indexer_balance.IndexerSelector(torch.ones(32, 16).bfloat16(), torch.ones(3, 8).bfloat16(), 4, 4,
+                                           rope_dim=4)
+
+
+BATCH_TEXT = "Indexer balance requires batch one and equal contiguous source query shards"
+
+
+def test_exchange_bad_inputs_raise_seed_texts(group):
+    qr, weights, embeddings = _inputs()
+    lengths = (7, 5)
+    select, launch = indexer_balance.balanced_indexer_select, indexer_balance.launch_indexer_inputs
+    cases = [
+        ((qr.expand(2, -1, -1), weights, embeddings), BATCH_TEXT),  # batch two
+        ((qr, weights, embeddings + (embeddings[0],)), BATCH_TEXT),  # three embeddings
+        ((qr[:, :10], weights, embeddings), BATCH_TEXT),  # shard does not match the lengths
+        ((qr, weights[:, :11], embeddings), None),  # token axes differ
+        ((qr, weights.to("meta"), embeddings), None),  # device differs
+        ((qr, weights[0], embeddings), None),  # rank-2 weights
+    ]
+    for args, text in cases:
+        with pytest.raises(ValueError) as raised:
+            select(args[0], args[1], args[2], _selector(), lengths, 4, "zigzag", group)
+        assert str(raised.value) == (text or "Indexer qr, weights and rotary embeddings must have matching "
+                                             "batch/token axes and device")
+        with pytest.raises(ValueError) as raised:
+            launch(args[0], args[1], args[2], lengths, 4, "zigzag", group)
+        assert str(raised.value) == (text or "Indexer qr, weights and rotary embeddings must share token axes and "
+                                             "device")
+    with pytest.raises(ValueError, match="^Indexer greedy block size 2048 exceeds the local query count 12$"):
+        select(qr, weights, embeddings, _selector(), lengths, 4, "greedy", group)
+    with pytest.raises(ValueError, match="^indexer_load_balance must be"):
+        launch(qr, weights, embeddings, lengths, 4, "zig", group)
+
+
+def test_exchange_handles_are_single_use(group):
+    qr, weights, embeddings = _inputs()
+    exchange = indexer_balance.launch_indexer_inputs(qr, weights, embeddings, (7, 5), 4, "hybrid", group,
+                                                     block_size=4, zigzag_min_length=6)
+    worker = exchange.wait()
+    assert [t.dtype for t in worker] == [torch.bfloat16, torch.float32, torch.float32, torch.float32]
+    with pytest.raises(RuntimeError, match="^Indexer input exchange cannot be consumed twice$"):
+        exchange.wait()
+    selected = _selector()(*worker[:2], worker[2:], exchange.route.segments)[0]
+    with pytest.raises(ValueError, match=r"must return \[12, topk\] rows"):
+        exchange.launch_result(selected[:5])
+    pending = exchange.launch_result(selected)
+    assert pending.wait().shape == (12, 4)
+    assert pending.send is None and pending.received is None and pending.output is None  # released
+    with pytest.raises(RuntimeError, match="^Indexer communication handle cannot be consumed twice$"):
+        pending.wait()
+    balanced = indexer_balance.balanced_indexer_select(qr, weights, embeddings, _selector(), (7, 5), 4, "hybrid",
+                                                       group, 4, 6)
+    assert balanced.shape == (1, 12, 4) and balanced.dtype == torch.int32

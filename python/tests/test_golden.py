@@ -1,0 +1,114 @@
+"""Seed parity through the Python API: the 467 golden cases of tests/data/golden_cases.json
+(produced by the seed's own indexer_balance.py, tools/golden/make_golden.py), replayed
+through the drop-in module (sparsecp.torch.indexer_task_plan / indexer_route) and, for
+the successful cases, through sparsecp.plan / sparsecp.route. Plans, every field of every
+rank's route and the error texts must match (errors: the seed's text is contained in
+ours, as tests/planning/golden_test.cpp checks)."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import sparsecp
+
+indexer_balance = pytest.importorskip("sparsecp.torch")
+
+DATA = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "golden_cases.json"
+CASES = json.loads(DATA.read_text())["cases"]
+ROW_LISTS = ("send_rows", "receive_rows", "local_sources", "local_targets")
+
+
+def expand(runs: list) -> np.ndarray:
+    """[first, count] runs back to the row list."""
+    if not runs:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.arange(first, first + count, dtype=np.int64) for first, count in runs])
+
+
+def route_matches(route, expected: dict) -> list[str]:
+    """Field names whose values differ (through the seed-compatible tuple views)."""
+    wrong = []
+    segments = tuple(tuple(s) for s in expected["segments"])
+    if route.segments != segments or tuple(route.segments) != segments:
+        wrong.append("segments")
+    for name in ("input_splits", "output_splits"):
+        if getattr(route, name) != tuple(expected[name]):
+            wrong.append(name)
+    for name in ROW_LISTS:
+        if not np.array_equal(np.asarray(getattr(route, name)), expand(expected[name])):
+            wrong.append(name)
+    if route.query_count != expected["query_count"]:
+        wrong.append("query_count")
+    return wrong
+
+
+def inputs(case: dict) -> tuple:
+    return tuple(case["lengths"]), case["cp"], case["ratio"], case["mode"], case["block_size"], case["zigzag_min_length"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    indexer_balance.indexer_route.cache_clear()
+    indexer_balance.indexer_task_plan.cache_clear()
+
+
+def test_golden_file_has_every_case():
+    assert len(CASES) == 467
+    assert sum("routes" in case for case in CASES) == 384
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "routes" in c], ids=lambda c: c["id"])
+def test_seed_plan_and_routes(case):
+    lengths, cp, ratio, mode, block, threshold = inputs(case)
+    plan = indexer_balance.indexer_task_plan(lengths, cp, ratio, mode, block, threshold)
+    expected_plan = tuple(tuple(indexer_balance.IndexerTask(*task) for task in tasks) for tasks in case["plan"])
+    assert plan == expected_plan
+    for rank, expected in enumerate(case["routes"]):
+        route = indexer_balance.indexer_route(lengths, cp, rank, ratio, mode, block, threshold)
+        assert route_matches(route, expected) == [], f"{case['id']} rank {rank}"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "routes" in c], ids=lambda c: c["id"])
+def test_sparsecp_plan_and_route_match_the_seed(case):
+    """sparsecp's own API (strategy adapters with the same options) gives the seed's result."""
+    lengths, cp, ratio, mode, block, threshold = inputs(case)
+    options = {k: v for k, v in (("block_size", block), ("zigzag_min_length", threshold)) if v is not None}
+    plan = sparsecp.plan(lengths, cp, ratio, mode, **options)
+    for rank, tasks in enumerate(case["plan"]):
+        assert plan.tasks(rank) == [tuple(task) for task in tasks]
+    for rank, expected in enumerate(case["routes"]):
+        for route in (sparsecp.route(plan, lengths, cp, rank, ratio), sparsecp.route(mode, lengths, cp, rank, ratio,
+                                                                                    **options)):
+            wrapped = indexer_balance.IndexerRoute.from_core(route)
+            assert route_matches(wrapped, expected) == [], f"{case['id']} rank {rank}"
+            assert route.segments.dtype == np.int64 and route.segments.shape == (len(expected["segments"]), 5)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "plan_error" in c], ids=lambda c: c["id"])
+def test_seed_errors(case):
+    lengths, cp, ratio, mode, block, threshold = inputs(case)
+    if case.get("plan_comparable", True):
+        if case["plan_error"] is None:
+            indexer_balance.indexer_task_plan(lengths, cp, ratio, mode, block, threshold)
+        else:
+            with pytest.raises(ValueError) as raised:
+                indexer_balance.indexer_task_plan(lengths, cp, ratio, mode, block, threshold)
+            assert case["plan_error"] in str(raised.value)
+    else:  # 'none': sparsecp's no-balancing baseline instead of the seed's rejection
+        plan = indexer_balance.indexer_task_plan(lengths, cp, ratio, mode, block, threshold)
+        local = sum(lengths) // cp
+        assert sum(task.length for task in plan[0]) == local
+    rank = case["route_rank"]
+    if case.get("route_comparable", True):
+        with pytest.raises(ValueError) as raised:
+            indexer_balance.indexer_route(lengths, cp, rank, ratio, mode, block, threshold)
+        assert case["route_error"] in str(raised.value)
+    else:
+        route = indexer_balance.indexer_route(lengths, cp, rank, ratio, mode, block, threshold)
+        local = sum(lengths) // cp
+        assert route.query_count == local and len(route.send_rows) == 0 and sum(route.input_splits) == 0
+        assert np.array_equal(route.local_sources.array, np.arange(local))
+        assert np.array_equal(route.local_targets.array, np.arange(local))
