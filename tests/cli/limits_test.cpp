@@ -13,25 +13,26 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "support/tool_runner.hpp"
 
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-struct Outcome {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
+using Outcome = sparsecp::testing::ToolRun;
 
-// The directory of bad input files, written once per test program.
+// The directory of bad input files, written once per test process (CTest runs each test
+// in its own process, in parallel: a shared directory would be rewritten under a reader).
 const std::string& data_dir() {
   static const std::string dir = [] {
-    const std::string path = ::testing::TempDir() + "sparsecp_limits_test/";
+    const std::string path =
+        ::testing::TempDir() + "sparsecp_limits_test_" + std::to_string(::getpid()) + "/";
     ::mkdir(path.c_str(), 0755);
     const auto write = [&](const std::string& name, const std::string& bytes) {
       std::ofstream(path + name, std::ios::binary) << bytes;
@@ -96,6 +97,10 @@ const std::string& data_dir() {
     write("huge.txt", "99999999999999999999999\n");
     return path;
   }();
+  // Removed when the test process ends.
+  static const struct Cleanup {
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup;
   return dir;
 }
 
@@ -104,23 +109,7 @@ Outcome run_tool(std::string arguments) {
   for (size_t at = arguments.find("$D/"); at != std::string::npos; at = arguments.find("$D/")) {
     arguments.replace(at, 3, data_dir());
   }
-  const std::string err_path =
-      ::testing::TempDir() + "sparsecp_limits_test_stderr_" + std::to_string(::getpid()) + ".txt";
-  const std::string command = std::string("OMP_NUM_THREADS=1 ") + SPARSECP_CLI_PATH + " " +
-                              arguments + " 2>" + err_path + " </dev/null";
-  Outcome outcome;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return outcome;
-  std::array<char, 4096> buffer{};
-  size_t read = 0;
-  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-    outcome.out.append(buffer.data(), read);
-  }
-  const int status = pclose(pipe);
-  outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  outcome.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
-  return outcome;
+  return sparsecp::testing::run_tool(arguments);
 }
 
 struct BadInput {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -23,9 +24,13 @@ struct ToolRun {
 inline ToolRun run_tool(const std::string& arguments) {
   // One stderr file per process and test: CTest runs tests of one program in parallel.
   const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string err_path = ::testing::TempDir() + "sparsecp_tool_" + std::to_string(getpid()) +
-                               "_" + (test ? test->name() : "none") + ".stderr";
-  const std::string command = std::string(SPARSECP_CLI_PATH) + " " + arguments + " 2>" + err_path;
+  std::string name = test ? test->name() : "none";
+  std::replace(name.begin(), name.end(), '/', '_');  // parameterised tests: "Suite/Case"
+  const std::string err_path =
+      ::testing::TempDir() + "sparsecp_tool_" + std::to_string(getpid()) + "_" + name + ".stderr";
+  // One thread: CTest runs tests in parallel on few cores; nothing reads stdin.
+  const std::string command = std::string("OMP_NUM_THREADS=1 ") + SPARSECP_CLI_PATH + " " +
+                              arguments + " 2>" + err_path + " </dev/null";
   ToolRun run;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return run;

@@ -48,7 +48,8 @@ struct NpyArray {
 // Parses a whole .npy image and copies its data; `name` is used in error messages.
 NpyArray parse_npy(std::span<const std::byte> image, const std::string& name);
 // Reads the file at `path` by mapping it read-only (no copy; falls back to reading it
-// when it cannot be mapped) and parses it.
+// when it cannot be mapped) and parses it. As with numpy.memmap, the file must not be
+// truncated or rewritten while the array is alive.
 NpyArray read_npy(const std::string& path);
 
 // Serialises `data` (shape product elements of `dtype`) as a version 1.0 image
