@@ -483,16 +483,6 @@ void run_bench(const BenchCommand& c) {
   if (!verified) throw ExitStatus{1};
 }
 
-CLI::App* bench_parent(CLI::App& app) {
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-    if (sub->get_name() == "bench") return sub;
-  }
-  CLI::App* bench = app.add_subcommand(
-      "bench", "Time sparsecp's kernels on generated data (see 'sparsecp bench <kernel> --help')");
-  bench->require_subcommand(1);
-  return bench;
-}
-
 const Registration registration("select", [](CLI::App& app) {
   auto c = std::make_shared<SelectCommand>();
   CLI::App* sub = app.add_subcommand(
@@ -539,10 +529,10 @@ const Registration registration("select", [](CLI::App& app) {
 });
 
 // Registered under "bench" so that the tool knows `sparsecp bench ...` as a command;
-// other `bench <kernel>` commands share the parent through bench_parent().
+// other `bench <kernel>` commands share the parent through bench_command().
 const Registration bench_registration("bench", [](CLI::App& app) {
   auto b = std::make_shared<BenchCommand>();
-  CLI::App* bench = bench_parent(app)->add_subcommand(
+  CLI::App* bench = bench_command(app)->add_subcommand(
       "select",
       "Time worker-side selection on generated small-integer data: fused score+top-k (fp32 "
       "and bf16), Index-Q projection (BLAS + RoPE), the BLAS's own square sgemm rate and a "

@@ -30,4 +30,16 @@ struct ExitStatus {
   int status;
 };
 
+// The `bench` parent command, created by the first `bench <kernel>` registration that
+// asks for it: each kernel's file registers its own `sparsecp bench <kernel>` under it.
+inline CLI::App* bench_command(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == "bench") return sub;
+  }
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Time sparsecp's kernels on generated data (see 'sparsecp bench <kernel> --help')");
+  bench->require_subcommand(1);
+  return bench;
+}
+
 }  // namespace sparsecp::cli

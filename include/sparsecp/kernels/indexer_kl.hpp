@@ -116,7 +116,7 @@ struct IndexerKlInputs {
 };
 
 struct IndexerKlOptions {
-  double attention_scale = 1.0;  // multiplies qatt . Katt (the seed's softmax_scale)
+  double attention_scale = 1.0;  // multiplies qatt . Katt in the teacher logits
   double loss_coeff = 1.0;       // the loss is loss_coeff / (B * S) * sum of row losses
   // Compact teacher bank (seed 000): compressed_key holds the bank's rows
   // [main_key_offset, main_key_offset + K) of index_key; ids are global index_key rows.

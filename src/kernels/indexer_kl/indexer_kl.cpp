@@ -44,8 +44,12 @@ kd::KlKernels resolve_kernels(KernelIsa isa) {
   }
 #if defined(__x86_64__) || defined(_M_X64)
   if (isa == KernelIsa::kAvx512) {
-    kd::KlKernels k{kd::gemm_avx512, nullptr, kd::teacher_avx512, kd::scores_avx512,
-                    kd::student_backward_avx512};
+    kd::KlKernels k{kd::gemm_avx512,
+                    nullptr,
+                    kd::teacher_avx512,
+                    kd::scores_avx512,
+                    kd::student_backward_avx512,
+                    kd::transpose_avx512};
     if (select_detail::cpu_has_avx512_bf16()) {
       k.pair_gemm = kd::pair_gemm_avx512_bf16;
     } else if (kd::emulate_pairs) {
@@ -54,8 +58,12 @@ kd::KlKernels resolve_kernels(KernelIsa isa) {
     return k;
   }
 #endif
-  return {kd::gemm_portable, nullptr, kd::teacher_portable, kd::scores_portable,
-          kd::student_backward_portable};
+  return {kd::gemm_portable,
+          nullptr,
+          kd::teacher_portable,
+          kd::scores_portable,
+          kd::student_backward_portable,
+          kd::transpose_portable};
 }
 
 int resolve_threads(int threads) {
@@ -249,19 +257,33 @@ void teacher_row(const Call& call, int64_t b, int64_t t, int64_t n, RowScratch& 
   const IndexerKlInputs& in = *call.in;
   const int64_t Hm = s.att_heads, Dm = s.att_dim;
   const int64_t key_base = b * s.keys;
+  // qatt's row t of every head (head hm at stride S * Dm) transposed: B of the teacher.
+  const int64_t first = (b * Hm * s.rows + t) * Dm;  // head 0's row
+  kd::TransposeArgs pack;
+  pack.rows = Hm;
   if (call.pair_teacher) {
-    const int64_t ld = round_up16(Hm);
-    const auto* qatt = static_cast<const uint16_t*>(in.attention_query.data);
-    for (int64_t hm = 0; hm < Hm; ++hm) {
-      const uint16_t* src = qatt + ((b * Hm + hm) * s.rows + t) * Dm;
-      for (int64_t d = 0; d < Dm; ++d) x.att_pairs[(d / 2 * ld + hm) * 2 + d % 2] = src[d];
-    }
+    pack.src = static_cast<const uint16_t*>(in.attention_query.data) + first;
+    pack.stride = s.rows * Dm / 2;
+    pack.cols = Dm / 2;
+    pack.dst = x.att_pairs.data();
+    pack.ld = round_up16(Hm);
+  } else {
+    pack.src = static_cast<const char*>(in.attention_query.data) +
+               first * dtype_bytes(in.attention_query.dtype);
+    pack.widen_bf16 = in.attention_query.dtype == DType::kBFloat16;
+    pack.stride = s.rows * Dm;
+    pack.cols = Dm;
+    pack.dst = x.att_query_t.data();
+    pack.ld = Hm;
+  }
+  call.kernels.transpose(pack);
+  if (call.pair_teacher) {
     const auto* keys = static_cast<const uint16_t*>(in.compressed_key.data);
     for (int64_t j = 0; j < n; ++j) x.pair_rows[j] = keys + (key_base + x.slots[j]) * Dm;
     kd::PairGemmArgs args;
     args.a = x.pair_rows.data();
     args.b = x.att_pairs.data();
-    args.ldb = ld;
+    args.ldb = pack.ld;
     args.c = x.logits.data();
     args.ldc = Hm;
     args.m = n;
@@ -269,12 +291,6 @@ void teacher_row(const Call& call, int64_t b, int64_t t, int64_t n, RowScratch& 
     args.depth = Dm;
     call.kernels.pair_gemm(args);
   } else {
-    for (int64_t hm = 0; hm < Hm; ++hm) {
-      const int64_t base = ((b * Hm + hm) * s.rows + t) * Dm;
-      for (int64_t d = 0; d < Dm; ++d) {
-        x.att_query_t[d * Hm + hm] = kd::element(in.attention_query, base + d);
-      }
-    }
     const int64_t elem = dtype_bytes(in.compressed_key.dtype);
     const auto* keys = static_cast<const char*>(in.compressed_key.data);
     for (int64_t j = 0; j < n; ++j) x.a_rows[j] = keys + (key_base + x.slots[j]) * Dm * elem;
@@ -323,16 +339,30 @@ void student_row(const Call& call, int64_t b, int64_t row, int64_t n, const floa
       if (call.pair_student) x.pair_rows[j] = src;
     }
   }
+  // q's row transposed: B of the student.
+  kd::TransposeArgs pack;
+  pack.rows = H;
   if (call.pair_student) {
-    const int64_t ld = round_up16(H);
-    const auto* q = static_cast<const uint16_t*>(in.index_query.data) + row * H * D;
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t d = 0; d < D; ++d) x.query_pairs[(d / 2 * ld + h) * 2 + d % 2] = q[h * D + d];
-    }
+    pack.src = static_cast<const uint16_t*>(in.index_query.data) + row * H * D;
+    pack.stride = D / 2;
+    pack.cols = D / 2;
+    pack.dst = x.query_pairs.data();
+    pack.ld = round_up16(H);
+  } else {
+    pack.src = static_cast<const char*>(in.index_query.data) +
+               row * H * D * dtype_bytes(in.index_query.dtype);
+    pack.widen_bf16 = in.index_query.dtype == DType::kBFloat16;
+    pack.stride = D;
+    pack.cols = D;
+    pack.dst = x.query_t.data();
+    pack.ld = H;
+  }
+  call.kernels.transpose(pack);
+  if (call.pair_student) {
     kd::PairGemmArgs args;
     args.a = x.pair_rows.data();
     args.b = x.query_pairs.data();
-    args.ldb = ld;
+    args.ldb = pack.ld;
     args.c = x.z.data();
     args.ldc = H;
     args.m = n;
@@ -340,11 +370,6 @@ void student_row(const Call& call, int64_t b, int64_t row, int64_t n, const floa
     args.depth = D;
     call.kernels.pair_gemm(args);
   } else {
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t d = 0; d < D; ++d) {
-        x.query_t[d * H + h] = kd::element(in.index_query, (row * H + h) * D + d);
-      }
-    }
     for (int64_t j = 0; j < n; ++j) x.a_rows[j] = x.key_rows[j];
     for (int64_t d = 0; d < D; ++d) x.b_rows[d] = x.query_t.data() + d * H;
     kd::GemmArgs args;

@@ -115,6 +115,20 @@ struct StudentBackwardArgs {
   float* dw = nullptr;  // [heads]
 };
 
+// Transpose of a [rows][cols] matrix of 32-bit elements, row r at src + r * stride
+// (in source elements), into dst[c * ld + r]. With widen_bf16 the source elements are
+// bf16 (uint16) and are widened to fp32; otherwise they are copied bit for bit (fp32, or
+// a pair of bf16 viewed as one uint32: the pair GEMM's B packing).
+struct TransposeArgs {
+  const void* src = nullptr;
+  int64_t stride = 0;
+  bool widen_bf16 = false;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  void* dst = nullptr;
+  int64_t ld = 0;
+};
+
 // A kernel set; the driver picks one per call (indexer_kl.cpp).
 struct KlKernels {
   void (*gemm)(const GemmArgs&) = nullptr;
@@ -122,6 +136,7 @@ struct KlKernels {
   void (*teacher)(const TeacherArgs&) = nullptr;
   void (*scores)(const ScoreArgs&) = nullptr;
   void (*student_backward)(const StudentBackwardArgs&) = nullptr;
+  void (*transpose)(const TransposeArgs&) = nullptr;
 };
 
 // Implemented in kernel_*.cpp; each file is compiled for its ISA, and its functions
@@ -130,11 +145,13 @@ void gemm_portable(const GemmArgs& args);
 void teacher_portable(const TeacherArgs& args);
 void scores_portable(const ScoreArgs& args);
 void student_backward_portable(const StudentBackwardArgs& args);
+void transpose_portable(const TransposeArgs& args);
 
 void gemm_avx512(const GemmArgs& args);
 void teacher_avx512(const TeacherArgs& args);
 void scores_avx512(const ScoreArgs& args);
 void student_backward_avx512(const StudentBackwardArgs& args);
+void transpose_avx512(const TransposeArgs& args);
 void pair_gemm_avx512_bf16(const PairGemmArgs& args);  // VDPBF16PS: needs AVX512_BF16
 // The same loops with each VDPBF16PS replaced by two AVX-512F FMAs (odd pair element
 // first, as the instruction's definition adds them). Bit-identical to VDPBF16PS except

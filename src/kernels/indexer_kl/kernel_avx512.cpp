@@ -205,6 +205,38 @@ void pair_gemm(const PairGemmArgs& g) {
   }
 }
 
+// --- transpose -------------------------------------------------------------------------
+
+// Transposes 16 rows of 16 32-bit elements in registers: on return r[c] holds column c.
+// Stages: 32-bit and 64-bit interleaves within 128-bit lanes, then two rounds of
+// 128-bit lane shuffles.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4b + k]: in 128-bit lane L, column 4L + k of rows 4b..4b+3.
+  __m512i u[16];
+  for (int b = 0; b < 16; b += 4) {
+    u[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
+    u[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
+    u[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+    u[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    // v[k] = (rows 0-3 col k, rows 0-3 col 8+k, rows 4-7 col k, rows 4-7 col 8+k), ...
+    const __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+    const __m512i v4 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+    const __m512i v8 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512i v12 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+    r[k] = _mm512_shuffle_i32x4(v0, v8, 0x88);
+    r[8 + k] = _mm512_shuffle_i32x4(v0, v8, 0xdd);
+    r[4 + k] = _mm512_shuffle_i32x4(v4, v12, 0x88);
+    r[12 + k] = _mm512_shuffle_i32x4(v4, v12, 0xdd);
+  }
+}
+
 // --- exp -------------------------------------------------------------------------------------
 
 // e^x for x <= 0 (larger x is clamped at 88.7): Cody-Waite reduction x = n ln2 + r,
@@ -262,6 +294,35 @@ void gemm_avx512(const GemmArgs& g) {
         const int64_t nv = (lanes + 15) / 16;
         kMicro[mr - 1][nv - 1](rows, step, b, j0, depth, g.c + i0 * g.ldc, g.ldc,
                                lane_mask(lanes - 16 * (nv - 1)), k0 > 0);
+      }
+    }
+  }
+}
+
+void transpose_avx512(const TransposeArgs& t) {
+  auto* dst = static_cast<uint32_t*>(t.dst);
+  for (int64_t r0 = 0; r0 < t.rows; r0 += 16) {
+    const int64_t rows = t.rows - r0 < 16 ? t.rows - r0 : 16;
+    const __mmask16 row_mask = lane_mask(rows);
+    for (int64_t c0 = 0; c0 < t.cols; c0 += 16) {
+      const int64_t cols = t.cols - c0 < 16 ? t.cols - c0 : 16;
+      const __mmask16 col_mask = lane_mask(cols);
+      __m512i r[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t at = (r0 + i) * t.stride + c0;
+        if (i >= rows) {
+          r[i] = _mm512_setzero_si512();
+        } else if (t.widen_bf16) {
+          const __m256i bits =
+              _mm256_maskz_loadu_epi16(col_mask, static_cast<const uint16_t*>(t.src) + at);
+          r[i] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16);
+        } else {
+          r[i] = _mm512_maskz_loadu_epi32(col_mask, static_cast<const uint32_t*>(t.src) + at);
+        }
+      }
+      transpose16(r);
+      for (int64_t c = 0; c < cols; ++c) {
+        _mm512_mask_storeu_epi32(dst + (c0 + c) * t.ld + r0, row_mask, r[c]);
       }
     }
   }

@@ -1,6 +1,7 @@
 // Portable kernels of the indexer KL loss: the same contracts as the AVX-512 ones, in
 // plain C++ (the compiler vectorises the inner loops for whatever the build targets).
 #include <cmath>
+#include <cstring>
 
 #include "indexer_kl_internal.hpp"
 
@@ -58,6 +59,22 @@ void student_backward_portable(const StudentBackwardArgs& s) {
       const bool active = z[h] > 0.0f;
       s.dw[h] = std::fma(g, active ? z[h] : 0.0f, s.dw[h]);
       z[h] = active ? g * s.weights[h] : 0.0f;
+    }
+  }
+}
+
+void transpose_portable(const TransposeArgs& t) {
+  // Elements are copied with memcpy: the source may be fp32 (or bf16 pairs) memory.
+  auto* dst = static_cast<char*>(t.dst);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t c = 0; c < t.cols; ++c) {
+      uint32_t value = 0;
+      if (t.widen_bf16) {
+        value = uint32_t{static_cast<const uint16_t*>(t.src)[r * t.stride + c]} << 16;
+      } else {
+        std::memcpy(&value, static_cast<const char*>(t.src) + (r * t.stride + c) * 4, 4);
+      }
+      std::memcpy(dst + (c * t.ld + r) * 4, &value, 4);
     }
   }
 }
