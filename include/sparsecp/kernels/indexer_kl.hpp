@@ -83,14 +83,15 @@
 //     finishes the missing block commits the run). Results may differ between ISAs in
 //     the last bits (different but fixed summation orders).
 //   * Memory: no [B, S, ...] intermediate at all and nothing per row beyond one
-//     thread's tile: scratch is threads x (transposed queries of one row, [T, Hm] and
-//     [T, H] logit tiles, a [rows per block * T, D] key-gradient buffer, widened key
-//     rows for bf16) plus a few reorder buffers: independent of B and S, see
-//     `indexer_kl_scratch_bytes`. The selected keys are never copied for fp32 inputs
+//     thread's tile. Scratch is, per thread, the row's transposed queries ([D, H] and
+//     [Dm, Hm]), its [T, Hm] and [T, H] logit tiles, and for bf16 its widened student
+//     key rows [T, D]; plus 2 x threads commit buffers of kBlockRows (4) x T key-gradient
+//     rows [D]: independent of B and S (`indexer_kl_scratch_bytes`; about 2.5 MiB a
+//     thread at DeepSeek-V4 shapes). The selected keys are never copied for fp32 inputs
 //     (kernels read them in place through row pointers); bf16 student keys are widened
 //     once per row and serve both the forward and the backward product.
-//   * Only the caller's gradient spans are written; index_key's gradient is zeroed first
-//     (it is an output, not accumulated into).
+//   * Only the caller's gradient spans are written (they must not overlap the inputs);
+//     index_key's gradient is zeroed first (it is an output, not accumulated into).
 //
 // Threads: `IndexerKlOptions::threads` (0 = OpenMP's default). No BLAS is called.
 #pragma once

@@ -251,62 +251,94 @@ class CommitQueue {
   std::condition_variable available_;
 };
 
+// Address of element `index` of a float view.
+const void* element_address(const TensorView& view, int64_t index) {
+  return static_cast<const char*>(view.data) + index * dtype_bytes(view.dtype);
+}
+
+// A forward product of one row: out[j][h] = key_j . query_h for the row's n selected
+// keys and its `heads` query vectors (head h at `query` + h * stride elements, `dim`
+// channels each): the teacher's logits (Katt x qatt^T) and the student's dot products
+// (Kidx x q^T). The query is transposed into the GEMM's B; the keys are its A, read in
+// place through x.a_rows (rows of key_dtype) or, with `pairs`, x.pair_rows (bf16).
+struct ForwardProduct {
+  const void* query = nullptr;
+  DType query_dtype = DType::kFloat32;
+  int64_t stride = 0, heads = 0, dim = 0;
+  DType key_dtype = DType::kFloat32;
+  bool pairs = false;
+  float* transposed = nullptr;    // [dim][heads] when !pairs
+  uint16_t* pair_pack = nullptr;  // [dim / 2][round_up16(heads)][2] when pairs
+  float* out = nullptr;           // [n][heads]
+};
+
+void forward_product(const Call& call, const ForwardProduct& f, int64_t n, RowScratch& x) {
+  kd::TransposeArgs pack;
+  pack.src = f.query;
+  pack.rows = f.heads;
+  if (f.pairs) {  // bf16 pairs viewed as 32-bit elements
+    pack.stride = f.stride / 2;
+    pack.cols = f.dim / 2;
+    pack.dst = f.pair_pack;
+    pack.ld = round_up16(f.heads);
+  } else {
+    pack.widen_bf16 = f.query_dtype == DType::kBFloat16;
+    pack.stride = f.stride;
+    pack.cols = f.dim;
+    pack.dst = f.transposed;
+    pack.ld = f.heads;
+  }
+  call.kernels.transpose(pack);
+  if (f.pairs) {
+    kd::PairGemmArgs args;
+    args.a = x.pair_rows.data();
+    args.b = f.pair_pack;
+    args.ldb = pack.ld;
+    args.c = f.out;
+    args.ldc = f.heads;
+    args.m = n;
+    args.n = f.heads;
+    args.depth = f.dim;
+    call.kernels.pair_gemm(args);
+    return;
+  }
+  for (int64_t d = 0; d < f.dim; ++d) x.b_rows[d] = f.transposed + d * f.heads;
+  kd::GemmArgs args;
+  args.a = x.a_rows.data();
+  args.a_dtype = f.key_dtype;
+  args.b = x.b_rows.data();
+  args.c = f.out;
+  args.ldc = f.heads;
+  args.m = n;
+  args.n = f.heads;
+  args.depth = f.dim;
+  args.a_buffer = x.a_buffer.data();
+  call.kernels.gemm(args);
+}
+
 // Teacher: P[j] (before L1 normalisation) of one row's n slots, into x.teacher.
 void teacher_row(const Call& call, int64_t b, int64_t t, int64_t n, RowScratch& x) {
   const kd::KlShape& s = call.s;
   const IndexerKlInputs& in = *call.in;
   const int64_t Hm = s.att_heads, Dm = s.att_dim;
-  const int64_t key_base = b * s.keys;
-  // qatt's row t of every head (head hm at stride S * Dm) transposed: B of the teacher.
-  const int64_t first = (b * Hm * s.rows + t) * Dm;  // head 0's row
-  kd::TransposeArgs pack;
-  pack.rows = Hm;
-  if (call.pair_teacher) {
-    pack.src = static_cast<const uint16_t*>(in.attention_query.data) + first;
-    pack.stride = s.rows * Dm / 2;
-    pack.cols = Dm / 2;
-    pack.dst = x.att_pairs.data();
-    pack.ld = round_up16(Hm);
-  } else {
-    pack.src = static_cast<const char*>(in.attention_query.data) +
-               first * dtype_bytes(in.attention_query.dtype);
-    pack.widen_bf16 = in.attention_query.dtype == DType::kBFloat16;
-    pack.stride = s.rows * Dm;
-    pack.cols = Dm;
-    pack.dst = x.att_query_t.data();
-    pack.ld = Hm;
+  for (int64_t j = 0; j < n; ++j) {
+    const void* key = element_address(in.compressed_key, (b * s.keys + x.slots[j]) * Dm);
+    x.a_rows[j] = key;
+    x.pair_rows[j] = static_cast<const uint16_t*>(key);  // used when call.pair_teacher
   }
-  call.kernels.transpose(pack);
-  if (call.pair_teacher) {
-    const auto* keys = static_cast<const uint16_t*>(in.compressed_key.data);
-    for (int64_t j = 0; j < n; ++j) x.pair_rows[j] = keys + (key_base + x.slots[j]) * Dm;
-    kd::PairGemmArgs args;
-    args.a = x.pair_rows.data();
-    args.b = x.att_pairs.data();
-    args.ldb = pack.ld;
-    args.c = x.logits.data();
-    args.ldc = Hm;
-    args.m = n;
-    args.n = Hm;
-    args.depth = Dm;
-    call.kernels.pair_gemm(args);
-  } else {
-    const int64_t elem = dtype_bytes(in.compressed_key.dtype);
-    const auto* keys = static_cast<const char*>(in.compressed_key.data);
-    for (int64_t j = 0; j < n; ++j) x.a_rows[j] = keys + (key_base + x.slots[j]) * Dm * elem;
-    for (int64_t d = 0; d < Dm; ++d) x.b_rows[d] = x.att_query_t.data() + d * Hm;
-    kd::GemmArgs args;
-    args.a = x.a_rows.data();
-    args.a_dtype = in.compressed_key.dtype;
-    args.b = x.b_rows.data();
-    args.c = x.logits.data();
-    args.ldc = Hm;
-    args.m = n;
-    args.n = Hm;
-    args.depth = Dm;
-    args.a_buffer = x.a_buffer.data();
-    call.kernels.gemm(args);
-  }
+  ForwardProduct f;
+  f.query = element_address(in.attention_query, (b * Hm * s.rows + t) * Dm);  // head 0, row t
+  f.query_dtype = in.attention_query.dtype;
+  f.stride = s.rows * Dm;  // head-major: the next head's row t
+  f.heads = Hm;
+  f.dim = Dm;
+  f.key_dtype = in.compressed_key.dtype;
+  f.pairs = call.pair_teacher;
+  f.transposed = x.att_query_t.data();
+  f.pair_pack = x.att_pairs.data();
+  f.out = x.logits.data();
+  forward_product(call, f, n, x);
+
   kd::TeacherArgs args;
   args.logits = x.logits.data();
   args.ldl = Hm;
@@ -336,52 +368,22 @@ void student_row(const Call& call, int64_t b, int64_t row, int64_t n, const floa
       float* dst = x.key_tile.data() + j * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = std::bit_cast<float>(uint32_t{src[d]} << 16);
       x.key_rows[j] = dst;
-      if (call.pair_student) x.pair_rows[j] = src;
+      x.pair_rows[j] = src;  // used when call.pair_student
     }
   }
-  // q's row transposed: B of the student.
-  kd::TransposeArgs pack;
-  pack.rows = H;
-  if (call.pair_student) {
-    pack.src = static_cast<const uint16_t*>(in.index_query.data) + row * H * D;
-    pack.stride = D / 2;
-    pack.cols = D / 2;
-    pack.dst = x.query_pairs.data();
-    pack.ld = round_up16(H);
-  } else {
-    pack.src = static_cast<const char*>(in.index_query.data) +
-               row * H * D * dtype_bytes(in.index_query.dtype);
-    pack.widen_bf16 = in.index_query.dtype == DType::kBFloat16;
-    pack.stride = D;
-    pack.cols = D;
-    pack.dst = x.query_t.data();
-    pack.ld = H;
-  }
-  call.kernels.transpose(pack);
-  if (call.pair_student) {
-    kd::PairGemmArgs args;
-    args.a = x.pair_rows.data();
-    args.b = x.query_pairs.data();
-    args.ldb = pack.ld;
-    args.c = x.z.data();
-    args.ldc = H;
-    args.m = n;
-    args.n = H;
-    args.depth = D;
-    call.kernels.pair_gemm(args);
-  } else {
-    for (int64_t j = 0; j < n; ++j) x.a_rows[j] = x.key_rows[j];
-    for (int64_t d = 0; d < D; ++d) x.b_rows[d] = x.query_t.data() + d * H;
-    kd::GemmArgs args;
-    args.a = x.a_rows.data();
-    args.b = x.b_rows.data();
-    args.c = x.z.data();
-    args.ldc = H;
-    args.m = n;
-    args.n = H;
-    args.depth = D;
-    call.kernels.gemm(args);
-  }
+  for (int64_t j = 0; j < n; ++j) x.a_rows[j] = x.key_rows[j];
+  ForwardProduct f;
+  f.query = element_address(in.index_query, row * H * D);
+  f.query_dtype = in.index_query.dtype;
+  f.stride = D;
+  f.heads = H;
+  f.dim = D;
+  f.pairs = call.pair_student;
+  f.transposed = x.query_t.data();
+  f.pair_pack = x.query_pairs.data();
+  f.out = x.z.data();
+  forward_product(call, f, n, x);
+
   kd::ScoreArgs args;
   args.z = x.z.data();
   args.ldz = H;

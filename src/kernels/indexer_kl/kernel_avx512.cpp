@@ -37,6 +37,18 @@ inline __mmask16 lane_mask(int64_t lanes) {
 // Rows per micro-kernel call for a call whose widest column block has `vectors` vectors.
 inline int64_t row_block(int64_t vectors) { return vectors >= 4 ? 6 : vectors == 3 ? 8 : 12; }
 
+// Stores an MR x (16 * NV) accumulator tile at c (row stride ldc), the last vector's
+// lanes per `last`.
+template <int MR, int NV>
+inline void store_tile(const __m512 (&acc)[MR][NV], float* c, int64_t ldc, __mmask16 last) {
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV - 1; ++j) _mm512_storeu_ps(c + i * ldc + 16 * j, acc[i][j]);
+    _mm512_mask_storeu_ps(c + i * ldc + 16 * (NV - 1), last, acc[i][NV - 1]);
+  }
+}
+
 // --- fp32 GEMM -----------------------------------------------------------------------------
 
 // C[i][j0 + l] (+)= sum_{k < depth} A_i[k * a_step] * B_k[j0 + l] for i < MR, l < 16 * NV
@@ -79,12 +91,7 @@ __attribute__((noinline)) void micro(const float* const* a, int64_t a_step, cons
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(av, bv[j], acc[i][j]);
     }
   }
-#pragma GCC unroll 12
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NV - 1; ++j) _mm512_storeu_ps(c + i * ldc + j0 + 16 * j, acc[i][j]);
-    _mm512_mask_storeu_ps(c + i * ldc + j0 + 16 * (NV - 1), last, acc[i][NV - 1]);
-  }
+  store_tile<MR, NV>(acc, c + j0, ldc, last);
 }
 
 using Micro = void (*)(const float* const*, int64_t, const float* const*, int64_t, int64_t, float*,
@@ -163,12 +170,7 @@ __attribute__((noinline)) void micro_pairs(const uint16_t* const* a, const uint1
       for (int j = 0; j < NV; ++j) acc[i][j] = pair_dot<Native>(acc[i][j], av, bv[j]);
     }
   }
-#pragma GCC unroll 12
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NV - 1; ++j) _mm512_storeu_ps(c + i * ldc + j0 + 16 * j, acc[i][j]);
-    _mm512_mask_storeu_ps(c + i * ldc + j0 + 16 * (NV - 1), last, acc[i][NV - 1]);
-  }
+  store_tile<MR, NV>(acc, c + j0, ldc, last);
 }
 
 using PairMicro = void (*)(const uint16_t* const*, const uint16_t*, int64_t, int64_t, int64_t,

@@ -60,8 +60,10 @@ KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& o
                  options.threads);
   SPARSECP_CHECK(kernel_isa_supported(options.isa), "Indexer KL kernel ISA '",
                  kernel_isa_name(options.isa), "' is not supported by this CPU");
-  SPARSECP_CHECK(std::isfinite(options.attention_scale),
-                 "Indexer KL attention_scale must be finite, got ", options.attention_scale);
+  SPARSECP_CHECK(std::isfinite(options.attention_scale) &&
+                     std::abs(options.attention_scale) <= std::numeric_limits<float>::max(),
+                 "Indexer KL attention_scale must be finite (in float32), got ",
+                 options.attention_scale);
   SPARSECP_CHECK(std::isfinite(options.loss_coeff), "Indexer KL loss_coeff must be finite, got ",
                  options.loss_coeff);
   SPARSECP_CHECK(options.main_key_offset >= 0,
