@@ -169,7 +169,8 @@ struct Commit {
   int64_t block = -1;
   int64_t count = 0;                 // contribution rows used
   std::vector<int64_t> key_rows;     // grad_index_key row of each contribution
-  std::vector<float> contributions;  // [count][D]
+  // [count][D]; not zero-initialised (rows are written before they are read).
+  std::unique_ptr<float[]> contributions;
   double loss = 0.0;                 // sum of the block's row losses, rows in order
 };
 
@@ -186,7 +187,7 @@ class CommitQueue {
     for (auto& commit : pool_) {
       commit = std::make_unique<Commit>();
       commit->key_rows.resize(static_cast<size_t>(rows));
-      commit->contributions.resize(static_cast<size_t>(rows * dim));
+      commit->contributions.reset(new float[static_cast<size_t>(rows * dim)]);
       free_.push_back(commit.get());
     }
   }
@@ -233,7 +234,7 @@ class CommitQueue {
   void apply(const Commit& commit) {
     for (int64_t r = 0; r < commit.count; ++r) {
       float* dst = grad_key_.data() + commit.key_rows[static_cast<size_t>(r)] * dim_;
-      const float* src = commit.contributions.data() + r * dim_;
+      const float* src = commit.contributions.get() + r * dim_;
       for (int64_t d = 0; d < dim_; ++d) dst[d] += src[d];
     }
     total_ += commit.loss;
@@ -480,7 +481,7 @@ double process_row(const Call& call, int64_t row, RowScratch& x, Commit& commit)
   kd::GemmArgs dk_args;
   dk_args.a = x.a_rows.data();
   dk_args.b = x.b_rows.data();
-  dk_args.c = commit.contributions.data() + commit.count * D;
+  dk_args.c = commit.contributions.get() + commit.count * D;
   dk_args.ldc = D;
   dk_args.m = n;
   dk_args.n = D;
