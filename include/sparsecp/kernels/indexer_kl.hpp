@@ -67,9 +67,10 @@
 //   * an id other than -1 outside [main_key_offset, main_key_offset + K) names the id,
 //     its position [b, t, j] and the valid range;
 //   * any other rank, extent, dtype or size mismatch (also of the gradient spans), a
-//     negative main_key_offset, Ki < main_key_offset + K, a non-finite
-//     attention_scale or loss_coeff, zero heads or head dims, negative threads,
-//     an ISA the CPU lacks, or sizes whose byte counts overflow 64 bits.
+//     negative main_key_offset, Ki < main_key_offset + K, a loss_coeff that is not
+//     finite or an attention_scale that is not finite in float32, zero heads or head
+//     dims, negative threads, an ISA the CPU lacks, or sizes whose byte counts overflow
+//     64 bits.
 //   Every check runs before any output is written. With loss_coeff == 0 the call
 //   validates shapes and dtypes only, writes zero gradients and returns 0.0 without
 //   computing (ids are not inspected). B * S == 0 returns 0.0 with zero gradients.

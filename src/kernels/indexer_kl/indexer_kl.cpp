@@ -167,11 +167,11 @@ struct RowScratch {
 // One block's index-key contributions and loss, waiting to be applied in order.
 struct Commit {
   int64_t block = -1;
-  int64_t count = 0;                 // contribution rows used
-  std::vector<int64_t> key_rows;     // grad_index_key row of each contribution
+  int64_t count = 0;              // contribution rows used
+  std::vector<int64_t> key_rows;  // grad_index_key row of each contribution
   // [count][D]; not zero-initialised (rows are written before they are read).
   std::unique_ptr<float[]> contributions;
-  double loss = 0.0;                 // sum of the block's row losses, rows in order
+  double loss = 0.0;  // sum of the block's row losses, rows in order
 };
 
 // Applies commits to grad_index_key and the loss total in block order, whichever
