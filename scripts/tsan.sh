@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The threaded selection kernels under ThreadSanitizer: builds the `tsan` preset
+# The threaded kernels (selection, indexer KL) under ThreadSanitizer: builds the `tsan` preset
 # (build/tsan) with clang, only the kernel test programs, and runs them.
 #
 # OpenMP and TSan: GCC's libgomp is not TSan-instrumented, so its barriers are
@@ -13,7 +13,7 @@
 #   scripts/tsan.sh [ctest args...]        e.g. scripts/tsan.sh -R Kernel
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests=(select_kernel_test select_projection_test)
+tests=(select_kernel_test select_projection_test indexer_kl_test)
 archer=$(clang++ -print-file-name=libarcher.so 2>/dev/null || true)
 if [ ! -f "$archer" ]; then
   for candidate in /usr/lib/llvm-*/lib/libarcher.so; do archer=$candidate; done

@@ -3,8 +3,9 @@
 //
 // The library never owns a caller's tensors: kernels read MatrixViews, the exchange
 // reads TensorViews (which keep the seed's [1, local tokens, width] shapes so its
-// batch/axis checks apply as written). bf16 values are raw IEEE bfloat16 bits in
-// uint16_t (the upper half of an fp32); see kernels/bf16.hpp for conversions.
+// batch/axis checks apply as written); integer id tensors are IndexTensorViews. bf16
+// values are raw IEEE bfloat16 bits in uint16_t (the upper half of an fp32); see
+// kernels/bf16.hpp for conversions.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,29 @@ struct TensorView {
   // A [1, rows, cols] view of a matrix: a batch-one token tensor.
   static TensorView tokens(MatrixView matrix) {
     return {matrix.data, matrix.dtype, {1, matrix.rows, matrix.cols}};
+  }
+};
+
+// Element type of an integer index tensor (e.g. top-k key ids).
+enum class IndexDType { kInt32, kInt64 };
+
+// Name of an index dtype for messages: "int32" or "int64".
+constexpr const char* index_dtype_name(IndexDType dtype) {
+  return dtype == IndexDType::kInt32 ? "int32" : "int64";
+}
+
+// A non-owning dense row-major tensor of int32 or int64 ids, of any rank: what PyTorch
+// hands over for `topk_indices` (the indexer's selections are int32 here, int64 in
+// torch.topk's output; both are read as is, without a conversion copy).
+struct IndexTensorView {
+  const void* data = nullptr;
+  IndexDType dtype = IndexDType::kInt32;
+  std::vector<int64_t> shape;
+
+  // Element i (row-major order), widened to int64.
+  int64_t at(int64_t i) const {
+    return dtype == IndexDType::kInt32 ? static_cast<const int32_t*>(data)[i]
+                                       : static_cast<const int64_t*>(data)[i];
   }
 };
 

@@ -28,6 +28,8 @@ const char* npy_dtype_name(NpyDType dtype) {
       return "int32";
     case NpyDType::kInt64:
       return "int64";
+    case NpyDType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
@@ -37,6 +39,7 @@ std::size_t npy_item_size(NpyDType dtype) {
     case NpyDType::kBFloat16:
       return 2;
     case NpyDType::kInt64:
+    case NpyDType::kFloat64:
       return 8;
     default:
       return 4;
@@ -112,10 +115,11 @@ NpyDType parse_descr(std::string_view descr, const std::string& name) {
   if (descr == "<f4") return NpyDType::kFloat32;
   if (descr == "<i4") return NpyDType::kInt32;
   if (descr == "<i8") return NpyDType::kInt64;
+  if (descr == "<f8") return NpyDType::kFloat64;
   if (descr == "bfloat16" || descr == "<V2" || descr == "|V2") return NpyDType::kBFloat16;
   SPARSECP_FAIL(name, ": unsupported .npy dtype '", descr,
-                "' (supported: '<f4' float32, '<i4' int32, '<i8' int64, bfloat16 as 'bfloat16' "
-                "or '|V2'; C order, little-endian)");
+                "' (supported: '<f4' float32, '<f8' float64, '<i4' int32, '<i8' int64, bfloat16 as "
+                "'bfloat16' or '|V2'; C order, little-endian)");
 }
 
 // Parses `image` and points the result's bytes into it (the caller keeps it alive).
@@ -212,6 +216,9 @@ std::vector<std::byte> format_npy(NpyDType dtype, std::span<const int64_t> shape
       break;
     case NpyDType::kInt64:
       descr = "<i8";
+      break;
+    case NpyDType::kFloat64:
+      descr = "<f8";
       break;
   }
   std::string extents;

@@ -44,12 +44,18 @@ double sgemm_gflops(const TimedPath& path, int64_t n) {
   return flops / path.median_seconds() / 1e9;
 }
 
-KernelIsa parse_isa(const std::string& name) {
-  for (const KernelIsa isa :
-       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+std::string blas_core_name() { return openblas_get_corename(); }
+
+KernelIsa parse_isa(const std::string& name, std::initializer_list<KernelIsa> allowed) {
+  std::string names;
+  size_t index = 0;
+  for (const KernelIsa isa : allowed) {
     if (name == kernel_isa_name(isa)) return isa;
+    names += index == 0 ? "" : (index + 1 == allowed.size() ? " or " : ", ");
+    names += kernel_isa_name(isa);
+    ++index;
   }
-  SPARSECP_FAIL("--isa must be auto, portable, avx2 or avx512, got '", name, "'");
+  SPARSECP_FAIL("--isa must be ", names, ", got '", name, "'");
 }
 
 }  // namespace sparsecp::cli

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,17 @@ void time_interleaved(std::vector<TimedPath>& paths, int64_t repeats);
 TimedPath sgemm_path(int64_t n);
 double sgemm_gflops(const TimedPath& path, int64_t n);
 
-// "auto" / "portable" / "avx2" / "avx512" -> KernelIsa; Error naming the value otherwise.
-KernelIsa parse_isa(const std::string& name);
+// The kernel OpenBLAS chose for this CPU (e.g. "SkylakeX", "Haswell", "Prescott").
+// OpenBLAS picks it by CPU model and falls back to an old one (Prescott: SSE3) on CPUs it
+// does not know, which makes its sgemm rate meaningless as a yardstick and slows the
+// Index-Q projection; OPENBLAS_CORETYPE=SkylakeX (or Haswell) in the environment forces
+// one. Every bench reports it.
+std::string blas_core_name();
+
+// "auto" / "portable" / "avx2" / "avx512" -> KernelIsa, one of `allowed` (a kernel may
+// not have every ISA); Error naming the value and the allowed names otherwise.
+KernelIsa parse_isa(const std::string& name, std::initializer_list<KernelIsa> allowed = {
+                                                 KernelIsa::kAuto, KernelIsa::kPortable,
+                                                 KernelIsa::kAvx2, KernelIsa::kAvx512});
 
 }  // namespace sparsecp::cli

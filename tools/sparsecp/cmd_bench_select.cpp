@@ -247,6 +247,7 @@ void run_bench(const BenchSelectFlags& c) {
   out["repeat"] = c.repeat;
   out["score_gflop"] = flops / 1e9;
   out["sgemm_gflops"] = sgemm;
+  out["sgemm_core"] = blas_core_name();
   out["seconds"] = main->median_seconds();
   out["seconds_min"] = main->spread().min;
   out["seconds_max"] = main->spread().max;
@@ -295,6 +296,7 @@ void run_bench(const BenchSelectFlags& c) {
                                                                : flops;
       std::printf("  %-22s %10.4f s (%.4f-%.4f)  %8.1f GFLOP/s", t.name.c_str(), s.median, s.min,
                   s.max, work / s.median / 1e9);
+      if (t.name == "sgemm") std::printf("  (OpenBLAS kernel %s)", blas_core_name().c_str());
       if (t.name.rfind("fused", 0) == 0) {
         std::printf("  (%.0f%% of sgemm)", 100.0 * work / s.median / 1e9 / sgemm);
       }

@@ -176,7 +176,8 @@ const Registration registration("route", [](CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "route",
       "Build a rank's IndexerRoute: which local rows it sends to each peer, where received rows "
-      "land, and the segments its selector sees (field names as in hyper_parallel indexer_balance's IndexerRoute).");
+      "land, and the segments its selector sees (field names as in hyper_parallel "
+      "indexer_balance's IndexerRoute).");
   command->batch.add_to(*sub);
   add_cp_and_ratio(*sub, &command->cp, command->ratio);
   command->strategy.add_to(*sub,

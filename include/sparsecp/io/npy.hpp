@@ -2,7 +2,7 @@
 // frameworks: np.save / np.load, torch via .numpy()).
 //
 // Supported: format versions 1.0, 2.0 and 3.0, C order, little-endian element types
-//   float32 ('<f4'), int32 ('<i4'), int64 ('<i8') and bfloat16.
+//   float32 ('<f4'), float64 ('<f8'), int32 ('<i4'), int64 ('<i8') and bfloat16.
 // NumPy has no bfloat16 dtype of its own: arrays of ml_dtypes.bfloat16 are stored
 // with the descriptor 'bfloat16' or as 2-byte void ('|V2' / '<V2'); all three are read
 // as bfloat16, and bfloat16 is written as '|V2' (load with
@@ -20,9 +20,9 @@
 
 namespace sparsecp {
 
-enum class NpyDType { kFloat32, kBFloat16, kInt32, kInt64 };
+enum class NpyDType { kFloat32, kBFloat16, kInt32, kInt64, kFloat64 };
 
-// Name for messages: "float32", "bfloat16", "int32", "int64".
+// Name for messages: "float32", "bfloat16", "int32", "int64", "float64".
 const char* npy_dtype_name(NpyDType dtype);
 // Bytes per element.
 std::size_t npy_item_size(NpyDType dtype);
