@@ -30,13 +30,6 @@ void append_blocks(std::vector<Task>& tasks, int64_t document, int64_t end, int6
   }
 }
 
-// The seed's per-worker row cap, 2 * local, saturating for shards beyond 2^62 rows.
-int64_t row_cap(int64_t total, int64_t cp) {
-  const int64_t local = total / cp;
-  return local > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
-                                                         : 2 * local;
-}
-
 int64_t task_work(const Task& task, int64_t ratio) {
   return range_work(task.start, task.end, ratio);
 }
@@ -137,7 +130,7 @@ Assignments greedy_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t r
     append_blocks(tasks, static_cast<int64_t>(document), lengths[document], block);
   }
   Assignments assignments(static_cast<size_t>(cp));
-  assign_greedy_tasks(assignments, tasks, ratio, row_cap(total, cp));
+  assign_greedy_tasks(assignments, tasks, ratio, worker_row_cap(total, cp));
   return assignments;
 }
 
@@ -163,7 +156,7 @@ Assignments hybrid_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t r
     }
     append_blocks(pooled, doc, pool_end, block);
   }
-  assign_greedy_tasks(assignments, pooled, ratio, row_cap(total, cp));
+  assign_greedy_tasks(assignments, pooled, ratio, worker_row_cap(total, cp));
   return assignments;
 }
 
@@ -268,6 +261,12 @@ std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, in
   return block;
 }
 
+int64_t worker_row_cap(int64_t total_rows, int64_t cp) {
+  const int64_t local = total_rows / cp;
+  return local > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
+                                                         : 2 * local;
+}
+
 TaskPlan TaskPlan::from_ranks(std::vector<std::vector<Task>> ranks) {
   TaskPlan plan;
   plan.offsets_.reserve(ranks.size() + 1);
@@ -304,11 +303,43 @@ int64_t TaskPlan::rows(int64_t rank) const {
   return rows;
 }
 
+namespace {
+
+// Tasks the planner of `mode` (not 'none') creates before merging, an upper bound of
+// the plan's task count, saturating at kMaxPlanTasks + 1. Inputs are validated.
+int64_t planned_tasks(std::span<const int64_t> lengths, int64_t cp, Mode mode,
+                      std::optional<int64_t> block, std::optional<int64_t> min_length) {
+  Wide tasks = cp;  // the pooled remainders are split at most once per rank
+  for (const int64_t length : lengths) {
+    const bool pairs = length / (2 * cp) > 0 &&
+                       (mode == Mode::kZigzag || (mode == Mode::kHybrid && length >= *min_length));
+    if (pairs) tasks += 2 * cp;
+    const int64_t pooled = pairs ? length % (2 * cp) : length;
+    if (mode == Mode::kZigzag) {
+      tasks += pooled > 0 ? 1 : 0;
+    } else {
+      tasks += pooled / *block + (pooled % *block != 0 ? 1 : 0);
+    }
+    if (tasks > kMaxPlanTasks) return kMaxPlanTasks + 1;
+  }
+  return static_cast<int64_t>(tasks);
+}
+
+}  // namespace
+
 TaskPlan plan_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const PlanOptions& options) {
   const std::optional<int64_t> block =
       validate_plan_inputs(lengths, cp, ratio, options.mode, options.block_size);
   validate_hybrid_threshold(options.mode, options.zigzag_min_length);
+  if (options.mode != Mode::kNone) {
+    const int64_t tasks =
+        planned_tasks(lengths, cp, options.mode, block, options.zigzag_min_length);
+    SPARSECP_CHECK(
+        tasks <= kMaxPlanTasks, "Indexer ", mode_name(options.mode), " plan would hold more than ",
+        kMaxPlanTasks, " tasks, the supported maximum",
+        options.mode == Mode::kZigzag ? "" : "; use a larger indexer_balance_block_size");
+  }
   const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
   switch (options.mode) {
     case Mode::kNone:
