@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "problem_size.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/kernels/bf16.hpp"
 #include "sparsecp/kernels/select.hpp"
@@ -167,6 +168,8 @@ void run_calibrate(const CalibrateFlags& flags) {
   SPARSECP_CHECK(flags.q_rank >= 1, "--q-rank must be positive, got ", flags.q_rank);
   SPARSECP_CHECK(flags.rows >= 1, "--rows must be positive, got ", flags.rows);
   SPARSECP_CHECK(flags.repeats >= 1, "--repeats must be at least 1, got ", flags.repeats);
+  SPARSECP_CHECK(flags.repeats <= kMaxRepeat, "--repeats must be at most ", kMaxRepeat, ", got ",
+                 flags.repeats);
   SPARSECP_CHECK(flags.rope_dim >= 0 && flags.rope_dim % 2 == 0 && flags.rope_dim <= flags.head_dim,
                  "--rope-dim must be even and within [0, head_dim], got ", flags.rope_dim);
   std::vector<int64_t> targets;
@@ -185,14 +188,43 @@ void run_calibrate(const CalibrateFlags& flags) {
     }
     SPARSECP_CHECK(targets.size() >= 3, "--visible needs at least 3 points, got ", targets.size());
   }
-  openblas_set_num_threads(std::max(flags.threads, 1));
-
-  const int64_t width = flags.heads * flags.head_dim;
+  // Sizes first (problem_size.hpp): every buffer below, and the causal work of the
+  // largest point, before anything is allocated.
+  ProblemSize size("calibrate",
+                   "--rows, --heads, --head-dim, --q-rank, --topk, --ratio, --visible");
+  const int64_t width = size.product({flags.heads, flags.head_dim});
   const int64_t half = flags.rope_dim / 2;
   // The bank covers the largest point's last row.
   int64_t bank = 1;
-  for (const int64_t v : targets)
-    bank = std::max(bank, (v * flags.ratio + flags.rows) / flags.ratio + 1);
+  for (const int64_t v : targets) {
+    bank = std::max(bank, size.sum(size.product({v, flags.ratio}), flags.rows) / flags.ratio + 1);
+  }
+  size.add_buffer({flags.rows, flags.q_rank}, 2);  // qr
+  size.add_buffer({flags.q_rank, width}, 2);       // Wq_b
+  size.add_buffer({bank, flags.head_dim}, 2);      // keys
+  size.add_buffer({flags.rows, flags.heads}, 4);   // weights
+  size.add_buffer({flags.rows, half, 2}, 4);       // cos, sin
+  size.add_buffer({flags.rows, flags.topk}, 4);    // selected ids
+  size.add_buffer({flags.rows, width}, 4);         // projected Index Q
+  size.check_memory();
+  for (const int64_t v : targets) {
+    // W(end) = ratio * g * (g - 1) / 2 + g * (t + 1), (g, t) = divmod(end, ratio): the
+    // largest causal work of the point (cost.hpp), which must fit in 64 bits.
+    const int64_t end = v * flags.ratio + flags.rows;  // checked above
+    const int64_t g = end / flags.ratio;
+    int64_t pairs = 0;  // g * (g - 1) / 2, halving the even factor first
+    int64_t work = 0;
+    int64_t tail = 0;
+    SPARSECP_CHECK(!(g % 2 == 0 ? __builtin_mul_overflow(g / 2, g - 1, &pairs)
+                                : __builtin_mul_overflow(g, (g - 1) / 2, &pairs)) &&
+                       !__builtin_mul_overflow(flags.ratio, pairs, &work) &&
+                       !__builtin_mul_overflow(g, end % flags.ratio + 1, &tail) &&
+                       !__builtin_add_overflow(work, tail, &work),
+                   "calibrate: --visible ", v, " at ratio ", flags.ratio,
+                   ": the point's causal work overflows 64 bits");
+  }
+  openblas_set_num_threads(std::max(flags.threads, 1));
+
   SplitMix64 random(20261130);
   const auto value = [&](int span) {
     return static_cast<float>(static_cast<int>(random.next() % static_cast<uint64_t>(span)) -

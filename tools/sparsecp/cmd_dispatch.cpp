@@ -11,6 +11,7 @@
 
 #include "batch_input.hpp"
 #include "command.hpp"
+#include "problem_size.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/dispatch.hpp"
 
@@ -169,6 +170,8 @@ void run_sweep(const DispatchCommand& command) {
   SPARSECP_CHECK(command.cp == 0, "--sweep replaces --cp; give one of them");
   SPARSECP_CHECK(!command.rank, "--rank does not apply to --sweep");
   SPARSECP_CHECK(command.seeds >= 1, "--seeds must be at least 1, got ", command.seeds);
+  SPARSECP_CHECK(command.seeds <= kMaxRepeat, "--seeds must be at most ", kMaxRepeat, ", got ",
+                 command.seeds);
   SPARSECP_CHECK(!command.sweep.empty(), "--sweep needs at least one CP size");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (!command.json) {

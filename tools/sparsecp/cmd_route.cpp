@@ -9,6 +9,7 @@
 
 #include "command.hpp"
 #include "plan_options.hpp"
+#include "problem_size.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/route.hpp"
 
@@ -68,6 +69,8 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
                    const PlanOptions& options) {
   const PlanFlags& flags = command.flags;
   SPARSECP_CHECK(command.repeat >= 1, "--repeat must be at least 1, got ", command.repeat);
+  SPARSECP_CHECK(command.repeat <= kMaxRepeat, "--repeat must be at most ", kMaxRepeat, ", got ",
+                 command.repeat);
   std::vector<double> seconds;
   int64_t moved = 0;
   for (int64_t i = 0; i < command.repeat; ++i) {

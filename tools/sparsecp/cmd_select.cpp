@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "problem_size.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/npy.hpp"
 #include "sparsecp/kernels/bf16.hpp"
@@ -264,6 +265,8 @@ void run_bench(const BenchCommand& c) {
   SPARSECP_CHECK(c.rows >= 0 && c.rows <= c.doc_length, "--rows must be within [0, --doc-length ",
                  c.doc_length, "], got ", c.rows);
   SPARSECP_CHECK(c.repeat >= 1, "--repeat must be at least 1, got ", c.repeat);
+  SPARSECP_CHECK(c.repeat <= kMaxRepeat, "--repeat must be at most ", kMaxRepeat, ", got ",
+                 c.repeat);
   SPARSECP_CHECK(c.q_rank >= 1 && c.sgemm_size >= 1, "--q-rank and --sgemm-size must be positive");
   SPARSECP_CHECK(c.dtype == "fp32" || c.dtype == "bf16" || c.dtype == "both",
                  "--dtype must be fp32, bf16 or both, got '", c.dtype, "'");
@@ -277,36 +280,24 @@ void run_bench(const BenchCommand& c) {
   config.isa = parse_isa(c.isa);
   validate_select_config(config);
   {
-    // Sizes first: a product that overflows int64 is undefined behaviour below, and a
-    // problem larger than the machine's memory would only fail after minutes of paging.
-    const auto product = [](std::initializer_list<int64_t> factors) {
-      int64_t result = 1;
-      for (const int64_t factor : factors) {
-        SPARSECP_CHECK(!__builtin_mul_overflow(result, factor, &result),
-                       "bench select: problem size overflows 64 bits (--documents, "
-                       "--doc-length, --heads, --head-dim, --q-rank, --sgemm-size)");
-      }
-      return result;
-    };
-    const int64_t rows = product({c.rows == 0 ? c.doc_length : c.rows, c.documents});
-    const int64_t bank = product({c.doc_length / c.ratio, c.documents});
-    const int64_t width = product({c.heads, c.head_dim});
-    const int64_t floats[] = {
-        product({rows, width, 3}),      product({rows, c.heads, 2}),
-        product({bank, c.head_dim, 2}), product({rows, c.q_rank, 2}),
-        product({c.q_rank, width, 2}),  product({rows, c.rope_dim}),
-        product({rows, c.topk, 3}),     product({c.sgemm_size, c.sgemm_size, 3})};
-    int64_t total = 0;
-    for (const int64_t count : floats) {
-      SPARSECP_CHECK(!__builtin_add_overflow(total, count, &total),
-                     "bench select: problem size overflows 64 bits");
+    // Sizes first (problem_size.hpp).
+    ProblemSize size("bench select",
+                     "--documents, --doc-length, --heads, --head-dim, --q-rank, --sgemm-size");
+    const int64_t rows = size.product({c.rows == 0 ? c.doc_length : c.rows, c.documents});
+    const int64_t bank = size.product({c.doc_length / c.ratio, c.documents});
+    const int64_t width = size.product({c.heads, c.head_dim});
+    for (const auto& buffer : {std::initializer_list<int64_t>{rows, width, 3},
+                               {rows, c.heads, 2},
+                               {bank, c.head_dim, 2},
+                               {rows, c.q_rank, 2},
+                               {c.q_rank, width, 2},
+                               {rows, c.rope_dim},
+                               {rows, c.topk, 3},
+                               {c.sgemm_size, c.sgemm_size, 3}}) {
+      size.add_buffer(buffer, 4);
     }
-    const double need = 4.0 * static_cast<double>(total);
-    const double have =
-        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-    SPARSECP_CHECK(need <= have, "bench select needs about ", need / (1 << 30),
-                   " GiB of buffers, more than this machine's ", have / (1 << 30),
-                   " GiB of memory");
+    size.add_buffer({c.documents}, static_cast<int64_t>(sizeof(Segment)));
+    size.check_memory();
   }
   const int64_t per_doc = c.rows == 0 ? c.doc_length : c.rows;
   const int64_t rows = per_doc * c.documents;

@@ -158,7 +158,13 @@ BatchReport report_batch(std::vector<int64_t> lengths, int64_t cp, const SpillFl
   StrategyParams params;
   params.block_size = std::clamp<int64_t>(params.block_size, 1, report.tokens / cp);
   for (const char* name : {"zigzag", "greedy", "hybrid"}) {
-    const StrategyPlan planned = find_strategy(name).plan(lengths, cp, flags.ratio, params);
+    StrategyPlan planned;
+    try {
+      planned = find_strategy(name).plan(lengths, cp, flags.ratio, params);
+    } catch (const Error& error) {  // say which part failed: not spill itself
+      SPARSECP_FAIL_AS(error.kind(), "spill's comparison with the seed mode ", name,
+                       " failed: ", error.what());
+    }
     const PlanStats stats = plan_stats(planned.plan, lengths, flags.ratio);
     report.modes.push_back({name, stats.imbalance, stats.rows_moved,
                             max_of(rows_sent_received(planned.plan, lengths))});
