@@ -190,7 +190,11 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
     for (size_t line = 0; line < spec.file_batches.size(); ++line) {
       const auto& lengths = spec.file_batches[line];
       int64_t total = 0;
-      for (const int64_t length : lengths) total += length;
+      for (const int64_t length : lengths) {
+        // Not validated yet (each strategy does that): only the sum must not overflow.
+        SPARSECP_CHECK(!__builtin_add_overflow(total, length, &total), "batch ", line + 1,
+                       ": document lengths sum beyond 64 bits");
+      }
       for (const int64_t cp : spec.cps) {
         SPARSECP_CHECK(total % cp == 0, "batch ", line + 1, " holds ", total,
                        " tokens, which CP size ", cp, " does not divide");

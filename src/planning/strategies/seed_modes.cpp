@@ -76,10 +76,14 @@ class SeedMode final : public Strategy {
     PlanOptions options{.mode = mode_};
     if (mode_ == Mode::kGreedy || mode_ == Mode::kHybrid) options.block_size = params.block_size;
     if (mode_ == Mode::kHybrid) {
+      // The default threshold needs the total; lengths are not validated yet (plan_tasks
+      // does that, with the seed's texts), so the sum must not overflow on its own.
       int64_t total = 0;
-      for (const int64_t length : lengths) total += length;
-      // Validate before dividing by cp; plan_tasks repeats it with the seed's texts.
-      if (cp > 0) options.zigzag_min_length = hybrid_threshold(params, total, cp);
+      bool summed = true;
+      for (const int64_t length : lengths) {
+        summed = summed && !__builtin_add_overflow(total, length, &total);
+      }
+      if (cp > 0 && summed) options.zigzag_min_length = hybrid_threshold(params, total, cp);
     }
     StrategyPlan result;
     result.plan = plan_tasks(lengths, cp, ratio, options);
