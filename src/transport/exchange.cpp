@@ -69,18 +69,6 @@ LocalFailure capture(Check&& check) {
   return nullptr;
 }
 
-ErrorKind kind_of(const LocalFailure& failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const Error& error) {
-    return error.kind();
-  } catch (const std::bad_alloc&) {
-    return ErrorKind::kResource;
-  } catch (...) {
-    return ErrorKind::kInvalidInput;
-  }
-}
-
 // Runs on every rank, whatever happened locally, and issues the same collectives
 // everywhere: with `exchange_counts` (identical on all ranks) an all-to-all of the
 // route's row counts (zeros from a rank without a valid route), then one allreduce
@@ -115,8 +103,9 @@ void agree(Communicator& comm, const LocalFailure& local_error, bool exchange_co
   }
   // The lowest failing rank and its error kind: the minimum of rank * kKinds + kind.
   constexpr int64_t kKinds = 4;
-  const int64_t failed =
-      local_error ? rank * kKinds + static_cast<int64_t>(kind_of(local_error)) : size * kKinds;
+  const int64_t failed = local_error
+                             ? rank * kKinds + static_cast<int64_t>(error_kind_of(local_error))
+                             : size * kKinds;
   int64_t verdict[4] = {failed, count_failure, fingerprint, -fingerprint};
   comm.all_reduce(verdict, ReduceOp::kMin);
   if (verdict[0] < size * kKinds) {

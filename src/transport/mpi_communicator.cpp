@@ -64,6 +64,7 @@ class MpiPending final : public Work::Pending {
   void wait() override {
     if (posting_failure_) std::rethrow_exception(posting_failure_);
     if (requests_.empty()) return;
+    check_healthy();
     check_mpi(
         MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
         "MPI_Waitall", failure_);
@@ -73,6 +74,7 @@ class MpiPending final : public Work::Pending {
   bool test() override {
     if (posting_failure_) std::rethrow_exception(posting_failure_);
     if (requests_.empty()) return true;
+    check_healthy();
     int done = 0;
     check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
                           MPI_STATUSES_IGNORE),
@@ -85,6 +87,14 @@ class MpiPending final : public Work::Pending {
   }
 
  private:
+  // Another operation on the communicator failed: do not wait on MPI (it may never
+  // return); fail, so that the Work keeps this operation too.
+  void check_healthy() const {
+    SPARSECP_CHECK_AS(ErrorKind::kTransport, failure_->empty(),
+                      "MPI communicator is unusable after an earlier transport failure (",
+                      *failure_, ")");
+  }
+
   Failure failure_;
   std::vector<MPI_Request> requests_;
   std::vector<int> arguments_;

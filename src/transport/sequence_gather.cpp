@@ -26,23 +26,11 @@ std::exception_ptr local_error(Checks&& checks) {
   return nullptr;
 }
 
-ErrorKind kind_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error& e) {
-    return e.kind();
-  } catch (const std::bad_alloc&) {
-    return ErrorKind::kResource;
-  } catch (...) {
-    return ErrorKind::kInvalidInput;
-  }
-}
-
 // Makes every rank see the same verdict before any data moves (see the header): the
 // failing rank rethrows its own error, the others raise one of the same kind.
 void agree_on_inputs(Communicator& comm, const std::exception_ptr& error) {
   // 0: valid; 1 + kind of the failure otherwise (MAX: some rank's kind).
-  int64_t verdict = error ? 1 + static_cast<int64_t>(kind_of(error)) : 0;
+  int64_t verdict = error ? 1 + static_cast<int64_t>(error_kind_of(error)) : 0;
   comm.all_reduce(std::span<int64_t>(&verdict, 1), ReduceOp::kMax);
   if (error) std::rethrow_exception(error);
   if (verdict == 0) return;

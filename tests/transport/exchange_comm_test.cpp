@@ -14,9 +14,13 @@
 #include "sparsecp/planning/workload.hpp"
 #include "sparsecp/transport/comm.hpp"
 #include "sparsecp/transport/mpi_communicator.hpp"
+#include "support/raised.hpp"
 
 namespace sparsecp {
 namespace {
+
+using test_support::Raised;
+using test_support::raised_by;
 
 // Rows peer `from` sends peer `to` in round `round`: known to both sides.
 int64_t rows_between(int64_t from, int64_t to, uint64_t seed) {
@@ -198,17 +202,6 @@ TEST(MpiCommunicator, WorkIsSingleUse) {
   EXPECT_THROW(moved.wait(), Error);  // NOLINT(bugprone-use-after-move): the point
 }
 
-// The error a call raised on this rank ("" when it did not throw).
-template <typename Call>
-std::string error_of(Call&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
-}
-
 TEST(MpiCommunicator, BadCountsOnOneRankFailEveryRank) {
   // A direct caller passes a negative count on the last rank only: the others must not
   // be left in the collective (the CTest timeout fails the test if they hang).
@@ -221,27 +214,28 @@ TEST(MpiCommunicator, BadCountsOnOneRankFailEveryRank) {
   if (rank == bad) send_counts[0] = -1;
   std::vector<int32_t> send(static_cast<size_t>(size), 1);
   std::vector<int32_t> receive(static_cast<size_t>(size), 0);
-  const std::string message =
-      error_of([&] { all_to_all_rows<int32_t>(comm, send, send_counts, receive, ones, 1).wait(); });
+  const Raised message = raised_by(
+      [&] { all_to_all_rows<int32_t>(comm, send, send_counts, receive, ones, 1).wait(); });
+  EXPECT_EQ(message.kind, ErrorKind::kInvalidInput);
   if (rank == bad) {
-    EXPECT_EQ(message, "all_to_all_rows send count for peer 0 is negative: -1");
+    EXPECT_EQ(message.text, "all_to_all_rows send count for peer 0 is negative: -1");
   } else {
-    EXPECT_EQ(message,
+    EXPECT_EQ(message.text,
               "all_to_all_rows aborted: rank " + std::to_string(bad) + " rejected its arguments");
   }
   // A count list of the wrong length on rank 0 only.
   std::vector<int64_t> longer(size + 1, 1);
-  const std::string length = error_of([&] {
+  const Raised length = raised_by([&] {
     all_to_all_rows<int32_t>(
         comm, send, rank == 0 ? std::span<const int64_t>(longer) : std::span<const int64_t>(ones),
         receive, ones, 1)
         .wait();
   });
-  EXPECT_NE(length, "");
+  EXPECT_TRUE(length.raised);
   // Row sizes that differ between ranks would mismatch the MPI datatypes.
   std::vector<int64_t> wide(static_cast<size_t>(2 * size), 1);
   std::vector<int64_t> wide_receive(static_cast<size_t>(2 * size), 0);
-  const std::string width = error_of([&] {
+  const Raised width = raised_by([&] {
     if (rank == 0 && size > 1) {
       all_to_all_rows<int64_t>(comm, wide, ones, wide_receive, ones, 2).wait();
     } else {
@@ -251,7 +245,7 @@ TEST(MpiCommunicator, BadCountsOnOneRankFailEveryRank) {
     }
   });
   if (size > 1) {
-    EXPECT_EQ(width, "all_to_all_rows row size differs between ranks (8 to 16 bytes)");
+    EXPECT_EQ(width.text, "all_to_all_rows row size differs between ranks (8 to 16 bytes)");
   }
   // The group is still usable.
   EXPECT_EQ(exchange_and_verify(comm, 99, 2), 0);

@@ -18,6 +18,7 @@
 #include "sparsecp/transport/exchange.hpp"
 #include "sparsecp/transport/sequence_gather.hpp"
 #include "support/fault_communicator.hpp"
+#include "support/raised.hpp"
 
 namespace sparsecp {
 namespace {
@@ -47,21 +48,8 @@ struct Fixture {
   }
 };
 
-// The error a call raised: its kind and text, or none.
-struct Raised {
-  bool raised = false;
-  ErrorKind kind = ErrorKind::kInvalidInput;
-  std::string text;
-};
-template <typename Call>
-Raised raised_by(Call&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return {true, error.kind(), error.what()};
-  }
-  return {};
-}
+using test_support::Raised;
+using test_support::raised_by;
 
 TEST(ExchangeFault, FailedInputTransferKeepsItsBuffers) {
   Fixture f;

@@ -14,10 +14,12 @@
 #include "sparsecp/error.hpp"
 #include "sparsecp/transport/comm.hpp"
 #include "sparsecp/transport/mpi_communicator.hpp"
+#include "support/raised.hpp"
 
 namespace {
 
 bool fail_waitall = false;     // MPI_Waitall completes, then reports MPI_ERR_OTHER
+int64_t waitall_calls = 0;     // MPI_Waitall calls that reached MPI
 bool fail_ialltoallv = false;  // MPI_Ialltoallv posts nothing and reports MPI_ERR_OTHER
 int64_t allreduce_calls = 0;   // MPI_Allreduce calls that reached MPI
 
@@ -25,6 +27,7 @@ int64_t allreduce_calls = 0;   // MPI_Allreduce calls that reached MPI
 
 extern "C" int MPI_Waitall(int count, MPI_Request array_of_requests[],
                            MPI_Status* array_of_statuses) {
+  ++waitall_calls;
   const int code = PMPI_Waitall(count, array_of_requests, array_of_statuses);
   return fail_waitall ? MPI_ERR_OTHER : code;
 }
@@ -47,20 +50,8 @@ extern "C" int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_
 namespace sparsecp {
 namespace {
 
-struct Raised {
-  bool raised = false;
-  ErrorKind kind = ErrorKind::kInvalidInput;
-  std::string text;
-};
-template <typename Call>
-Raised raised_by(Call&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return {true, error.kind(), error.what()};
-  }
-  return {};
-}
+using test_support::Raised;
+using test_support::raised_by;
 
 bool starts_with(const std::string& text, const std::string& prefix) {
   return text.compare(0, prefix.size(), prefix) == 0;
@@ -109,6 +100,31 @@ TEST(MpiFault, FailedWaitIsATransportErrorAndBreaksTheCommunicator) {
             ErrorKind::kTransport);
   EXPECT_EQ(raised_by([&] { comm.all_to_all_counts(more.counts); }).kind, ErrorKind::kTransport);
   EXPECT_EQ(allreduce_calls, calls);
+}
+
+TEST(MpiFault, OperationsInFlightWhenTheCommunicatorBreaksAreKept) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  Buffers first(comm);
+  Buffers second(comm);
+  Work failing =
+      all_to_all_rows<int64_t>(comm, first.send, first.counts, first.receive, first.counts, 1);
+  Work in_flight =
+      all_to_all_rows<int64_t>(comm, second.send, second.counts, second.receive, second.counts, 1);
+  fail_waitall = true;
+  EXPECT_EQ(raised_by([&] { failing.wait(); }).kind, ErrorKind::kTransport);
+  fail_waitall = false;
+  // The second operation is not waited on through a broken communicator (MPI might never
+  // return): it fails at once and is kept like the first.
+  const int64_t calls = waitall_calls;
+  const Raised second_wait = raised_by([&] { in_flight.wait(); });
+  EXPECT_EQ(second_wait.kind, ErrorKind::kTransport);
+  EXPECT_TRUE(starts_with(second_wait.text,
+                          "MPI communicator is unusable after an earlier transport failure"))
+      << second_wait.text;
+  EXPECT_EQ(waitall_calls, calls);
+  EXPECT_FALSE(in_flight.settle());
+  if (!failing.settle()) keep_until_exit(std::move(first));
+  keep_until_exit(std::move(second));
 }
 
 TEST(MpiFault, FailureWhilePostingIsReportedByTheWork) {

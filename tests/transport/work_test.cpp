@@ -10,6 +10,7 @@
 
 #include "sparsecp/error.hpp"
 #include "sparsecp/transport/comm.hpp"
+#include "support/raised.hpp"
 
 namespace sparsecp {
 namespace {
@@ -42,21 +43,8 @@ Work scripted(Record& record, bool fail) {
   return Work(std::make_unique<ScriptedPending>(record, fail));
 }
 
-// The error a call raised (kind and text), or none.
-struct Raised {
-  bool raised = false;
-  ErrorKind kind = ErrorKind::kInvalidInput;
-  std::string text;
-};
-template <typename Call>
-Raised raised_by(Call&& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return {true, error.kind(), error.what()};
-  }
-  return {};
-}
+using test_support::Raised;
+using test_support::raised_by;
 
 TEST(Work, CompletedOperationIsReleasedOnceAndSingleUse) {
   Record record;
