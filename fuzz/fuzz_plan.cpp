@@ -17,13 +17,13 @@
 // gigantic only run validation (see fuzz/README.md).
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <numeric>
 #include <optional>
+#include <span>
 #include <vector>
 
+#include "plan_invariants.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/route.hpp"
@@ -31,15 +31,6 @@
 using namespace sparsecp;
 
 namespace {
-
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  std::abort();
-}
-#define EXPECT(condition)               \
-  do {                                  \
-    if (!(condition)) fail(#condition); \
-  } while (false)
 
 int64_t pick_size(FuzzedDataProvider& in, int64_t small_max) {
   switch (in.ConsumeIntegralInRange<int>(0, 9)) {
@@ -54,74 +45,15 @@ int64_t pick_size(FuzzedDataProvider& in, int64_t small_max) {
   }
 }
 
-// Global row of worker position `position` of a rank with `tasks`.
-std::vector<int64_t> worker_rows(std::span<const Task> tasks, std::span<const int64_t> boundaries) {
-  std::vector<int64_t> rows;
-  for (const Task& task : tasks) {
-    for (int64_t p = task.start; p < task.end; ++p) rows.push_back(boundaries[task.document] + p);
-  }
-  return rows;
-}
-
 void check_routes(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                   const PlanOptions& options) {
-  std::vector<int64_t> boundaries(lengths.size() + 1, 0);
-  std::partial_sum(lengths.begin(), lengths.end(), boundaries.begin() + 1);
-  const int64_t local = boundaries.back() / cp;
-  std::vector<int64_t> keys(lengths.size(), 0);  // first bank key of each document
-  for (size_t d = 1; d < lengths.size(); ++d) keys[d] = keys[d - 1] + lengths[d - 1] / ratio;
-  std::vector<IndexerRoute> routes;
-  std::vector<std::vector<int64_t>> rows;
+  const std::vector<IndexerRoute> routes = fuzz::check_routes_agree(plan, lengths, ratio);
   for (int64_t rank = 0; rank < cp; ++rank) {
-    routes.push_back(make_route(plan, lengths, rank, ratio));
-    rows.push_back(worker_rows(plan.tasks(rank), boundaries));
-    const IndexerRoute& route = routes.back();
-    EXPECT(route.query_count == plan.rows(rank));
-    EXPECT(route.input_splits[rank] == 0 && route.output_splits[rank] == 0);
-    EXPECT(route.local_sources.size() == route.local_targets.size());
-    EXPECT(static_cast<int64_t>(route.send_rows.size() + route.local_sources.size()) == local);
-    EXPECT(static_cast<int64_t>(route.receive_rows.size() + route.local_targets.size()) ==
-           route.query_count);
-    for (size_t k = 0; k < route.local_sources.size(); ++k) {
-      EXPECT(rows.back()[route.local_targets[k]] == rank * local + route.local_sources[k]);
-    }
-    // Segments tile the worker rows in order; each row sees the documented keys.
-    // One segment per task: its rows, its document's first key and its end position.
-    const auto tasks = plan.tasks(rank);
-    EXPECT(route.segments.size() == tasks.size());
-    int64_t next = 0;
-    for (size_t i = 0; i < route.segments.size(); ++i) {
-      const Segment& s = route.segments[i];
-      const Task& task = tasks[i];
-      EXPECT(s.q_begin == next && s.q_end - s.q_begin == task.length());
-      EXPECT(s.key_begin == keys[task.document]);
-      EXPECT(s.key_end >= s.key_begin && s.residual >= 0 && s.residual < ratio);
-      EXPECT((s.key_end - s.key_begin) * ratio + s.residual == task.end);
-      next = s.q_end;
-    }
-    EXPECT(next == route.query_count);
-    EXPECT(indexer_route(lengths, cp, rank, ratio, options) == route);
+    EXPECT(indexer_route(lengths, cp, rank, ratio, options) == routes[rank]);
     if (options.mode == Mode::kZigzag) {
       const std::vector<Task> mine = zigzag_rank_tasks(lengths, cp, rank);
       const auto planned = plan.tasks(rank);
       EXPECT(std::equal(mine.begin(), mine.end(), planned.begin(), planned.end()));
-    }
-  }
-  // What r sends to q is what q expects from r, row for row.
-  for (int64_t q = 0; q < cp; ++q) {
-    int64_t receive_offset = 0;
-    for (int64_t r = 0; r < cp; ++r) {
-      const IndexerRoute& sender = routes[r];
-      const IndexerRoute& receiver = routes[q];
-      EXPECT(sender.input_splits[q] == receiver.output_splits[r]);
-      int64_t send_offset = 0;
-      for (int64_t p = 0; p < q; ++p) send_offset += sender.input_splits[p];
-      for (int64_t i = 0; i < receiver.output_splits[r]; ++i) {
-        const int64_t position = receiver.receive_rows[receive_offset + i];
-        EXPECT(position >= 0 && position < receiver.query_count);
-        EXPECT(rows[q][position] == r * local + sender.send_rows[send_offset + i]);
-      }
-      receive_offset += receiver.output_splits[r];
     }
   }
 }
@@ -170,16 +102,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     EXPECT(plan.cp() == cp);
     check_plan_covers(plan, lengths);
     const int64_t local = static_cast<int64_t>(total / cp);
+    fuzz::check_sorted_disjoint(plan);
     for (int64_t rank = 0; rank < cp; ++rank) {
-      const auto mine = plan.tasks(rank);
-      for (size_t i = 1; i < mine.size(); ++i) {
-        EXPECT(mine[i - 1] < mine[i]);
-        EXPECT(mine[i - 1].document != mine[i].document || mine[i - 1].end < mine[i].start);
-      }
       if (options.mode == Mode::kNone || options.mode == Mode::kZigzag) {
         EXPECT(plan.rows(rank) == local);
       } else {
-        EXPECT(plan.rows(rank) <= 2 * local);
+        EXPECT(plan.rows(rank) <= worker_row_cap(static_cast<int64_t>(total), cp));
       }
     }
     const PlanStats stats = plan_stats(plan, lengths, ratio);

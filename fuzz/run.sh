@@ -15,7 +15,7 @@ root=$(dirname "$here")
 seconds=${1:-20}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(fuzz_plan fuzz_kv_routes fuzz_lengths fuzz_npy fuzz_segments)
+[ ${#targets[@]} -eq 0 ] && targets=(fuzz_plan fuzz_strategies fuzz_kv_routes fuzz_lengths fuzz_npy fuzz_segments)
 build=${FUZZ_BUILD_DIR:-$root/build/fuzz}
 work=${FUZZ_WORK_DIR:-$(mktemp -d)}
 cxx=${FUZZ_CXX:-clang++}

@@ -22,6 +22,8 @@
 // environment it prints `detail()` on a second line.
 #pragma once
 
+#include <exception>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -94,6 +96,21 @@ class ResourceError : public Error {
   ResourceError(const std::string& message, const char* file = "", int line = 0)
       : Error(ErrorKind::kResource, message, file, line) {}
 };
+
+// The kind of any exception: an Error's own kind, kResource for std::bad_alloc, and
+// kInvalidInput for anything else. For code that carries a failure across ranks as a
+// kind (the agreement steps of the transport layer).
+inline ErrorKind error_kind_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& error) {
+    return error.kind();
+  } catch (const std::bad_alloc&) {
+    return ErrorKind::kResource;
+  } catch (...) {
+    return ErrorKind::kInvalidInput;
+  }
+}
 
 namespace detail {
 

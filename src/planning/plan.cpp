@@ -20,36 +20,6 @@ __extension__ using Wide = __int128;
 // Far beyond any CP group; it bounds the per-rank bookkeeping a hostile input can request.
 constexpr int64_t kMaxCp = int64_t{1} << 20;
 
-// The most tasks one plan may build before merging (16M tasks: ~400 MiB of bookkeeping).
-// A tiny greedy block on a huge batch, or a huge CP group on many documents, would ask
-// for billions; the count is known from the arithmetic before anything is allocated.
-constexpr int64_t kMaxTasks = int64_t{1} << 24;
-
-// Tasks a seed-mode plan builds before merging: pooled blocks of `block` rows (greedy,
-// and hybrid's pool), zigzag chunk pairs (2 * cp per document that has a chunk) and
-// zigzag remainders (one piece per document, at most cp + documents after dealing).
-// Saturates at kMaxTasks + 1.
-int64_t tasks_before_merging(std::span<const int64_t> lengths, int64_t cp, Mode mode,
-                             std::optional<int64_t> block, std::optional<int64_t> min_length) {
-  int64_t count = 0;
-  const auto add = [&](int64_t n) {
-    count = std::min(kMaxTasks + 1, count + std::min(n, kMaxTasks + 1));
-  };
-  for (const int64_t length : lengths) {
-    const int64_t chunk = length / (2 * cp);
-    const bool pairs =
-        mode == Mode::kZigzag || (mode == Mode::kHybrid && length >= *min_length && chunk > 0);
-    if (pairs) add(chunk > 0 ? std::min(2 * cp, kMaxTasks + 1) : 0);
-    int64_t pooled = 0;  // rows cut into blocks
-    if (mode == Mode::kGreedy) pooled = length;
-    if (mode == Mode::kHybrid) pooled = pairs ? length % (2 * cp) : length;
-    if (block) add(pooled / *block + (pooled % *block != 0));
-    if (mode == Mode::kZigzag) add(length % (2 * cp) != 0 ? 2 : 0);
-    if (mode == Mode::kNone) add(2);
-  }
-  return count;
-}
-
 // Blocks of at most `block` rows over document rows [0, end); written so that a block
 // size near 2^63 cannot overflow `start + block`.
 void append_blocks(std::vector<Task>& tasks, int64_t document, int64_t end, int64_t block) {
@@ -58,13 +28,6 @@ void append_blocks(std::vector<Task>& tasks, int64_t document, int64_t end, int6
     tasks.push_back({document, start, stop});
     start = stop;
   }
-}
-
-// The seed's per-worker row cap, 2 * local, saturating for shards beyond 2^62 rows.
-int64_t row_cap(int64_t total, int64_t cp) {
-  const int64_t local = total / cp;
-  return local > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
-                                                         : 2 * local;
 }
 
 int64_t task_work(const Task& task, int64_t ratio) {
@@ -167,7 +130,7 @@ Assignments greedy_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t r
     append_blocks(tasks, static_cast<int64_t>(document), lengths[document], block);
   }
   Assignments assignments(static_cast<size_t>(cp));
-  assign_greedy_tasks(assignments, tasks, ratio, row_cap(total, cp));
+  assign_greedy_tasks(assignments, tasks, ratio, worker_row_cap(total, cp));
   return assignments;
 }
 
@@ -193,7 +156,7 @@ Assignments hybrid_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t r
     }
     append_blocks(pooled, doc, pool_end, block);
   }
-  assign_greedy_tasks(assignments, pooled, ratio, row_cap(total, cp));
+  assign_greedy_tasks(assignments, pooled, ratio, worker_row_cap(total, cp));
   return assignments;
 }
 
@@ -304,6 +267,12 @@ std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, in
   return block;
 }
 
+int64_t worker_row_cap(int64_t total_rows, int64_t cp) {
+  const int64_t local = total_rows / cp;
+  return local > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
+                                                         : 2 * local;
+}
+
 TaskPlan TaskPlan::from_ranks(std::vector<std::vector<Task>> ranks) {
   TaskPlan plan;
   plan.offsets_.reserve(ranks.size() + 1);
@@ -340,19 +309,43 @@ int64_t TaskPlan::rows(int64_t rank) const {
   return rows;
 }
 
+namespace {
+
+// Tasks the planner of `mode` (not 'none') creates before merging, an upper bound of
+// the plan's task count, saturating at kMaxPlanTasks + 1. Inputs are validated.
+int64_t planned_tasks(std::span<const int64_t> lengths, int64_t cp, Mode mode,
+                      std::optional<int64_t> block, std::optional<int64_t> min_length) {
+  Wide tasks = cp;  // the pooled remainders are split at most once per rank
+  for (const int64_t length : lengths) {
+    const bool pairs = length / (2 * cp) > 0 &&
+                       (mode == Mode::kZigzag || (mode == Mode::kHybrid && length >= *min_length));
+    if (pairs) tasks += 2 * cp;
+    const int64_t pooled = pairs ? length % (2 * cp) : length;
+    if (mode == Mode::kZigzag) {
+      tasks += pooled > 0 ? 1 : 0;
+    } else {
+      tasks += pooled / *block + (pooled % *block != 0 ? 1 : 0);
+    }
+    if (tasks > kMaxPlanTasks) return kMaxPlanTasks + 1;
+  }
+  return static_cast<int64_t>(tasks);
+}
+
+}  // namespace
+
 TaskPlan plan_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const PlanOptions& options) {
   const std::optional<int64_t> block =
       validate_plan_inputs(lengths, cp, ratio, options.mode, options.block_size);
   validate_hybrid_threshold(options.mode, options.zigzag_min_length);
-  const int64_t tasks =
-      tasks_before_merging(lengths, cp, options.mode, block, options.zigzag_min_length);
-  SPARSECP_CHECK(tasks <= kMaxTasks, "Indexer ", mode_name(options.mode), " plan would build ",
-                 tasks > kMaxTasks ? "more than " : "", kMaxTasks, " tasks for ", lengths.size(),
-                 " documents on ", cp, " ranks",
-                 block ? " in blocks of " + std::to_string(*block) + " rows" : std::string(),
-                 "; the planner supports at most ", kMaxTasks,
-                 block ? " (use a larger block size)" : "");
+  if (options.mode != Mode::kNone) {
+    const int64_t tasks =
+        planned_tasks(lengths, cp, options.mode, block, options.zigzag_min_length);
+    SPARSECP_CHECK(
+        tasks <= kMaxPlanTasks, "Indexer ", mode_name(options.mode), " plan would hold more than ",
+        kMaxPlanTasks, " tasks, the supported maximum",
+        options.mode == Mode::kZigzag ? "" : "; use a larger indexer_balance_block_size");
+  }
   const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
   switch (options.mode) {
     case Mode::kNone:

@@ -190,8 +190,9 @@ void for_each_sweep_batch(const SweepSpec& spec,
       const auto& lengths = spec.file_batches[index];
       int64_t total = 0;
       for (const int64_t length : lengths) {
+        // Not validated yet (each strategy does that): only the sum must not overflow.
         SPARSECP_CHECK(!__builtin_add_overflow(total, length, &total), "batch ", index + 1,
-                       " sums beyond 64 bits");
+                       ": document lengths sum beyond 64 bits");
       }
       for (const int64_t cp : spec.cps) {
         SPARSECP_CHECK(total % cp == 0, "batch ", index + 1, " holds ", total,

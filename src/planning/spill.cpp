@@ -58,7 +58,7 @@ SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio
     longest = std::max(longest, length);
   }
   const int64_t local = total_rows / cp;
-  const int64_t row_cap = 2 * local;
+  const int64_t row_cap = worker_row_cap(total_rows, cp);  // the seed's 2 x local, saturating
   const auto ranks = contiguous_pieces(lengths, cp);
 
   SpillPlan result;

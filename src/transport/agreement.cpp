@@ -248,13 +248,13 @@ void check_agreement(Communicator& comm, const PlanningFingerprint& fingerprint,
   if (first < 0) {  // cannot happen unless a rank's reduction was inconsistent
     message << "CP ranks disagree on the planning inputs (fingerprints range from "
             << hex(extremes[0]) << " to " << hex(~extremes[1]) << ")";
-    throw Error(message.str());
+    SPARSECP_FAIL(message.str());
   }
   message << "CP ranks disagree on the planning inputs: rank " << first << " has fingerprint "
           << hex(of(first)[kValue]) << ", rank 0 has " << hex(of(0)[kValue]) << " ("
           << describe_difference(of(first), first, of(0), 0, fingerprint) << "); " << differing
           << " of " << size << " ranks differ from rank 0";
-  throw Error(message.str());
+  SPARSECP_FAIL(message.str());
 }
 
 }  // namespace sparsecp

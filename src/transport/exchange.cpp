@@ -1,8 +1,11 @@
 #include "sparsecp/transport/exchange.hpp"
 
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -52,15 +55,31 @@ class Fingerprint {
   uint64_t state_ = 0x5EED5EED5EED5EEDULL;
 };
 
+// What a local check threw: nullptr when it passed.
+using LocalFailure = std::exception_ptr;
+
+// Runs `check` and keeps what it threw for agree(), whatever it was: an exception
+// escaping on one rank only would leave the others blocked in the agreement.
+template <typename Check>
+LocalFailure capture(Check&& check) {
+  try {
+    check();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
 // Runs on every rank, whatever happened locally, and issues the same collectives
 // everywhere: with `exchange_counts` (identical on all ranks) an all-to-all of the
 // route's row counts (zeros from a rank without a valid route), then one allreduce
-// of (first failing rank, first rank with mismatched counts, fingerprint range).
-// Throws Error on every rank unless all ranks passed, the counts match and the
-// fingerprints agree.
+// of (first failing rank and its error kind, first rank with mismatched counts,
+// fingerprint range). Unless all ranks passed, the counts match and the fingerprints
+// agree, throws on every rank: the failing rank its own exception (kind and message
+// kept), the others an Error of the same kind naming that rank.
 // When the row counts or fingerprints differ and `planning` is given, every rank names
 // the differing planning inputs (agreement.hpp) if they are the cause.
-void agree(Communicator& comm, const std::optional<std::string>& local_error, bool exchange_counts,
+void agree(Communicator& comm, const LocalFailure& local_error, bool exchange_counts,
            const IndexerRoute* route, int64_t fingerprint, const char* what,
            const PlanningFingerprint* planning = nullptr) {
   const int64_t size = comm.size();
@@ -83,17 +102,28 @@ void agree(Communicator& comm, const std::optional<std::string>& local_error, bo
       }
     }
   }
-  int64_t verdict[4] = {local_error ? rank : size, count_failure, fingerprint, -fingerprint};
+  // The lowest failing rank and its error kind: the minimum of rank * kKinds + kind.
+  constexpr int64_t kKinds = 4;
+  const int64_t failed = local_error
+                             ? rank * kKinds + static_cast<int64_t>(error_kind_of(local_error))
+                             : size * kKinds;
+  int64_t verdict[4] = {failed, count_failure, fingerprint, -fingerprint};
   comm.all_reduce(verdict, ReduceOp::kMin);
-  if (verdict[0] < size) {
-    if (local_error) throw Error(*local_error);
-    SPARSECP_FAIL(what, " aborted: rank ", verdict[0], " rejected its inputs");
+  if (verdict[0] < size * kKinds) {
+    if (local_error) std::rethrow_exception(local_error);
+    const int64_t failing = verdict[0] / kKinds;
+    const auto kind = static_cast<ErrorKind>(verdict[0] % kKinds);
+    if (kind == ErrorKind::kInvalidInput) {
+      SPARSECP_FAIL(what, " aborted: rank ", failing, " rejected its inputs");
+    }
+    SPARSECP_FAIL_AS(kind, what, " aborted: rank ", failing, " failed (", error_kind_name(kind),
+                     ")");
   }
   if ((verdict[1] < size || verdict[2] != -verdict[3]) && planning != nullptr) {
     check_agreement(comm, *planning, what);  // every rank is here; names what differs
   }
   if (verdict[1] < size) {
-    if (count_failure < size) throw Error(count_message);
+    if (count_failure < size) SPARSECP_FAIL(count_message);
     SPARSECP_FAIL(what, " aborted: rank ", verdict[1], " received row counts that disagree with ",
                   "its route (routes differ between ranks)");
   }
@@ -102,15 +132,27 @@ void agree(Communicator& comm, const std::optional<std::string>& local_error, bo
                  "and topk must be identical on every rank");
 }
 
-// Runs `check` and turns an Error into a message for agree().
-template <typename Check>
-std::optional<std::string> capture(Check&& check) {
+// ---------------------------------------------------------------------------------
+// Sizes and allocations. Every buffer is sized from inputs, so its size is checked
+// against 64 bits (InvalidInputError) and a failed allocation becomes a
+// ResourceError naming the size; both happen before the agreement, so that a rank
+// that cannot allocate fails every rank instead of leaving them in the exchange.
+
+int64_t checked_product(int64_t a, int64_t b, const char* what) {
+  int64_t product = 0;
+  SPARSECP_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &product), what, " of ", a,
+                 " x ", b, " overflows 64 bits");
+  return product;
+}
+
+template <typename T>
+void allocate(std::vector<T>& buffer, int64_t count, const char* what) {
   try {
-    check();
-  } catch (const std::exception& error) {
-    return std::string(error.what());
+    buffer.resize(static_cast<size_t>(count));
+  } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+    SPARSECP_FAIL_AS(ErrorKind::kResource, what, ": could not allocate ",
+                     static_cast<double>(count) * static_cast<double>(sizeof(T)), " bytes");
   }
-  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------
@@ -224,14 +266,23 @@ std::byte* row_of(RowMatrix& matrix, int64_t row) {
   return matrix.bytes.data() + row * matrix.row_bytes();
 }
 
-// One dtype group's all-to-all. Buffers are declared before the Work so that a
-// destroyed transfer completes before its buffers are released.
+// One dtype group's all-to-all. Its buffers outlive the transfer: the destructor
+// settles the Work first and, if the transfer failed, keeps the buffers until the
+// process exits (comm.hpp, rule 3).
 struct GroupTransfer {
   std::vector<size_t> fields;  // indices into the field list
   int64_t row_bytes = 0;
   std::vector<std::byte> send;
   std::vector<std::byte> received;
   Work work;
+
+  GroupTransfer() = default;
+  GroupTransfer(GroupTransfer&&) noexcept = default;
+  // Member-wise assignment would free the buffers before settling the Work.
+  GroupTransfer& operator=(GroupTransfer&&) = delete;
+  ~GroupTransfer() {
+    if (!work.settle()) keep_until_exit(std::make_pair(std::move(send), std::move(received)));
+  }
 };
 
 struct FieldLaunch {
@@ -239,10 +290,10 @@ struct FieldLaunch {
   std::vector<GroupTransfer> transfers;
 };
 
-// Seed `_exchange_inputs` (launch half): packs each dtype group's send rows,
-// launches its all-to-all, then copies local rows while the transfers run.
-FieldLaunch launch_fields(std::span<const MatrixView> fields, const IndexerRoute& route,
-                          Communicator& comm) {
+// Seed `_exchange_inputs` (local half): allocates every output and transfer buffer
+// (sizes checked), packs each dtype group's send rows and copies local rows. Throws
+// before any communication, so it runs inside the agreement's local checks.
+FieldLaunch prepare_fields(std::span<const MatrixView> fields, const IndexerRoute& route) {
   FieldLaunch launch;
   for (const MatrixView& field : fields) {
     launch.outputs.emplace_back(field.dtype, route.query_count, field.cols);
@@ -261,10 +312,16 @@ FieldLaunch launch_fields(std::span<const MatrixView> fields, const IndexerRoute
     for (size_t index = 0; index < fields.size(); ++index) {
       if (fields[index].dtype != dtype) continue;
       transfer.fields.push_back(index);
-      transfer.row_bytes += fields[index].cols * dtype_bytes(dtype);
+      const int64_t bytes =
+          checked_product(fields[index].cols, dtype_bytes(dtype), "Indexer field row width");
+      SPARSECP_CHECK(!__builtin_add_overflow(transfer.row_bytes, bytes, &transfer.row_bytes),
+                     "Indexer packed row of the ", dtype_name(dtype), " fields overflows 64 bits");
     }
-    transfer.send.resize(static_cast<size_t>(sent_rows * transfer.row_bytes));
-    transfer.received.resize(static_cast<size_t>(received_rows * transfer.row_bytes));
+    allocate(transfer.send, checked_product(sent_rows, transfer.row_bytes, "Indexer send buffer"),
+             "Indexer send buffer");
+    allocate(transfer.received,
+             checked_product(received_rows, transfer.row_bytes, "Indexer receive buffer"),
+             "Indexer receive buffer");
     for (int64_t i = 0; i < sent_rows; ++i) {
       std::byte* packed = transfer.send.data() + i * transfer.row_bytes;
       for (const size_t index : transfer.fields) {
@@ -273,8 +330,6 @@ FieldLaunch launch_fields(std::span<const MatrixView> fields, const IndexerRoute
         packed += bytes;
       }
     }
-    transfer.work = comm.all_to_all_rows(transfer.send, route.input_splits, transfer.received,
-                                         route.output_splits, transfer.row_bytes);
   }
   for (size_t k = 0; k < route.local_sources.size(); ++k) {
     for (size_t index = 0; index < fields.size(); ++index) {
@@ -284,6 +339,15 @@ FieldLaunch launch_fields(std::span<const MatrixView> fields, const IndexerRoute
     }
   }
   return launch;
+}
+
+// Seed `_exchange_inputs` (launch half): one all-to-all per dtype group. Collective;
+// runs after the agreement.
+void post_fields(FieldLaunch& launch, const IndexerRoute& route, Communicator& comm) {
+  for (GroupTransfer& transfer : launch.transfers) {
+    transfer.work = comm.all_to_all_rows(transfer.send, route.input_splits, transfer.received,
+                                         route.output_splits, transfer.row_bytes);
+  }
 }
 
 // Seed `_PendingRows.wait` for every input group: completes the transfers, unpacks
@@ -323,25 +387,38 @@ void check_selected(const SelectedKeys& selected, const IndexerRoute& route) {
 // Plain types.
 
 RowMatrix::RowMatrix(DType type, int64_t row_count, int64_t col_count)
-    : dtype(type),
-      rows(row_count),
-      cols(col_count),
-      bytes(static_cast<size_t>(row_count * col_count * dtype_bytes(type))) {}
+    : dtype(type), rows(row_count), cols(col_count) {
+  SPARSECP_CHECK(row_count >= 0 && col_count >= 0, "Indexer ", dtype_name(type), " matrix of ",
+                 row_count, " x ", col_count, " elements has a negative extent");
+  int64_t size = 0;
+  SPARSECP_CHECK(!__builtin_mul_overflow(row_count, col_count, &size) &&
+                     !__builtin_mul_overflow(size, dtype_bytes(type), &size),
+                 "Indexer ", dtype_name(type), " matrix of ", row_count, " x ", col_count,
+                 " elements overflows 64 bits");
+  allocate(bytes, size, "Indexer worker field");
+}
 
 ExchangeBytes expected_exchange_bytes(const IndexerRoute& route, int64_t input_row_bytes,
                                       int64_t topk) {
   const int64_t sent = static_cast<int64_t>(route.send_rows.size());
   const int64_t received = static_cast<int64_t>(route.receive_rows.size());
-  const int64_t result_row = topk * static_cast<int64_t>(sizeof(int32_t));
-  return {sent * input_row_bytes, received * input_row_bytes, received * result_row,
-          sent * result_row};
+  const int64_t result_row =
+      checked_product(topk, static_cast<int64_t>(sizeof(int32_t)), "Indexer result row");
+  const char* what = "Indexer exchange bytes";
+  return {checked_product(sent, input_row_bytes, what),
+          checked_product(received, input_row_bytes, what),
+          checked_product(received, result_row, what), checked_product(sent, result_row, what)};
 }
 
 int64_t input_row_bytes(const IndexerInputs& inputs) {
   int64_t bytes = 0;
   for (const TensorView* tensor :
        {&inputs.query_residual, &inputs.weights, &inputs.cos, &inputs.sin}) {
-    if (!tensor->shape.empty()) bytes += tensor->shape.back() * dtype_bytes(tensor->dtype);
+    if (tensor->shape.empty()) continue;
+    const int64_t field =
+        checked_product(tensor->shape.back(), dtype_bytes(tensor->dtype), "Indexer input row");
+    SPARSECP_CHECK(!__builtin_add_overflow(bytes, field, &bytes),
+                   "Indexer input row bytes overflow 64 bits");
   }
   return bytes;
 }
@@ -354,8 +431,15 @@ struct PendingRows::State {
   std::vector<int32_t> send;
   std::vector<int32_t> received;
   SelectedKeys output;
-  Work work;  // after the buffers: completes before they are released
+  Work work;  // after the buffers; settled first by the destructor
   bool consumed = false;
+
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    if (!work.settle()) keep_until_exit(std::make_pair(std::move(send), std::move(received)));
+  }
 };
 
 PendingRows::PendingRows() = default;
@@ -365,8 +449,8 @@ PendingRows& PendingRows::operator=(PendingRows&&) noexcept = default;
 PendingRows::~PendingRows() = default;
 
 SelectedKeys PendingRows::wait() {
-  SPARSECP_CHECK(state_ && !state_->consumed,
-                 "Indexer communication handle cannot be consumed twice");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, state_ && !state_->consumed,
+                    "Indexer communication handle cannot be consumed twice");
   state_->consumed = true;
   state_->work.wait();
   const IndexerRoute& route = *state_->route;
@@ -385,8 +469,8 @@ SelectedKeys PendingRows::wait() {
 }
 
 bool PendingRows::test() {
-  SPARSECP_CHECK(state_ && !state_->consumed,
-                 "Indexer communication handle cannot be consumed twice");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, state_ && !state_->consumed,
+                    "Indexer communication handle cannot be consumed twice");
   return state_->work.test();
 }
 
@@ -395,7 +479,8 @@ struct IndexerInputExchange::State {
   Communicator* comm = nullptr;
   int64_t owner_queries = 0;
   FieldLaunch launch;
-  bool consumed = false;
+  bool consumed = false;         // wait() was called
+  bool result_launched = false;  // launch_result() launched the result exchange
 };
 
 IndexerInputExchange::IndexerInputExchange() = default;
@@ -406,57 +491,75 @@ IndexerInputExchange& IndexerInputExchange::operator=(IndexerInputExchange&&) no
 IndexerInputExchange::~IndexerInputExchange() = default;
 
 WorkerInputs IndexerInputExchange::wait() {
-  SPARSECP_CHECK(state_ && !state_->consumed, "Indexer input exchange cannot be consumed twice");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, state_ && !state_->consumed,
+                    "Indexer input exchange cannot be consumed twice");
   state_->consumed = true;
   std::vector<RowMatrix> fields = finish_fields(state_->launch, *state_->route);
   return {std::move(fields[0]), std::move(fields[1]), std::move(fields[2]), std::move(fields[3])};
 }
 
 bool IndexerInputExchange::test() {
-  SPARSECP_CHECK(state_ && !state_->consumed, "Indexer input exchange cannot be consumed twice");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, state_ && !state_->consumed,
+                    "Indexer input exchange cannot be consumed twice");
   bool done = true;
   for (GroupTransfer& transfer : state_->launch.transfers) done = transfer.work.test() && done;
   return done;
 }
 
 const IndexerRoute& IndexerInputExchange::route() const {
-  SPARSECP_CHECK(state_, "Indexer input exchange handle is empty (moved from)");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, state_,
+                    "Indexer input exchange handle is empty (moved from)");
   return *state_->route;
 }
 
 int64_t IndexerInputExchange::owner_queries() const {
-  SPARSECP_CHECK(state_, "Indexer input exchange handle is empty (moved from)");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, state_,
+                    "Indexer input exchange handle is empty (moved from)");
   return state_->owner_queries;
 }
 
 PendingRows IndexerInputExchange::launch_result(const SelectedKeys& selected) {
-  SPARSECP_CHECK(state_, "Indexer input exchange handle is empty (moved from)");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, state_,
+                    "Indexer input exchange handle is empty (moved from)");
+  // Local, before any collective: a rank that launches twice must not enter the
+  // agreement alone.
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, !state_->result_launched,
+                    "Indexer result exchange cannot be consumed twice");
   const IndexerRoute& route = *state_->route;
   Communicator& comm = *state_->comm;
-  const std::optional<std::string> error = capture([&] { check_selected(selected, route); });
+  auto pending = ExchangeAccess::pending_state();
+  const LocalFailure error = capture([&] {
+    check_selected(selected, route);
+    const int64_t topk = selected.topk;
+    const auto row_size = static_cast<size_t>(topk) * sizeof(int32_t);
+    const char* what = "Indexer result buffer";
+    allocate(pending->send,
+             checked_product(static_cast<int64_t>(route.receive_rows.size()), topk, what), what);
+    for (size_t i = 0; i < route.receive_rows.size(); ++i) {
+      std::memcpy(pending->send.data() + static_cast<int64_t>(i) * topk,
+                  selected.ids.data() + route.receive_rows[i] * topk, row_size);
+    }
+    allocate(pending->received,
+             checked_product(static_cast<int64_t>(route.send_rows.size()), topk, what), what);
+    pending->output.rows = state_->owner_queries;
+    pending->output.topk = topk;
+    allocate(pending->output.ids, checked_product(state_->owner_queries, topk, what), what);
+    std::fill(pending->output.ids.begin(), pending->output.ids.end(), -1);
+    for (size_t k = 0; k < route.local_sources.size(); ++k) {
+      std::memcpy(pending->output.ids.data() + route.local_sources[k] * topk,
+                  selected.ids.data() + route.local_targets[k] * topk, row_size);
+    }
+  });
   Fingerprint fingerprint;
   fingerprint.add(error ? 0 : selected.topk);
   agree(comm, error, false, nullptr, fingerprint.value(), "Indexer result exchange");
 
-  auto pending = ExchangeAccess::pending_state();
+  // Every rank passed: the result exchange is launched now, once. (A launch that the
+  // agreement rejected on every rank did not consume the handle.)
+  state_->result_launched = true;
   pending->route = state_->route;
-  const int64_t topk = selected.topk;
-  const auto row_size = static_cast<size_t>(topk) * sizeof(int32_t);
-  pending->send.resize(route.receive_rows.size() * static_cast<size_t>(topk));
-  for (size_t i = 0; i < route.receive_rows.size(); ++i) {
-    std::memcpy(pending->send.data() + static_cast<int64_t>(i) * topk,
-                selected.ids.data() + route.receive_rows[i] * topk, row_size);
-  }
-  pending->received.resize(route.send_rows.size() * static_cast<size_t>(topk));
   pending->work = all_to_all_rows<int32_t>(comm, pending->send, route.output_splits,
-                                           pending->received, route.input_splits, topk);
-  pending->output.rows = state_->owner_queries;
-  pending->output.topk = topk;
-  pending->output.ids.assign(static_cast<size_t>(state_->owner_queries * topk), -1);
-  for (size_t k = 0; k < route.local_sources.size(); ++k) {
-    std::memcpy(pending->output.ids.data() + route.local_sources[k] * topk,
-                selected.ids.data() + route.local_targets[k] * topk, row_size);
-  }
+                                           pending->received, route.input_splits, selected.topk);
   return ExchangeAccess::make(std::move(pending));
 }
 
@@ -465,15 +568,16 @@ PendingRows IndexerInputExchange::launch_result(const SelectedKeys& selected) {
 
 namespace {
 
-// Shared tail of both launch_indexer_inputs overloads: inputs were validated and
-// all ranks agreed.
-IndexerInputExchange launch_agreed(std::span<const MatrixView> fields,
-                                   std::shared_ptr<const IndexerRoute> route, Communicator& comm) {
+// Shared tail of both launch_indexer_inputs overloads: inputs were validated, the
+// buffers prepared and all ranks agreed.
+IndexerInputExchange launch_agreed(FieldLaunch launch, std::shared_ptr<const IndexerRoute> route,
+                                   Communicator& comm) {
   auto state = ExchangeAccess::exchange_state();
   state->comm = &comm;
   state->owner_queries = owner_rows(*route);
-  state->launch = launch_fields(fields, *route, comm);
+  state->launch = std::move(launch);
   state->route = std::move(route);
+  post_fields(state->launch, *state->route, comm);
   return ExchangeAccess::make(std::move(state));
 }
 
@@ -487,7 +591,8 @@ IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
                                          const char* axes_text) {
   std::vector<MatrixView> fields;
   std::shared_ptr<const IndexerRoute> route;
-  const std::optional<std::string> error = capture([&] {
+  FieldLaunch launch;
+  const LocalFailure error = capture([&] {
     check_batch_one(inputs);
     int64_t total = 0;
     for (const int64_t length : lengths) {
@@ -503,12 +608,13 @@ IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
     check_route(*route, comm.size(), comm.rank());
     SPARSECP_CHECK(fields[0].rows == owner_rows(*route), "Indexer route sends or keeps ",
                    owner_rows(*route), " owner rows of ", fields[0].rows);
+    launch = prepare_fields(fields, *route);
   });
   Fingerprint fingerprint;
   fingerprint.add(static_cast<int64_t>(planning.value() >> 2));
   add_fields(fingerprint, fields);
   agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange", &planning);
-  return launch_agreed(fields, std::move(route), comm);
+  return launch_agreed(std::move(launch), std::move(route), comm);
 }
 
 // Seed texts for mismatched axes: the launch path and the synchronous path differ.
@@ -541,8 +647,9 @@ SelectedKeys select_and_return(IndexerInputExchange exchange, const Selector& se
   const WorkerInputs worker = exchange.wait();
   SelectedKeys selected;
   // A selector failing on one rank must not leave its peers in the result
-  // exchange: report through the result agreement instead of returning early.
-  std::optional<std::string> failure =
+  // exchange: report through the result agreement instead of returning early (the
+  // failing rank rethrows the selector's own exception).
+  const LocalFailure failure =
       capture([&] { selected = selector(worker, exchange.route().segments); });
   if (failure) {
     agree(comm, failure, false, nullptr, 0, "Indexer result exchange");
@@ -569,43 +676,48 @@ IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
                                            std::shared_ptr<const IndexerRoute> route,
                                            Communicator& comm) {
   std::vector<MatrixView> fields;
-  const std::optional<std::string> error = capture([&] {
+  FieldLaunch launch;
+  const LocalFailure error = capture([&] {
     SPARSECP_CHECK(route != nullptr, "Indexer input exchange needs a route, got none");
     check_batch_one(inputs);
     fields = owner_fields(inputs, kLaunchAxesText);
     check_route(*route, comm.size(), comm.rank());
     SPARSECP_CHECK(fields[0].rows == owner_rows(*route), "Indexer input holds ", fields[0].rows,
                    " owner rows but the route sends or keeps ", owner_rows(*route));
+    launch = prepare_fields(fields, *route);
   });
   Fingerprint fingerprint;
   add_fields(fingerprint, fields);
   agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange");
-  return launch_agreed(fields, std::move(route), comm);
+  return launch_agreed(std::move(launch), std::move(route), comm);
 }
 
 std::vector<RowMatrix> exchange_rows(std::span<const MatrixView> fields, const IndexerRoute& route,
                                      Communicator& comm) {
-  const std::optional<std::string> error = capture([&] {
+  FieldLaunch launch;
+  const LocalFailure error = capture([&] {
     check_route(route, comm.size(), comm.rank());
     for (const MatrixView& field : fields) {
       SPARSECP_CHECK(field.rows == owner_rows(route) && field.cols >= 0, "Indexer field of ",
                      field.rows, " x ", field.cols, " does not match the route's ",
                      owner_rows(route), " owner rows");
-      SPARSECP_CHECK(field.rows * field.cols == 0 || field.data != nullptr, "Indexer field of ",
-                     field.rows, " x ", field.cols, " has no data");
+      SPARSECP_CHECK(
+          checked_product(field.rows, field.cols, "Indexer field") == 0 || field.data != nullptr,
+          "Indexer field of ", field.rows, " x ", field.cols, " has no data");
     }
+    launch = prepare_fields(fields, route);
   });
   Fingerprint fingerprint;
   add_fields(fingerprint, fields);
   agree(comm, error, true, &route, fingerprint.value(), "Indexer row exchange");
-  FieldLaunch launch = launch_fields(fields, route, comm);
+  post_fields(launch, route, comm);
   return finish_fields(launch, route);
 }
 
 SelectedKeys return_rows(const SelectedKeys& selected, const IndexerRoute& route,
                          Communicator& comm) {
   // Reuses the handle path: a launch with no input fields, then its result.
-  std::optional<std::string> error = capture([&] { check_route(route, comm.size(), comm.rank()); });
+  const LocalFailure error = capture([&] { check_route(route, comm.size(), comm.rank()); });
   agree(comm, error, true, &route, 0, "Indexer result exchange");
   auto state = ExchangeAccess::exchange_state();
   state->comm = &comm;

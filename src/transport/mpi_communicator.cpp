@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <memory>
+#include <new>
 #include <string>
 
 #include "sparsecp/error.hpp"
@@ -17,33 +20,65 @@ constexpr int kRowTag = 0x5C9;
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
-  MPI_Error_string(code, text, &length);
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
   return std::string(text, static_cast<size_t>(length));
 }
 
-void check_mpi(int code, const char* call) {
-  SPARSECP_CHECK(code == MPI_SUCCESS, call, " failed: ", mpi_error_text(code));
+// The first failure a communicator saw (empty while healthy).
+using Failure = std::shared_ptr<std::string>;
+
+// Throws TransportError for a failed MPI call and records it as the communicator's
+// first failure.
+void check_mpi(int code, const char* call, const Failure& failure) {
+  if (code == MPI_SUCCESS) [[likely]] {
+    return;
+  }
+  const std::string text = std::string(call) + " failed: " + mpi_error_text(code);
+  if (failure->empty()) *failure = text;
+  SPARSECP_FAIL_AS(ErrorKind::kTransport, text);
 }
 
+// One posted operation: its requests, and the count/displacement arrays MPI may read
+// until completion (MPI-3.1 section 5.12). A failure while posting is kept and reported
+// by wait() and test(), so that the Work keeps what was posted (and the caller its
+// buffers) alive. After a failed wait the Work never destroys this object (comm.hpp,
+// rule 3), so the requests are never freed under MPI; after a successful one they are
+// all MPI_REQUEST_NULL.
 class MpiPending final : public Work::Pending {
  public:
-  // `arguments` holds count/displacement arrays MPI may read until completion.
-  explicit MpiPending(std::vector<MPI_Request> requests, std::vector<int> arguments = {})
-      : requests_(std::move(requests)), arguments_(std::move(arguments)) {}
+  explicit MpiPending(Failure failure) : failure_(std::move(failure)) {}
+
+  std::vector<MPI_Request>& requests() { return requests_; }
+  std::vector<int>& arguments() { return arguments_; }
+  // Records a failed MPI_I* call; nothing more is posted after it.
+  void posting_failed(int code, const char* call) {
+    try {
+      check_mpi(code, call, failure_);
+    } catch (const Error&) {
+      posting_failure_ = std::current_exception();
+    }
+  }
+  bool posting_ok() const { return posting_failure_ == nullptr; }
+
   void wait() override {
+    if (posting_failure_) std::rethrow_exception(posting_failure_);
     if (requests_.empty()) return;
+    check_healthy();
     check_mpi(
         MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
-        "MPI_Waitall");
+        "MPI_Waitall", failure_);
     requests_.clear();
     arguments_.clear();
   }
   bool test() override {
+    if (posting_failure_) std::rethrow_exception(posting_failure_);
     if (requests_.empty()) return true;
+    check_healthy();
     int done = 0;
     check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
                           MPI_STATUSES_IGNORE),
-              "MPI_Testall");
+              "MPI_Testall", failure_);
     if (done) {
       requests_.clear();
       arguments_.clear();
@@ -52,20 +87,34 @@ class MpiPending final : public Work::Pending {
   }
 
  private:
+  // Another operation on the communicator failed: do not wait on MPI (it may never
+  // return); fail, so that the Work keeps this operation too.
+  void check_healthy() const {
+    SPARSECP_CHECK_AS(ErrorKind::kTransport, failure_->empty(),
+                      "MPI communicator is unusable after an earlier transport failure (",
+                      *failure_, ")");
+  }
+
+  Failure failure_;
   std::vector<MPI_Request> requests_;
   std::vector<int> arguments_;
+  std::exception_ptr posting_failure_;
 };
 
 // A contiguous datatype of `row_bytes` bytes, freed on scope exit (MPI keeps it
 // alive for operations already posted with it).
 class RowType {
  public:
-  explicit RowType(int64_t row_bytes) {
+  RowType(int64_t row_bytes, const Failure& failure) {
     check_mpi(MPI_Type_contiguous(static_cast<int>(row_bytes), MPI_BYTE, &type_),
-              "MPI_Type_contiguous");
-    check_mpi(MPI_Type_commit(&type_), "MPI_Type_commit");
+              "MPI_Type_contiguous", failure);
+    const int committed = MPI_Type_commit(&type_);
+    if (committed != MPI_SUCCESS) MPI_Type_free(&type_);
+    check_mpi(committed, "MPI_Type_commit", failure);
   }
-  ~RowType() { MPI_Type_free(&type_); }
+  ~RowType() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
   RowType(const RowType&) = delete;
   RowType& operator=(const RowType&) = delete;
   MPI_Datatype get() const { return type_; }
@@ -109,7 +158,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm group, MpiCommunicatorOptions options)
   SPARSECP_CHECK(options.max_message_rows >= 1 && options.max_message_rows <= INT_MAX,
                  "MpiCommunicator max_message_rows must be in [1, ", INT_MAX, "], got ",
                  options.max_message_rows);
-  check_mpi(MPI_Comm_dup(group, &comm_), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_dup(group, &comm_), "MPI_Comm_dup", failure_);
   // Errors come back as codes and become sparsecp::Error instead of aborting the job.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   int rank = 0;
@@ -126,47 +175,90 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+void MpiCommunicator::check_usable() const {
+  SPARSECP_CHECK_AS(ErrorKind::kTransport, failure_->empty(),
+                    "MPI communicator is unusable after an earlier transport failure (", *failure_,
+                    ")");
+}
+
 Work MpiCommunicator::all_to_all_rows(std::span<const std::byte> send,
                                       std::span<const int64_t> send_counts,
                                       std::span<std::byte> receive,
                                       std::span<const int64_t> receive_counts, int64_t row_bytes) {
-  SPARSECP_CHECK(row_bytes >= 0 && row_bytes <= INT_MAX, "all_to_all_rows row size ", row_bytes,
-                 " bytes is outside [0, ", INT_MAX, "]");
-  const int64_t send_total = checked_rows(send_counts, size_, "send");
-  const int64_t receive_total = checked_rows(receive_counts, size_, "receive");
-  const int64_t max_rows = row_bytes == 0 ? std::numeric_limits<int64_t>::max()
-                                          : std::numeric_limits<int64_t>::max() / row_bytes;
-  SPARSECP_CHECK(send_total <= max_rows && receive_total <= max_rows,
-                 "all_to_all_rows byte count overflows 64 bits");
-  SPARSECP_CHECK(static_cast<int64_t>(send.size()) == send_total * row_bytes,
-                 "all_to_all_rows send buffer holds ", send.size(), " bytes, the counts need ",
-                 send_total * row_bytes);
-  SPARSECP_CHECK(static_cast<int64_t>(receive.size()) == receive_total * row_bytes,
-                 "all_to_all_rows receive buffer holds ", receive.size(),
-                 " bytes, the counts need ", receive_total * row_bytes);
+  check_usable();
+  const int64_t limit = options_.max_message_rows;
+  // Local checks and preparations that can fail on this rank alone come first; their
+  // verdict is agreed below before anything is posted (comm.hpp, rule 1).
+  std::exception_ptr local_failure;
+  int64_t send_total = 0;
+  int64_t receive_total = 0;
+  bool fits_here = true;
+  std::unique_ptr<RowType> row_type;
+  auto pending = std::make_unique<MpiPending>(failure_);
+  try {
+    SPARSECP_CHECK(row_bytes >= 0 && row_bytes <= INT_MAX, "all_to_all_rows row size ", row_bytes,
+                   " bytes is outside [0, ", INT_MAX, "]");
+    send_total = checked_rows(send_counts, size_, "send");
+    receive_total = checked_rows(receive_counts, size_, "receive");
+    const int64_t max_rows = row_bytes == 0 ? std::numeric_limits<int64_t>::max()
+                                            : std::numeric_limits<int64_t>::max() / row_bytes;
+    SPARSECP_CHECK(send_total <= max_rows && receive_total <= max_rows,
+                   "all_to_all_rows byte count overflows 64 bits");
+    SPARSECP_CHECK(static_cast<int64_t>(send.size()) == send_total * row_bytes,
+                   "all_to_all_rows send buffer holds ", send.size(), " bytes, the counts need ",
+                   send_total * row_bytes);
+    SPARSECP_CHECK(static_cast<int64_t>(receive.size()) == receive_total * row_bytes,
+                   "all_to_all_rows receive buffer holds ", receive.size(),
+                   " bytes, the counts need ", receive_total * row_bytes);
+    SPARSECP_CHECK(send_counts[rank_] == receive_counts[rank_], "all_to_all_rows sends ",
+                   send_counts[rank_], " rows to itself but expects ", receive_counts[rank_]);
+    // Every rank must take the same path: one rank in MPI_Ialltoallv while a peer posts
+    // point-to-point messages deadlocks both. Only this rank knows whether its own
+    // counts fit, so the choice is agreed with the verdict.
+    fits_here = fits(send_counts, limit) && fits(receive_counts, limit);
+    if (row_bytes > 0) {
+      row_type = std::make_unique<RowType>(row_bytes, failure_);
+      // Room for every request either path posts, so that posting never allocates
+      // (a std::bad_alloc between two posts would lose the requests already posted).
+      int64_t messages = 1;
+      for (int64_t peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        for (const int64_t count : {send_counts[peer], receive_counts[peer]}) {
+          const int64_t pieces = count / limit + (count % limit != 0 ? 1 : 0);
+          if (__builtin_add_overflow(messages, pieces, &messages)) {
+            messages = std::numeric_limits<int64_t>::max();
+          }
+        }
+      }
+      try {
+        pending->arguments().resize(4 * static_cast<size_t>(size_));
+        pending->requests().reserve(static_cast<size_t>(messages));
+      } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+        SPARSECP_FAIL_AS(ErrorKind::kResource, "all_to_all_rows could not allocate the argument ",
+                         "arrays of ", messages, " messages");
+      }
+    }
+  } catch (...) {
+    local_failure = std::current_exception();
+  }
 
-  SPARSECP_CHECK(send_counts[rank_] == receive_counts[rank_], "all_to_all_rows sends ",
-                 send_counts[rank_], " rows to itself but expects ", receive_counts[rank_]);
+  // verdict: (first rank whose arguments failed, path, row size range), one all-reduce.
+  int64_t verdict[4] = {local_failure ? rank_ : size_, fits_here ? 1 : 0, row_bytes, -row_bytes};
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, verdict, 4, MPI_INT64_T, MPI_MIN, comm_), "MPI_Allreduce",
+            failure_);
+  if (local_failure) std::rethrow_exception(local_failure);
+  SPARSECP_CHECK(verdict[0] == size_, "all_to_all_rows aborted: rank ", verdict[0],
+                 " rejected its arguments");
+  SPARSECP_CHECK(verdict[2] == -verdict[3], "all_to_all_rows row size differs between ranks (",
+                 verdict[2], " to ", -verdict[3], " bytes)");
   record_exchange((send_total - send_counts[rank_]) * row_bytes,
                   (receive_total - receive_counts[rank_]) * row_bytes);
   if (row_bytes == 0) return Work();
 
-  const RowType row_type(row_bytes);
-  const int64_t limit = options_.max_message_rows;
-  std::vector<MPI_Request> requests;
-  // Every rank must take the same path: one rank in MPI_Ialltoallv while a peer posts
-  // point-to-point messages deadlocks both. Only this rank knows whether its own counts
-  // fit, so the choice is agreed with a one-integer all-reduce.
-  int fits_here = fits(send_counts, limit) && fits(receive_counts, limit) ? 1 : 0;
-  int fits_everywhere = 0;
-  check_mpi(MPI_Allreduce(&fits_here, &fits_everywhere, 1, MPI_INT, MPI_MIN, comm_),
-            "MPI_Allreduce");
-  if (fits_everywhere) {
-    // MPI may read the count and displacement arrays until the operation
-    // completes (MPI-3.1 section 5.12), so the Pending owns them.
+  std::vector<MPI_Request>& requests = pending->requests();
+  if (verdict[1] == 1) {
     const size_t n = static_cast<size_t>(size_);
-    std::vector<int> arguments(4 * n);
-    int* counts_out = arguments.data();
+    int* counts_out = pending->arguments().data();
     int* displs_out = counts_out + n;
     int* counts_in = displs_out + n;
     int* displs_in = counts_in + n;
@@ -181,31 +273,42 @@ Work MpiCommunicator::all_to_all_rows(std::span<const std::byte> send,
       in += receive_counts[peer];
     }
     MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Ialltoallv(send.data(), counts_out, displs_out, row_type.get(), receive.data(),
-                             counts_in, displs_in, row_type.get(), comm_, &request),
-              "MPI_Ialltoallv");
-    requests.push_back(request);
-    return Work(std::make_unique<MpiPending>(std::move(requests), std::move(arguments)));
+    const int code =
+        MPI_Ialltoallv(send.data(), counts_out, displs_out, row_type->get(), receive.data(),
+                       counts_in, displs_in, row_type->get(), comm_, &request);
+    if (code == MPI_SUCCESS) {
+      requests.push_back(request);
+    } else {
+      pending->posting_failed(code, "MPI_Ialltoallv");
+    }
+    return Work(std::move(pending));
   }
 
-  // Split path: per-peer messages of at most `limit` rows, addressed by pointer.
-  int64_t in = 0;
-  for (int64_t peer = 0; peer < size_; ++peer) {
-    for (int64_t done = 0; done < receive_counts[peer]; done += limit) {
-      const int64_t rows = std::min(limit, receive_counts[peer] - done);
-      if (peer == rank_) continue;
-      MPI_Request request = MPI_REQUEST_NULL;
-      check_mpi(MPI_Irecv(receive.data() + (in + done) * row_bytes, static_cast<int>(rows),
-                          row_type.get(), static_cast<int>(peer), kRowTag, comm_, &request),
-                "MPI_Irecv");
+  // Split path: per-peer messages of at most `limit` rows, addressed by pointer, into
+  // the request list reserved above.
+  const auto post = [&](int code, const MPI_Request& request, const char* call) {
+    if (code == MPI_SUCCESS) {
       requests.push_back(request);
+    } else {
+      pending->posting_failed(code, call);
+    }
+    return pending->posting_ok();
+  };
+  int64_t in = 0;
+  for (int64_t peer = 0; peer < size_ && pending->posting_ok(); ++peer) {
+    for (int64_t done = 0; done < receive_counts[peer] && peer != rank_; done += limit) {
+      const int64_t rows = std::min(limit, receive_counts[peer] - done);
+      MPI_Request request = MPI_REQUEST_NULL;
+      const int code = MPI_Irecv(receive.data() + (in + done) * row_bytes, static_cast<int>(rows),
+                                 row_type->get(), static_cast<int>(peer), kRowTag, comm_, &request);
+      if (!post(code, request, "MPI_Irecv")) break;
     }
     in += receive_counts[peer];
   }
   int64_t out = 0;
   int64_t self_in = 0;
   for (int64_t peer = 0; peer < rank_; ++peer) self_in += receive_counts[peer];
-  for (int64_t peer = 0; peer < size_; ++peer) {
+  for (int64_t peer = 0; peer < size_ && pending->posting_ok(); ++peer) {
     if (peer == rank_) {
       if (send_counts[peer] > 0) {
         std::memcpy(receive.data() + self_in * row_bytes, send.data() + out * row_bytes,
@@ -215,34 +318,36 @@ Work MpiCommunicator::all_to_all_rows(std::span<const std::byte> send,
       for (int64_t done = 0; done < send_counts[peer]; done += limit) {
         const int64_t rows = std::min(limit, send_counts[peer] - done);
         MPI_Request request = MPI_REQUEST_NULL;
-        check_mpi(MPI_Isend(send.data() + (out + done) * row_bytes, static_cast<int>(rows),
-                            row_type.get(), static_cast<int>(peer), kRowTag, comm_, &request),
-                  "MPI_Isend");
-        requests.push_back(request);
+        const int code =
+            MPI_Isend(send.data() + (out + done) * row_bytes, static_cast<int>(rows),
+                      row_type->get(), static_cast<int>(peer), kRowTag, comm_, &request);
+        if (!post(code, request, "MPI_Isend")) break;
       }
     }
     out += send_counts[peer];
   }
-  return Work(std::make_unique<MpiPending>(std::move(requests)));
+  return Work(std::move(pending));
 }
 
 void MpiCommunicator::all_reduce(std::span<int64_t> values, ReduceOp op) {
   SPARSECP_CHECK(values.size() <= static_cast<size_t>(INT_MAX), "all_reduce of ", values.size(),
                  " values exceeds one MPI call");
+  check_usable();
   MPI_Op mpi_op = MPI_SUM;
   if (op == ReduceOp::kMin) mpi_op = MPI_MIN;
   if (op == ReduceOp::kMax) mpi_op = MPI_MAX;
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T,
                           mpi_op, comm_),
-            "MPI_Allreduce");
+            "MPI_Allreduce", failure_);
 }
 
 std::vector<int64_t> MpiCommunicator::all_to_all_counts(std::span<const int64_t> counts) {
+  check_usable();
   SPARSECP_CHECK(static_cast<int64_t>(counts.size()) == size_, "all_to_all_counts has ",
                  counts.size(), " entries for a group of ", size_, " ranks");
   std::vector<int64_t> received(static_cast<size_t>(size_));
   check_mpi(MPI_Alltoall(counts.data(), 1, MPI_INT64_T, received.data(), 1, MPI_INT64_T, comm_),
-            "MPI_Alltoall");
+            "MPI_Alltoall", failure_);
   return received;
 }
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <limits>
+#include <new>
 #include <string>
 
 #include "sparsecp/error.hpp"
@@ -10,23 +13,49 @@ namespace sparsecp {
 
 namespace {
 
-// Runs the local checks and returns the first error's text ("" when valid).
+// Runs the local checks (and allocations) and keeps what they threw (nullptr when
+// they passed), whatever it was: an exception escaping on one rank would leave the
+// others blocked in the agreement.
 template <typename Checks>
-std::string local_error(Checks&& checks) {
+std::exception_ptr local_error(Checks&& checks) {
   try {
     checks();
-  } catch (const Error& error) {
-    return error.what();
+  } catch (...) {
+    return std::current_exception();
   }
-  return {};
+  return nullptr;
 }
 
-// Makes every rank see the same verdict before any data moves (see the header).
-void agree_on_inputs(Communicator& comm, const std::string& error) {
-  int64_t rejected = error.empty() ? 0 : 1;
-  comm.all_reduce(std::span<int64_t>(&rejected, 1), ReduceOp::kMax);
-  if (!error.empty()) throw Error(error);
-  SPARSECP_CHECK(rejected == 0, "sequence gather input was rejected on another rank");
+// Makes every rank see the same verdict before any data moves (see the header): the
+// failing rank rethrows its own error, the others raise one of the same kind.
+void agree_on_inputs(Communicator& comm, const std::exception_ptr& error) {
+  // 0: valid; 1 + kind of the failure otherwise (MAX: some rank's kind).
+  int64_t verdict = error ? 1 + static_cast<int64_t>(error_kind_of(error)) : 0;
+  comm.all_reduce(std::span<int64_t>(&verdict, 1), ReduceOp::kMax);
+  if (error) std::rethrow_exception(error);
+  if (verdict == 0) return;
+  const auto kind = static_cast<ErrorKind>(verdict - 1);
+  if (kind == ErrorKind::kInvalidInput) {
+    SPARSECP_FAIL("sequence gather input was rejected on another rank");
+  }
+  SPARSECP_FAIL_AS(kind, "sequence gather failed on another rank (", error_kind_name(kind), ")");
+}
+
+// Sizes `buffer` to `rows` x `width` values: InvalidInputError when that overflows,
+// ResourceError when it cannot be allocated.
+template <typename T>
+void allocate(std::vector<T>& buffer, int64_t rows, int64_t width, const char* what) {
+  int64_t values = 0;
+  SPARSECP_CHECK(
+      rows >= 0 && width >= 0 && !__builtin_mul_overflow(rows, width, &values) &&
+          values <= std::numeric_limits<int64_t>::max() / static_cast<int64_t>(sizeof(T)),
+      what, " of ", rows, " rows x ", width, " values overflows 64 bits");
+  try {
+    buffer.resize(static_cast<size_t>(values));
+  } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+    SPARSECP_FAIL_AS(ErrorKind::kResource, what, ": could not allocate ",
+                     static_cast<double>(values) * static_cast<double>(sizeof(T)), " bytes");
+  }
 }
 
 // values == rows * width, without overflow.
@@ -67,8 +96,10 @@ SequenceGatherHandle<T> completed(std::vector<T> result, int64_t rows, int64_t w
 
 template <typename T>
 std::vector<T> SequenceGatherHandle<T>::wait() {
-  SPARSECP_CHECK(!consumed_, "Sequence gather handle cannot be consumed twice");
-  SPARSECP_CHECK(static_cast<bool>(finish_), "Sequence gather handle holds no transfer");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, !consumed_,
+                    "Sequence gather handle cannot be consumed twice");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, static_cast<bool>(finish_),
+                    "Sequence gather handle holds no transfer");
   consumed_ = true;
   work_.wait();
   std::function<std::vector<T>()> finish = std::move(finish_);
@@ -78,7 +109,8 @@ std::vector<T> SequenceGatherHandle<T>::wait() {
 
 template <typename T>
 bool SequenceGatherHandle<T>::test() {
-  SPARSECP_CHECK(!consumed_, "Sequence gather handle cannot be consumed twice");
+  SPARSECP_CHECK_AS(ErrorKind::kMisuse, !consumed_,
+                    "Sequence gather handle cannot be consumed twice");
   return work_.test();
 }
 
@@ -88,21 +120,25 @@ template <typename T>
 SequenceGatherHandle<T> launch_sequence_dispatch(std::span<const T> local, int64_t width,
                                                  const SequenceDispatchRoute& route,
                                                  Communicator& comm) {
-  const std::string error = local_error([&] {
+  std::vector<T> send;
+  std::vector<T> block;
+  const std::exception_ptr error = local_error([&] {
     check_route_matches(route, comm);
     SPARSECP_CHECK(width > 0, "sequence dispatch row width must be positive, got ", width);
     SPARSECP_CHECK(holds_rows(local.size(), route.local_length, width),
                    "sequence dispatch owner length does not match the bank's physical layout");
+    if (!route.exchange_needed) return;
+    allocate(send, route.sent_rows(), width, "sequence dispatch send buffer");
+    allocate(block, route.block_rows(), width, "sequence dispatch block");
   });
   const auto w = static_cast<size_t>(width);
   if (!route.exchange_needed) {
     // Every rank reached the same verdict: nobody communicates.
-    if (!error.empty()) throw Error(error);
+    if (error) std::rethrow_exception(error);
     return completed(std::vector<T>(local.begin(), local.end()), route.local_length, width);
   }
   agree_on_inputs(comm, error);
 
-  std::vector<T> send(static_cast<size_t>(route.sent_rows()) * w);
   T* out = send.data();
   for (int64_t q = 0; q < route.size; ++q) {
     const size_t count = static_cast<size_t>(route.send_splits[q]) * w;
@@ -111,7 +147,6 @@ SequenceGatherHandle<T> launch_sequence_dispatch(std::span<const T> local, int64
                 count * sizeof(T));
     out += count;
   }
-  std::vector<T> block(static_cast<size_t>(route.block_rows()) * w);
   const size_t received = static_cast<size_t>(route.received_rows()) * w;
   if (!local.empty()) std::memcpy(block.data() + received, local.data(), local.size() * sizeof(T));
   Work work = all_to_all_rows<T>(comm, send, route.send_splits, std::span<T>(block).first(received),
@@ -133,16 +168,23 @@ SequenceGatherHandle<T> launch_sequence_dispatch_backward(std::span<const T> blo
                                                           int64_t width,
                                                           const SequenceDispatchRoute& route,
                                                           Communicator& comm) {
-  const std::string error = local_error([&] {
+  std::vector<T> send;
+  std::vector<T> local_grad;
+  std::vector<T> returned;
+  const std::exception_ptr error = local_error([&] {
     check_route_matches(route, comm);
     SPARSECP_CHECK(width > 0, "sequence dispatch row width must be positive, got ", width);
     SPARSECP_CHECK(holds_rows(block_grad.size(), route.block_rows(), width),
                    "sequence dispatch gradient holds ", block_grad.size(), " values, expected ",
                    route.block_rows(), " rows x ", width);
+    if (!route.exchange_needed) return;
+    allocate(send, route.received_rows(), width, "sequence dispatch gradient send buffer");
+    allocate(local_grad, route.local_length, width, "sequence dispatch owner gradient");
+    allocate(returned, route.sent_rows(), width, "sequence dispatch gradient receive buffer");
   });
   const auto w = static_cast<size_t>(width);
   if (!route.exchange_needed) {
-    if (!error.empty()) throw Error(error);
+    if (error) std::rethrow_exception(error);
     return completed(std::vector<T>(block_grad.begin(), block_grad.end()), route.local_length,
                      width);
   }
@@ -150,11 +192,11 @@ SequenceGatherHandle<T> launch_sequence_dispatch_backward(std::span<const T> blo
 
   // Consumers return the gradient of the rows they received, in the order received.
   const size_t received = static_cast<size_t>(route.received_rows()) * w;
-  std::vector<T> send(block_grad.begin(), block_grad.begin() + static_cast<ptrdiff_t>(received));
+  std::copy(block_grad.begin(), block_grad.begin() + static_cast<ptrdiff_t>(received),
+            send.begin());
   // The owner's own contribution comes first (it is the lowest consumer rank).
-  std::vector<T> local_grad(block_grad.begin() + static_cast<ptrdiff_t>(received),
-                            block_grad.end());
-  std::vector<T> returned(static_cast<size_t>(route.sent_rows()) * w);
+  std::copy(block_grad.begin() + static_cast<ptrdiff_t>(received), block_grad.end(),
+            local_grad.begin());
   Work work =
       all_to_all_rows<T>(comm, send, route.receive_splits, returned, route.send_splits, width);
   return SequenceGatherHandle<T>(
@@ -200,30 +242,37 @@ SequenceGatherHandle<T> launch_all_gather_sequence(std::span<const T> local, int
                                                    std::span<const int64_t> shard_offsets,
                                                    Communicator& comm) {
   const int64_t rank = comm.rank();
-  const std::string error = local_error([&] {
+  std::vector<T> send;
+  std::vector<T> bank;
+  const std::exception_ptr error = local_error([&] {
     check_shard_offsets(shard_offsets, comm);
     SPARSECP_CHECK(width > 0, "all-gather row width must be positive, got ", width);
     const int64_t rows = shard_offsets[rank + 1] - shard_offsets[rank];
     SPARSECP_CHECK(holds_rows(local.size(), rows, width), "all-gather shard of rank ", rank,
                    " holds ", local.size(), " values, the layout gives it ", rows, " rows x ",
                    width);
+    if (comm.size() == 1) return;
+    int64_t copies = 0;
+    SPARSECP_CHECK(!__builtin_mul_overflow(rows, comm.size(), &copies),
+                   "all-gather send buffer of ", rows, " rows x ", comm.size(),
+                   " ranks overflows 64 bits");
+    allocate(send, copies, width, "all-gather send buffer");
+    allocate(bank, shard_offsets.back(), width, "all-gather bank");
   });
   if (comm.size() == 1) {
-    if (!error.empty()) throw Error(error);
+    if (error) std::rethrow_exception(error);
     return completed(std::vector<T>(local.begin(), local.end()), shard_offsets[1], width);
   }
   agree_on_inputs(comm, error);
 
   const int64_t size = comm.size();
   const auto local_rows = shard_offsets[rank + 1] - shard_offsets[rank];
-  std::vector<T> send(local.size() * static_cast<size_t>(size));
   for (int64_t p = 0; p < size; ++p) {
     std::copy(local.begin(), local.end(), send.begin() + static_cast<ptrdiff_t>(p * local.size()));
   }
   std::vector<int64_t> send_counts(size, local_rows);
   std::vector<int64_t> receive_counts(size);
   for (int64_t p = 0; p < size; ++p) receive_counts[p] = shard_offsets[p + 1] - shard_offsets[p];
-  std::vector<T> bank(static_cast<size_t>(shard_offsets[size]) * static_cast<size_t>(width));
   Work work = all_to_all_rows<T>(comm, send, send_counts, bank, receive_counts, width);
   return SequenceGatherHandle<T>(
       std::move(work),
@@ -243,15 +292,25 @@ SequenceGatherHandle<T> launch_all_gather_sequence_backward(std::span<const T> b
                                                             std::span<const int64_t> shard_offsets,
                                                             Communicator& comm) {
   const int64_t rank = comm.rank();
-  const std::string error = local_error([&] {
+  std::vector<T> send;
+  std::vector<T> parts;
+  const std::exception_ptr error = local_error([&] {
     check_shard_offsets(shard_offsets, comm);
     SPARSECP_CHECK(width > 0, "all-gather row width must be positive, got ", width);
     SPARSECP_CHECK(holds_rows(bank_grad.size(), shard_offsets.back(), width),
                    "all-gather gradient holds ", bank_grad.size(), " values, expected ",
                    shard_offsets.back(), " rows x ", width);
+    if (comm.size() == 1) return;
+    const int64_t rows = shard_offsets[rank + 1] - shard_offsets[rank];
+    int64_t copies = 0;
+    SPARSECP_CHECK(!__builtin_mul_overflow(rows, comm.size(), &copies),
+                   "all-gather gradient parts of ", rows, " rows x ", comm.size(),
+                   " ranks overflow 64 bits");
+    allocate(send, shard_offsets.back(), width, "all-gather gradient send buffer");
+    allocate(parts, copies, width, "all-gather gradient parts");
   });
   if (comm.size() == 1) {
-    if (!error.empty()) throw Error(error);
+    if (error) std::rethrow_exception(error);
     return completed(std::vector<T>(bank_grad.begin(), bank_grad.end()), shard_offsets[1], width);
   }
   agree_on_inputs(comm, error);
@@ -262,8 +321,7 @@ SequenceGatherHandle<T> launch_all_gather_sequence_backward(std::span<const T> b
   std::vector<int64_t> send_counts(size);
   for (int64_t p = 0; p < size; ++p) send_counts[p] = shard_offsets[p + 1] - shard_offsets[p];
   std::vector<int64_t> receive_counts(size, local_rows);
-  std::vector<T> send(bank_grad.begin(), bank_grad.end());  // peer order == global order
-  std::vector<T> parts(static_cast<size_t>(local_rows * size) * w);
+  std::copy(bank_grad.begin(), bank_grad.end(), send.begin());  // peer order == global order
   Work work = all_to_all_rows<T>(comm, send, send_counts, parts, receive_counts, width);
   return SequenceGatherHandle<T>(
       std::move(work),

@@ -34,8 +34,12 @@ const std::string& data_dir() {
     const std::string path =
         ::testing::TempDir() + "sparsecp_limits_test_" + std::to_string(::getpid()) + "/";
     ::mkdir(path.c_str(), 0755);
+    // Every test process writes the directory (CTest runs them in parallel): write a
+    // private file and rename it into place, so that no reader sees a half-written one.
     const auto write = [&](const std::string& name, const std::string& bytes) {
-      std::ofstream(path + name, std::ios::binary) << bytes;
+      const std::string temporary = path + name + ".tmp" + std::to_string(::getpid());
+      std::ofstream(temporary, std::ios::binary) << bytes;
+      std::rename(temporary.c_str(), (path + name).c_str());
     };
     // .npy: a valid 6-row selection problem, and broken images of it.
     const auto header = [](const std::string& dict) {
@@ -104,12 +108,13 @@ const std::string& data_dir() {
   return dir;
 }
 
-// Runs the tool with `arguments` (shell words; $D names the bad-input directory).
-Outcome run_tool(std::string arguments) {
+// Runs the tool with `arguments` (shell words; $D names the bad-input directory) and
+// `environment` (shell assignments) in front.
+Outcome run_tool(std::string arguments, const std::string& environment = "") {
   for (size_t at = arguments.find("$D/"); at != std::string::npos; at = arguments.find("$D/")) {
     arguments.replace(at, 3, data_dir());
   }
-  return sparsecp::testing::run_tool(arguments);
+  return sparsecp::testing::run_tool(arguments, environment);
 }
 
 struct BadInput {
@@ -302,7 +307,7 @@ const BadInput kBadInputs[] = {
      "--repeats must be within [1, 10000]"},
     // A tiny greedy block on a huge document: an error from the arithmetic, at once.
     {"GreedyTinyBlockHugeDocument", "plan --lengths 4294967296 --cp 2 --mode greedy --block 1",
-     "plan would build more than 16777216 tasks"},
+     "Indexer greedy plan would hold more than 16777216 tasks"},
     // Model-shape products of `run` (one rank, MPI singleton): overflow and memory.
     {"RunQRankOverflow", "run --q-rank 4611686018427387904 --tokens 1024 --repeats 1",
      "run: buffer size overflows 64 bits"},
@@ -312,6 +317,45 @@ const BadInput kBadInputs[] = {
      "GiB of buffers, more than this machine's"},
     {"RunRepeatsHuge", "run --tokens 1024 --repeats 9223372036854775807",
      "--repeats must be within [1, 10000]"},
+    // Model-shape flags: every size product of bench select, calibrate and select.
+    {"BenchHeadDimHuge", "bench select --head-dim 4611686018427387904", "is too large"},
+    {"BenchQRankOverflows", "bench select --q-rank 4611686018427387904",
+     "bench select: buffer size overflows 64 bits"},
+    {"BenchRopeDimHuge", "bench select --rope-dim 4611686018427387904", "--rope-dim must be even"},
+    {"BenchTopkHuge", "bench select --topk 4611686018427387904", "Indexer topk"},
+    {"BenchRowsBeyondDocument", "bench select --rows 4611686018427387904", "--rows must be within"},
+    {"BenchThreadsBeyondLimit", "bench select --threads 100000",
+     "Indexer thread count 100000 exceeds the supported maximum 1024"},
+    {"BenchProjectionBeyondMemory", "bench select --heads 16384 --head-dim 1024 --q-rank 1048576",
+     "GiB of memory"},
+    {"CalibrateHeadsHuge", "calibrate --heads 4611686018427387904 --out -", "is too large"},
+    {"CalibrateHeadDimHuge", "calibrate --head-dim 4611686018427387904 --out -", "is too large"},
+    {"CalibrateRopeDimOdd", "calibrate --rope-dim 7 --out -", "--rope-dim must be even"},
+    {"CalibrateQRankZero", "calibrate --q-rank 0 --out -", "--q-rank must be positive"},
+    {"CalibrateQRankOverflows", "calibrate --q-rank 4611686018427387904 --out -",
+     "calibrate: buffer size overflows 64 bits"},
+    {"CalibrateTopkHuge", "calibrate --topk 4611686018427387904 --out -", "Indexer topk"},
+    {"CalibrateRowsHuge", "calibrate --rows 4611686018427387904 --out -",
+     "--rows must be within [1, 2^20]"},
+    {"CalibrateVisibleHuge", "calibrate --visible 0,64,4611686018427387904 --out -",
+     "--visible: 4611686018427387904 is outside [0, 2^24] keys"},
+    {"CalibratePositionBeyond64Bits",
+     "calibrate --visible 0,64,4096 --ratio 4611686018427387904 --out -",
+     "--visible 64 at --ratio 4611686018427387904 puts rows beyond 64-bit positions"},
+    {"CalibrateProjectionBeyondMemory",
+     "calibrate --heads 16384 --head-dim 1024 --q-rank 1048576 --out -", "GiB of memory"},
+    {"CalibrateThreadsBeyondLimit", "calibrate --threads 100000 --out -",
+     "exceeds the supported maximum 1024"},
+    {"SelectThreadsBeyondLimit",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --threads "
+     "100000 --out $D/out.npy",
+     "exceeds the supported maximum 1024"},
+    // spill: the shard beyond 2^62 rows (its row cap overflowed; UBSan) and the modes it
+    // compares against, which would build 4.5e15 tasks.
+    {"SpillShardBeyond2To62",
+     "spill --lengths 9223372036854775807 --cp 1 --ratio 9223372036854775807",
+     "spill's comparison with hyper_parallel's mode greedy failed: Indexer greedy plan would "
+     "hold more than 16777216 tasks"},
 };
 
 class BadInputTest : public ::testing::TestWithParam<BadInput> {};
@@ -342,6 +386,30 @@ TEST(Limits, RatioLargerThanEveryDocumentIsValid) {
 TEST(Limits, CpEqualToTheTokenCountIsValid) {
   const Outcome outcome = run_tool("plan --lengths 3,5 --cp 8 --mode greedy --block 1 --json");
   EXPECT_EQ(outcome.status, 0) << outcome.err;
+}
+
+TEST(Limits, ErrorDetailNamesKindAndPlaceOnlyOnRequest) {
+  // The user's message is one line without source places; SPARSECP_ERROR_DETAIL=1 adds
+  // the kind and the file and line that raised it.
+  const std::string arguments = "plan --lengths 4,4 --cp 3";
+  const Outcome plain = run_tool(arguments);
+  EXPECT_EQ(plain.status, 2);
+  EXPECT_EQ(std::count(plain.err.begin(), plain.err.end(), '\n'), 1) << plain.err;
+  EXPECT_EQ(plain.err.find(".cpp"), std::string::npos) << plain.err;
+  const Outcome detailed = run_tool(arguments, "SPARSECP_ERROR_DETAIL=1");
+  EXPECT_EQ(detailed.status, 2);
+  EXPECT_THAT(detailed.err, StartsWith(plain.err));
+  EXPECT_THAT(detailed.err, HasSubstr("\nerror detail: invalid input raised at "
+                                      "src/planning/plan.cpp:"));
+}
+
+TEST(Limits, HugeButSmallPlansAreValid) {
+  // One document of 2^63 - 1 tokens at ratio 2^63 - 1: two greedy blocks, work 1.
+  const Outcome outcome = run_tool(
+      "plan --lengths 9223372036854775807 --cp 1 --mode greedy --ratio 9223372036854775807 "
+      "--block 4611686018427387904 --json");
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  EXPECT_THAT(outcome.out, HasSubstr("\"total_work\":1"));
 }
 
 TEST(Limits, SumsBeyond32BitsAreValid) {

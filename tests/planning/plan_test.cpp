@@ -97,6 +97,45 @@ TEST(Validation, RejectsBadBatches) {
               HasSubstr("exceeds 64 bits"));
 }
 
+TEST(Validation, RejectsPlansBeyondTheTaskLimit) {
+  // 2^32 tokens in blocks of one row: 2^32 tasks, far beyond kMaxPlanTasks. Rejected
+  // before anything is allocated (it used to run out of memory).
+  const std::vector<int64_t> huge = {int64_t{1} << 32};
+  EXPECT_THAT(error_of([&] { plan_tasks(huge, 2, 4, {.mode = Mode::kGreedy, .block_size = 1}); }),
+              HasSubstr("Indexer greedy plan would hold more than 16777216 tasks, the supported "
+                        "maximum; use a larger indexer_balance_block_size"));
+  EXPECT_THAT(error_of([&] {
+                plan_tasks(huge, 2, 4,
+                           {.mode = Mode::kHybrid,
+                            .block_size = 1,
+                            .zigzag_min_length = int64_t{1} << 40});  // all pooled
+              }),
+              HasSubstr("Indexer hybrid plan would hold more than"));
+  // Many documents that each hold zigzag pairs at a large CP.
+  const std::vector<int64_t> many(20, int64_t{1} << 21);
+  EXPECT_THAT(error_of([&] { plan_tasks(many, int64_t{1} << 20, 4, {.mode = Mode::kZigzag}); }),
+              HasSubstr("Indexer zigzag plan would hold more than 16777216 tasks"));
+  // The same sizes with a block that keeps the count small plan fine, and so do
+  // extreme but small plans (one block of 2^62 rows).
+  EXPECT_LE(
+      plan_tasks(huge, 2, 4, {.mode = Mode::kGreedy, .block_size = int64_t{1} << 20}).task_count(),
+      4096);
+  EXPECT_LE(plan_tasks(huge, 2, 4, {.mode = Mode::kHybrid, .block_size = 1, .zigzag_min_length = 1})
+                .task_count(),
+            6);  // zigzag pairs, no remainder to pool
+  const std::vector<int64_t> longest = {INT64_MAX};
+  const TaskPlan wide =
+      plan_tasks(longest, 1, INT64_MAX, {.mode = Mode::kGreedy, .block_size = int64_t{1} << 62});
+  EXPECT_EQ(wide.rows(0), INT64_MAX);
+}
+
+TEST(Validation, WorkerRowCapSaturates) {
+  EXPECT_EQ(worker_row_cap(10, 2), 10);
+  EXPECT_EQ(worker_row_cap(int64_t{1} << 62, 1), INT64_MAX);
+  EXPECT_EQ(worker_row_cap(INT64_MAX, 1), INT64_MAX);
+  EXPECT_EQ(worker_row_cap((int64_t{1} << 62) - 2, 2), (int64_t{1} << 62) - 2);
+}
+
 TEST(Zigzag, HandCheckedSmallCase) {
   // One document of 9 rows on 2 ranks: chunk 2, remainder 1 -> slots start at 1, 3, 5, 7.
   // Rank 0 gets slots 0 and 3 plus the single remainder row; rank 1 gets slots 1 and 2.
@@ -197,27 +236,3 @@ TEST(Plans, SameInputsSamePlan) {
 }  // namespace
 }  // namespace sparsecp
 
-namespace sparsecp {
-namespace {
-
-// A plan that would build billions of tasks fails at once, from the arithmetic, with a
-// message naming the sizes (before: minutes of allocation, then out of memory).
-TEST(PlanLimits, TooManyTasksFailBeforeAllocating) {
-  const std::vector<int64_t> huge = {int64_t{1} << 32};
-  EXPECT_THAT(error_of([&] { plan_tasks(huge, 2, 4, {.mode = Mode::kGreedy, .block_size = 1}); }),
-              HasSubstr("Indexer greedy plan would build more than 16777216 tasks for 1 "
-                        "documents on 2 ranks in blocks of 1 rows"));
-  EXPECT_THAT(error_of([&] {
-                plan_tasks(huge, 2, 4,
-                           {.mode = Mode::kHybrid, .block_size = 1, .zigzag_min_length = 1});
-              }),
-              ::testing::IsEmpty());             // the pool is only the remainder: 0 rows
-  const std::vector<int64_t> many(64, 1 << 20);  // 64 documents x 2 * 2^18 chunks each
-  EXPECT_THAT(error_of([&] { plan_tasks(many, 1 << 18, 4, {.mode = Mode::kZigzag}); }),
-              HasSubstr("Indexer zigzag plan would build more than 16777216 tasks"));
-  // The default block on the same huge document stays well inside the limit.
-  EXPECT_EQ(plan_tasks(huge, 2, 4, {.mode = Mode::kGreedy}).rows(0), int64_t{1} << 31);
-}
-
-}  // namespace
-}  // namespace sparsecp

@@ -386,6 +386,21 @@ TEST(Sweep, UsesFileBatchesForEveryCpSize) {
   spec.file_batches = {{3, 3}};
   EXPECT_THAT([&] { run_sweep(spec); }, ::testing::ThrowsMessage<Error>(
                                             HasSubstr("batch 1 holds 6 tokens, which CP size 4")));
+  // Lengths are not validated before the sum (the strategies do that): the sum itself must
+  // not overflow (it did, a UBSan report, found by fuzz_strategies through hybrid).
+  spec.file_batches = {{INT64_MIN, -3}};
+  EXPECT_THAT(
+      [&] { run_sweep(spec); },
+      ::testing::ThrowsMessage<Error>(HasSubstr("batch 1: document lengths sum beyond 64 bits")));
+}
+
+TEST(Simulate, HybridRejectsLengthsWhoseSumOverflows) {
+  // The hybrid strategy's default threshold needs the sum of the (not yet validated)
+  // lengths: a clean rejection, not a signed overflow.
+  const std::vector<int64_t> lengths = {INT64_MIN, -3};
+  EXPECT_THROW(find_strategy("hybrid").plan(lengths, 2, 4, StrategyParams{}), Error);
+  const std::vector<int64_t> huge = {INT64_MAX, 1};
+  EXPECT_THROW(find_strategy("hybrid").plan(huge, 2, 4, StrategyParams{}), Error);
 }
 
 TEST(Sweep, RejectsUnusableSpecsBeforePlanning) {

@@ -218,6 +218,17 @@ TEST(Spill, RejectsBadOptions) {
               HasSubstr("fragment bound must be non-negative"));
 }
 
+TEST(Spill, RowCapSaturatesForShardsBeyond2To62) {
+  // One document of 2^63 - 1 rows on one rank: 2 x local does not fit in 64 bits (it
+  // overflowed, a UBSan report); spill shares plan.hpp's saturating cap.
+  const std::vector<int64_t> lengths = {INT64_MAX};
+  const SpillPlan spill = plan_spill(lengths, 1, INT64_MAX);
+  check_plan_covers(spill.plan, lengths);
+  EXPECT_EQ(spill.plan.rows(0), INT64_MAX);
+  EXPECT_EQ(spill.rows_moved, 0);
+  EXPECT_TRUE(spill.target_met);
+}
+
 TEST(SpillStrategy, RegisteredAndRoutable) {
   const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
   const Strategy& spill = find_strategy("spill");

@@ -20,8 +20,9 @@ struct ToolRun {
   std::string err;  // stderr
 };
 
-// Runs `SPARSECP_CLI_PATH <arguments>` through the shell (so quoting works as typed).
-inline ToolRun run_tool(const std::string& arguments) {
+// Runs `SPARSECP_CLI_PATH <arguments>` through the shell (so quoting works as typed),
+// with `environment` (e.g. "SPARSECP_ERROR_DETAIL=1") set for the tool.
+inline ToolRun run_tool(const std::string& arguments, const std::string& environment = "") {
   // One stderr file per process and test: CTest runs tests of one program in parallel.
   const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string name = test ? test->name() : "none";
@@ -29,7 +30,7 @@ inline ToolRun run_tool(const std::string& arguments) {
   const std::string err_path =
       ::testing::TempDir() + "sparsecp_tool_" + std::to_string(getpid()) + "_" + name + ".stderr";
   // One thread: CTest runs tests in parallel on few cores; nothing reads stdin.
-  const std::string command = std::string("OMP_NUM_THREADS=1 ") + SPARSECP_CLI_PATH + " " +
+  const std::string command = "OMP_NUM_THREADS=1 " + environment + " " + SPARSECP_CLI_PATH + " " +
                               arguments + " 2>" + err_path + " </dev/null";
   ToolRun run;
   FILE* pipe = popen(command.c_str(), "r");

@@ -6,15 +6,21 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/workload.hpp"
 #include "sparsecp/transport/comm.hpp"
 #include "sparsecp/transport/mpi_communicator.hpp"
+#include "support/raised.hpp"
 
 namespace sparsecp {
 namespace {
+
+using test_support::Raised;
+using test_support::raised_by;
 
 // Rows peer `from` sends peer `to` in round `round`: known to both sides.
 int64_t rows_between(int64_t from, int64_t to, uint64_t seed) {
@@ -196,7 +202,57 @@ TEST(MpiCommunicator, WorkIsSingleUse) {
   EXPECT_THROW(moved.wait(), Error);  // NOLINT(bugprone-use-after-move): the point
 }
 
-TEST(MpiCommunicator, RejectsBadArgumentsLocally) {
+TEST(MpiCommunicator, BadCountsOnOneRankFailEveryRank) {
+  // A direct caller passes a negative count on the last rank only: the others must not
+  // be left in the collective (the CTest timeout fails the test if they hang).
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int64_t size = comm.size();
+  const int64_t rank = comm.rank();
+  const int64_t bad = size - 1;
+  std::vector<int64_t> ones(size, 1);
+  std::vector<int64_t> send_counts = ones;
+  if (rank == bad) send_counts[0] = -1;
+  std::vector<int32_t> send(static_cast<size_t>(size), 1);
+  std::vector<int32_t> receive(static_cast<size_t>(size), 0);
+  const Raised message = raised_by(
+      [&] { all_to_all_rows<int32_t>(comm, send, send_counts, receive, ones, 1).wait(); });
+  EXPECT_EQ(message.kind, ErrorKind::kInvalidInput);
+  if (rank == bad) {
+    EXPECT_EQ(message.text, "all_to_all_rows send count for peer 0 is negative: -1");
+  } else {
+    EXPECT_EQ(message.text,
+              "all_to_all_rows aborted: rank " + std::to_string(bad) + " rejected its arguments");
+  }
+  // A count list of the wrong length on rank 0 only.
+  std::vector<int64_t> longer(size + 1, 1);
+  const Raised length = raised_by([&] {
+    all_to_all_rows<int32_t>(
+        comm, send, rank == 0 ? std::span<const int64_t>(longer) : std::span<const int64_t>(ones),
+        receive, ones, 1)
+        .wait();
+  });
+  EXPECT_TRUE(length.raised);
+  // Row sizes that differ between ranks would mismatch the MPI datatypes.
+  std::vector<int64_t> wide(static_cast<size_t>(2 * size), 1);
+  std::vector<int64_t> wide_receive(static_cast<size_t>(2 * size), 0);
+  const Raised width = raised_by([&] {
+    if (rank == 0 && size > 1) {
+      all_to_all_rows<int64_t>(comm, wide, ones, wide_receive, ones, 2).wait();
+    } else {
+      all_to_all_rows<int64_t>(comm, std::span<const int64_t>(wide).first(size), ones,
+                               std::span<int64_t>(wide_receive).first(size), ones, 1)
+          .wait();
+    }
+  });
+  if (size > 1) {
+    EXPECT_EQ(width.text, "all_to_all_rows row size differs between ranks (8 to 16 bytes)");
+  }
+  // The group is still usable.
+  EXPECT_EQ(exchange_and_verify(comm, 99, 2), 0);
+}
+
+TEST(MpiCommunicator, RejectsBadArgumentsOnEveryRank) {
+  // Every rank passes the same bad arguments: every rank throws (after agreeing).
   MpiCommunicator comm(MPI_COMM_WORLD);
   const int64_t size = comm.size();
   std::vector<int64_t> zeros(size, 0);
@@ -205,7 +261,6 @@ TEST(MpiCommunicator, RejectsBadArgumentsLocally) {
   negative[0] = -1;
   std::vector<std::byte> empty;
   std::vector<std::byte> extra(4);
-  // All rejected before any communication, so no rank waits for another.
   EXPECT_THROW(comm.all_to_all_rows(empty, short_counts, empty, zeros, 4), Error);
   EXPECT_THROW(comm.all_to_all_rows(empty, negative, empty, zeros, 4), Error);
   EXPECT_THROW(comm.all_to_all_rows(extra, zeros, empty, zeros, 4), Error);

@@ -63,6 +63,9 @@ TEST(ExchangeMisuse, InputExchangeCannotBeConsumedTwice) {
   EXPECT_EQ(owner.rows, f.local);
   EXPECT_EQ(error_of([&] { pending.wait(); }),
             "Indexer communication handle cannot be consumed twice");
+  // launch_result launches once (raised locally: no rank enters a collective alone).
+  EXPECT_EQ(error_of([&] { exchange.launch_result(selected); }),
+            "Indexer result exchange cannot be consumed twice");
   // Moved-from handles are spent too.
   IndexerInputExchange moved = std::move(exchange);
   EXPECT_EQ(error_of([&] { exchange.wait(); }),  // NOLINT(bugprone-use-after-move)
@@ -86,7 +89,10 @@ TEST(ExchangeMisuse, DroppedHandlesCompleteTheirTransfers) {
   SelectedKeys selected{worker.query_residual.rows, 1,
                         std::vector<int32_t>(static_cast<size_t>(worker.query_residual.rows), 3)};
   { PendingRows dropped = exchange.launch_result(selected); }
-  const SelectedKeys owner = exchange.launch_result(selected).wait();
+  // The result exchange is single-use too; a second one needs a second input exchange.
+  IndexerInputExchange second = launch_indexer_inputs(f.inputs(), f.lengths, 4, f.options, f.comm);
+  second.wait();
+  const SelectedKeys owner = second.launch_result(selected).wait();
   for (const int32_t id : owner.ids) EXPECT_EQ(id, 3);
 }
 

@@ -121,6 +121,9 @@ void CalibrationSettings::validate() const {
   for (const int64_t v : visible) {
     SPARSECP_CHECK(v >= 0 && v <= (int64_t{1} << 24), "--visible: ", v,
                    " is outside [0, 2^24] keys");
+    // The point's rows sit at document positions up to v * ratio + rows.
+    SPARSECP_CHECK(v == 0 || v <= (INT64_MAX - 2 * rows) / ratio, "--visible ", v, " at --ratio ",
+                   ratio, " puts rows beyond 64-bit positions");
   }
 }
 

@@ -114,7 +114,13 @@ BatchReport report_batch(std::span<const int64_t> lengths, int64_t cp, const Spi
   report.bound = balance_bound(lengths, cp, flags.ratio);
   report.rows_moved_bound_1 = rows_moved_lower_bound(lengths, cp, flags.ratio, 1.0).total;
   for (const char* name : {"zigzag", "greedy", "hybrid"}) {
-    const StrategyPlan planned = find_strategy(name).plan(lengths, cp, flags.ratio, params);
+    StrategyPlan planned;
+    try {
+      planned = find_strategy(name).plan(lengths, cp, flags.ratio, params);
+    } catch (const Error& error) {  // say which part failed: not spill itself
+      SPARSECP_FAIL_AS(error.kind(), "spill's comparison with hyper_parallel's mode ", name,
+                       " failed: ", error.what());
+    }
     const PlanStats stats = plan_stats(planned.plan, lengths, flags.ratio);
     report.modes.push_back({name, stats.imbalance, stats.rows_moved,
                             max_of(rows_sent_received(planned.plan, lengths))});

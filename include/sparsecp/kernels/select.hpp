@@ -94,8 +94,14 @@ struct SelectConfig {
   KernelIsa isa = KernelIsa::kAuto;
 };
 
-// Throws Error unless heads, head_dim, topk, ratio >= 1 and threads >= 0. (rope_dim is
-// checked by the projection only: even and within [0, head_dim].)
+// The most threads a selection call accepts. OpenMP gives up (libgomp: "Thread
+// creation failed", or a segmentation fault) somewhere above ten thousand threads, so a
+// typo in a thread count is an error instead.
+inline constexpr int kMaxSelectThreads = 1024;
+
+// Throws Error unless heads, head_dim, topk, ratio >= 1 and 0 <= threads <=
+// kMaxSelectThreads. (rope_dim is checked by the projection only: even and within
+// [0, head_dim].)
 void validate_select_config(const SelectConfig& config);
 
 // ---------------------------------------------------------------------------------

@@ -94,6 +94,13 @@ std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, in
 // not bound the causal work.
 int64_t local_rows(std::span<const int64_t> lengths, int64_t cp);
 
+// The seed's per-worker row cap of greedy and hybrid: 2 * local rows with
+// local = total_rows / cp, saturating at INT64_MAX for shards above 2^62 rows (where
+// 2 * local does not fit; no rank can be handed more rows than that anyway). Every
+// planner that promises the seed's cap (greedy, hybrid, spill) uses this one
+// definition. Needs total_rows >= 0 and cp >= 1 (validate_plan_inputs guarantees both).
+int64_t worker_row_cap(int64_t total_rows, int64_t cp);
+
 // An immutable per-rank task assignment. Tasks of each rank are sorted by
 // (document, start, end), disjoint, and adjacent tasks of one document are merged.
 // Any strategy that produces such lists can build one (see `TaskPlan::from_ranks`)
@@ -119,11 +126,17 @@ class TaskPlan {
   std::vector<int64_t> offsets_;  // tasks of rank r: [offsets_[r], offsets_[r + 1])
 };
 
+// The most tasks plan_tasks builds (2^24, about 16.8 million: some hundreds of MB of
+// bookkeeping). A plan that would hold more — greedy with a tiny block over billions
+// of tokens, zigzag over very many long documents at a large CP — is rejected with an
+// Error naming the count instead of exhausting memory. Not in the seed.
+inline constexpr int64_t kMaxPlanTasks = int64_t{1} << 24;
+
 // Seed `indexer_task_plan(lengths, size, ratio, mode, block_size, zigzag_min_length)`.
 // Validation order and texts follow the seed; see the mode descriptions above. One limit
-// the seed does not have: a plan may build at most 2^24 tasks before merging (blocks,
-// zigzag chunks and remainders, counted from the lengths before anything is allocated);
-// beyond it, e.g. greedy blocks of 1 row on a 4-billion-token batch, it throws Error.
+// the seed does not have: a plan may build at most kMaxPlanTasks tasks before merging
+// (blocks, zigzag chunks and remainders, counted from the lengths before anything is
+// allocated); beyond it, e.g. greedy blocks of 1 row on a 4-billion-token batch, it throws.
 TaskPlan plan_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const PlanOptions& options);
 

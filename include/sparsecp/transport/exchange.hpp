@@ -20,11 +20,13 @@
 //
 // Every entry point that communicates first makes all ranks agree that their
 // inputs are valid and consistent (a small allreduce and an all-to-all of the row
-// counts, see comm.hpp): an invalid input on one rank — wrong shapes, different
-// lengths/options/field widths between ranks, routes whose row counts do not match
-// — throws sparsecp::Error on *every* rank (the rank at fault gets the specific
-// message, the others name that rank) instead of leaving peers hanging in a
-// collective. No data moves unless every rank passed.
+// counts; the rules of comm.hpp): an invalid input on one rank — wrong shapes,
+// different lengths/options/field widths between ranks, routes whose row counts do
+// not match — throws sparsecp::Error on *every* rank (the rank at fault gets the
+// specific message, the others name that rank) instead of leaving peers hanging in a
+// collective. Transfer buffers are sized (checked against 64 bits) and allocated
+// before that agreement, so a rank that runs out of memory raises ResourceError and
+// its peers a ResourceError naming it. No data moves unless every rank passed.
 //
 // Synchronous path: `balanced_select` (seed `balanced_indexer_select`).
 // Overlapped path (seed `launch_indexer_inputs` -> `IndexerInputExchange.wait()` ->
@@ -40,9 +42,12 @@
 //
 // Handles are move-only and single-use: a second wait() throws the seed's
 // "Indexer input exchange cannot be consumed twice" / "Indexer communication
-// handle cannot be consumed twice". Transfer buffers are released when wait()
-// returns. A handle dropped without wait() completes its transfers in its
-// destructor (blocking), so buffers are never freed under an in-flight transfer.
+// handle cannot be consumed twice", and a second launch_result() "Indexer result
+// exchange cannot be consumed twice" (MisuseError, raised locally before any
+// collective). Transfer buffers are released when wait() returns. A handle dropped
+// without wait() completes its transfers in its destructor (blocking), so buffers are
+// never freed under an in-flight transfer; if a transfer failed (wait() threw
+// TransportError), its buffers are kept until the process exits (comm.hpp, rule 3).
 // Handles keep a pointer to the Communicator, which must outlive them.
 //
 // Host memory only (MPI backend): `device` checks of the seed have no analogue.
@@ -65,7 +70,9 @@
 namespace sparsecp {
 
 // An owning dense row-major [rows, cols] matrix of fp32 or bf16 elements, as the
-// worker receives each field.
+// worker receives each field. The constructor checks the extents (non-negative, byte
+// size within 64 bits: InvalidInputError) and turns a failed allocation into a
+// ResourceError naming the size.
 struct RowMatrix {
   DType dtype = DType::kFloat32;
   int64_t rows = 0;
@@ -191,7 +198,11 @@ class IndexerInputExchange {
   // Launches the return of this worker's results, `selected` [query_count, topk]
   // (seed `launch_result`). Collective: every rank calls it with the same topk.
   // Local rows are copied at once; the returned handle completes the rest. May be
-  // called before or after wait(), but not on a moved-from handle.
+  // called before or after wait(), once: a second call throws MisuseError "Indexer
+  // result exchange cannot be consumed twice" (the seed launches again; here the
+  // handle is single-use like the others). A call that the result agreement rejected
+  // on every rank (bad `selected` somewhere) launched nothing and may be repeated.
+  // Not on a moved-from handle.
   PendingRows launch_result(const SelectedKeys& selected);
 
   // The route this exchange follows (its `segments` feed the selector).

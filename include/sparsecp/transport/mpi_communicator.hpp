@@ -18,12 +18,21 @@
 // Progress: OpenMPI progresses non-blocking operations inside MPI calls; call
 // Work::test() now and then during long overlapped computations to keep a transfer
 // moving.
+//
+// Failures (the rules of comm.hpp): the duplicate uses MPI_ERRORS_RETURN, so MPI
+// errors come back as codes and become TransportError instead of aborting the job.
+// The first one breaks this communicator: every later call throws TransportError
+// naming it, without calling MPI. A failed wait leaves its requests (and the count
+// arrays MPI reads) alive for the rest of the process, with the buffers (comm.hpp,
+// rule 3).
 #pragma once
 
 #include <mpi.h>
 
 #include <climits>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "sparsecp/transport/comm.hpp"
 
@@ -55,9 +64,17 @@ class MpiCommunicator final : public Communicator {
 
   // The duplicated communicator sparsecp talks on.
   MPI_Comm handle() const { return comm_; }
+  // True once an MPI call on it failed; every later call then throws TransportError.
+  bool broken() const { return !failure_->empty(); }
 
  private:
+  // Throws TransportError when the communicator is broken.
+  void check_usable() const;
+
   MPI_Comm comm_ = MPI_COMM_NULL;
+  // The first MPI failure ("MPI_Waitall failed: ..."), empty while healthy. Shared with
+  // the Pendings of in-flight operations, whose waits can break the communicator.
+  std::shared_ptr<std::string> failure_ = std::make_shared<std::string>();
   int64_t rank_ = 0;
   int64_t size_ = 0;
   MpiCommunicatorOptions options_;

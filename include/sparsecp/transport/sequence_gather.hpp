@@ -24,10 +24,11 @@
 // and whatever it captured) and wait() resolves that same handle.
 //
 // Validity is agreed before data moves: when a launch communicates, the ranks first
-// all-reduce a "my inputs are valid" flag, so an input error on one rank raises Error on
-// every rank (the bad rank with the precise message, the others with "sequence gather
-// input was rejected on another rank") instead of leaving peers blocked in the
-// exchange. A dispatch whose route says no exchange is needed communicates nothing at
+// check their inputs and allocate their buffers, then all-reduce the verdict, so an
+// input error on one rank raises Error on every rank (the bad rank with the precise
+// message, the others with "sequence gather input was rejected on another rank"; a
+// failed allocation is a ResourceError on every rank) instead of leaving peers blocked
+// in the exchange. A dispatch whose route says no exchange is needed communicates nothing at
 // all (every rank reaches that decision from the same inputs).
 //
 // Element types: the forward functions accept float, double, uint16_t (bf16/fp16 bit
@@ -47,9 +48,10 @@ namespace sparsecp {
 
 // Single-use result of a launched sequence transfer. Move-only. wait() blocks until the
 // transfer completed, returns the assembled rows ([rows(), width()] row-major) and
-// releases the transfer buffers; a second wait() throws Error("Sequence gather handle
-// cannot be consumed twice"). Destroying an unwaited handle completes the transfer first
-// (see Work), so buffers never disappear under an in-flight transfer.
+// releases the transfer buffers; a second wait() throws MisuseError("Sequence gather
+// handle cannot be consumed twice"). Destroying an unwaited handle completes the transfer
+// first (see Work), so buffers never disappear under an in-flight transfer, and the
+// buffers of a failed transfer are kept until the process exits (comm.hpp, rule 3).
 // Seed: `SequenceGatherHandle`.
 template <typename T>
 class SequenceGatherHandle {
@@ -70,7 +72,8 @@ class SequenceGatherHandle {
   // Completes the transfer this handle held before taking over `other`'s.
   SequenceGatherHandle& operator=(SequenceGatherHandle&& other) noexcept {
     if (this != &other) {
-      work_ = std::move(other.work_);  // completes our own transfer first
+      release();  // completes our own transfer first
+      work_ = std::move(other.work_);
       finish_ = std::move(other.finish_);
       rows_ = other.rows_;
       width_ = other.width_;
@@ -81,6 +84,7 @@ class SequenceGatherHandle {
   }
   SequenceGatherHandle(const SequenceGatherHandle&) = delete;
   SequenceGatherHandle& operator=(const SequenceGatherHandle&) = delete;
+  ~SequenceGatherHandle() { release(); }
 
   std::vector<T> wait();
   // Drives progress without blocking; true once the transfer completed. Throws after wait().
@@ -90,8 +94,14 @@ class SequenceGatherHandle {
   int64_t width() const { return width_; }
 
  private:
-  // Declared before work_ so that it is destroyed after it: the transfer completes
-  // before the buffers owned by finish_ are released.
+  // Completes the transfer (blocking) and drops the buffers, or keeps them until the
+  // process exits when the transfer failed (comm.hpp, rule 3).
+  void release() noexcept {
+    if (!work_.settle()) keep_until_exit(std::move(finish_));
+    finish_ = nullptr;
+  }
+
+  // The buffers, owned by the assembling function.
   std::function<std::vector<T>()> finish_;
   Work work_;
   int64_t rows_ = 0;

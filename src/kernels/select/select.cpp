@@ -13,7 +13,10 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "select_internal.hpp"
@@ -147,8 +150,8 @@ class AlignedScratch {
     if (bytes > size_) {
       bytes = (bytes + 63) / 64 * 64;
       memory_.reset(static_cast<std::byte*>(std::aligned_alloc(64, bytes)));
-      SPARSECP_CHECK(memory_ != nullptr, "Indexer selection could not allocate ", bytes,
-                     " bytes of scratch");
+      SPARSECP_CHECK_AS(ErrorKind::kResource, memory_ != nullptr,
+                        "Indexer selection could not allocate ", bytes, " bytes of scratch");
       size_ = bytes;
     }
     return memory_.get();
@@ -382,29 +385,58 @@ void select_topk(MatrixView q, MatrixView weights, MatrixView keys,
   const int threads =
       std::min<int64_t>(resolve_threads(config.threads), static_cast<int64_t>(blocks.size()));
   std::vector<ThreadScratch> scratch(static_cast<std::size_t>(std::max(threads, 1)));
-  const auto count = static_cast<int64_t>(blocks.size());
+  sd::parallel_blocks(static_cast<int64_t>(blocks.size()), std::max(threads, 1),
+                      "Indexer selection", [&](int64_t i, int thread) {
+                        run_block(call, blocks[static_cast<std::size_t>(i)],
+                                  scratch[static_cast<std::size_t>(thread)]);
+                      });
+}
+
+void sd::parallel_blocks(int64_t count, int threads, const char* context,
+                         const std::function<void(int64_t index, int thread)>& body) {
+  std::exception_ptr first;
   bool failed = false;
-#pragma omp parallel num_threads(std::max(threads, 1))
+#pragma omp parallel num_threads(threads)
   {
-    ThreadScratch& mine = scratch[static_cast<std::size_t>(omp_get_thread_num())];
+    const int thread = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < count; ++i) {
+      bool skip = false;
+#pragma omp atomic read
+      skip = failed;
+      if (skip) continue;
       try {
-        run_block(call, blocks[static_cast<std::size_t>(i)], mine);
+        body(i, thread);
       } catch (...) {
+#pragma omp critical(sparsecp_parallel_blocks_error)
+        {
+          if (!first) first = std::current_exception();
+        }
 #pragma omp atomic write
         failed = true;
       }
     }
   }
-  SPARSECP_CHECK(!failed, "Indexer selection could not allocate its scratch memory");
+  if (!first) return;
+  try {
+    std::rethrow_exception(first);
+  } catch (const std::bad_alloc&) {
+    SPARSECP_FAIL_AS(ErrorKind::kResource, context, " could not allocate its scratch memory");
+  }
 }
 
 // --- projection --------------------------------------------------------------------------
 
 namespace {
 std::vector<float> widen(MatrixView view) {
-  std::vector<float> values(static_cast<std::size_t>(view.rows * view.cols));
+  std::vector<float> values;
+  try {
+    values.resize(static_cast<std::size_t>(view.rows * view.cols));
+  } catch (const std::bad_alloc&) {
+    SPARSECP_FAIL_AS(ErrorKind::kResource, "Indexer projection could not allocate ",
+                     static_cast<double>(view.rows) * static_cast<double>(view.cols) * 4,
+                     " bytes to widen bf16 operands");
+  }
   const auto* bits = static_cast<const uint16_t*>(view.data);
   const auto count = static_cast<int64_t>(values.size());
 #pragma omp parallel for schedule(static)
@@ -503,7 +535,14 @@ void select_worker_rows(MatrixView qr, MatrixView weights, MatrixView cos, Matri
   validate_select_config(config);
   SPARSECP_CHECK(qr.rows >= 0 && qr.rows <= INT64_MAX / 4 / (config.heads * config.head_dim),
                  "Indexer query residual rows ", qr.rows, " out of range");
-  std::vector<float> q(static_cast<std::size_t>(qr.rows * config.heads * config.head_dim));
+  const int64_t q_values = qr.rows * config.heads * config.head_dim;
+  std::vector<float> q;
+  try {
+    q.resize(static_cast<std::size_t>(q_values));
+  } catch (const std::bad_alloc&) {
+    SPARSECP_FAIL_AS(ErrorKind::kResource, "Indexer selection could not allocate ",
+                     static_cast<double>(q_values) * 4, " bytes for the projected Index Q");
+  }
   project_index_query(qr, wq_b, cos, sin, config, q);
   select_topk(MatrixView::f32(q.data(), qr.rows, config.heads * config.head_dim), weights, keys,
               segments, config, out);

@@ -14,6 +14,8 @@ void validate_select_config(const SelectConfig& c) {
   SPARSECP_CHECK(c.topk >= 1, "Indexer topk must be positive, got ", c.topk);
   SPARSECP_CHECK(c.ratio >= 1, "Indexer compression ratio must be positive, got ", c.ratio);
   SPARSECP_CHECK(c.threads >= 0, "Indexer thread count must be non-negative, got ", c.threads);
+  SPARSECP_CHECK(c.threads <= kMaxSelectThreads, "Indexer thread count ", c.threads,
+                 " exceeds the supported maximum ", kMaxSelectThreads);
   constexpr int64_t kLimit = int64_t{1} << 24;
   SPARSECP_CHECK(c.heads <= kLimit && c.head_dim <= kLimit && c.heads * c.head_dim <= kLimit,
                  "Indexer heads x head_dim ", c.heads, " x ", c.head_dim, " is too large");

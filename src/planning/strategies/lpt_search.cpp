@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -85,14 +86,14 @@ class Solver {
       : cp_(cp) {
     const int64_t total = sequence.total();
     const int64_t align = params.lpt_align;
-    const int64_t count = (total + align - 1) / align;
+    const int64_t count = strategies::ceil_div(total, align);
     begin_.resize(static_cast<size_t>(count + 1));
     cost_.resize(static_cast<size_t>(count));
     pieces_.resize(static_cast<size_t>(count));
     joint_.assign(static_cast<size_t>(count + 1), 0);
     for (int64_t k = 0; k < count; ++k) {
       const int64_t begin = k * align;
-      const int64_t end = std::min(total, begin + align);
+      const int64_t end = begin + std::min(align, total - begin);
       begin_[static_cast<size_t>(k)] = begin;
       double cost = 0;
       int64_t pieces = 0;
@@ -112,7 +113,9 @@ class Solver {
     }
     begin_[static_cast<size_t>(count)] = total;
     const double cap = std::ceil(params.lpt_row_cap * static_cast<double>(total / cp));
-    cap_ = static_cast<int64_t>(cap);
+    // A cap beyond 2^63 rows (lpt_row_cap is only bounded below) saturates: converting
+    // such a double to int64 is undefined.
+    cap_ = cap < 0x1p63 ? static_cast<int64_t>(cap) : std::numeric_limits<int64_t>::max();
     rank_.assign(static_cast<size_t>(count), 0);
     load_.assign(static_cast<size_t>(cp), 0.0);
     rows_.assign(static_cast<size_t>(cp), 0);

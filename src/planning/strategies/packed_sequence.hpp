@@ -21,6 +21,10 @@ inline int64_t validate_batch(std::span<const int64_t> lengths, int64_t cp, int6
   return total;
 }
 
+// ceil(a / b) for a >= 0 and b >= 1, without forming a + b - 1 (which overflows for a
+// block size or alignment near 2^63).
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
 // Documents in packed order: document d holds global rows [starts[d], starts[d + 1]).
 class PackedSequence {
  public:

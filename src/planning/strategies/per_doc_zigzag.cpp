@@ -26,11 +26,12 @@ class PerDocumentZigzag final : public Strategy {
     result.padding_rows.assign(static_cast<size_t>(cp), 0);
     for (size_t d = 0; d < lengths.size(); ++d) {
       const int64_t length = lengths[d];
-      const int64_t chunk = (length + 2 * cp - 1) / (2 * cp);
+      const int64_t chunk = strategies::ceil_div(length, 2 * cp);
       for (int64_t rank = 0; rank < cp; ++rank) {
         for (const int64_t slot : {rank, 2 * cp - 1 - rank}) {
-          const int64_t start = std::min(length, slot * chunk);
-          const int64_t end = std::min(length, start + chunk);
+          // slot * chunk < length + 2 * cp; written so that nothing exceeds 2^63 - 1.
+          const int64_t start = slot <= length / chunk ? std::min(length, slot * chunk) : length;
+          const int64_t end = start + std::min(chunk, length - start);
           if (end > start) ranks[static_cast<size_t>(rank)].push_back({int64_t(d), start, end});
           result.padding_rows[static_cast<size_t>(rank)] += chunk - (end - start);
         }

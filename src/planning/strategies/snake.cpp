@@ -32,11 +32,12 @@ class Snake final : public Strategy {
     const int64_t block = params.snake_block;
     validate_strategy_params(params);
     const strategies::PackedSequence sequence(lengths);
-    const int64_t blocks = (total + block - 1) / block;
+    const int64_t blocks = strategies::ceil_div(total, block);
+    // Block b holds rows [b * block, end_of(b)); b * block < total, so neither overflows.
+    const auto end_of = [&](int64_t b) { return b * block + std::min(block, total - b * block); };
     std::vector<int64_t> work(static_cast<size_t>(blocks));
     for (int64_t b = 0; b < blocks; ++b) {
-      work[static_cast<size_t>(b)] =
-          sequence.work(b * block, std::min(total, (b + 1) * block), ratio);
+      work[static_cast<size_t>(b)] = sequence.work(b * block, end_of(b), ratio);
     }
     std::vector<int64_t> order(static_cast<size_t>(blocks));
     std::iota(order.begin(), order.end(), int64_t{0});
@@ -50,8 +51,7 @@ class Snake final : public Strategy {
       const int64_t seat = i % cp;
       const int64_t rank = round % 2 == 0 ? seat : cp - 1 - seat;
       const int64_t b = order[static_cast<size_t>(i)];
-      sequence.append_tasks(b * block, std::min(total, (b + 1) * block),
-                            ranks[static_cast<size_t>(rank)]);
+      sequence.append_tasks(b * block, end_of(b), ranks[static_cast<size_t>(rank)]);
       result.largest_unit_work = std::max(result.largest_unit_work, work[static_cast<size_t>(b)]);
     }
     result.plan = TaskPlan::from_ranks(std::move(ranks));
