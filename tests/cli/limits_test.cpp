@@ -317,6 +317,13 @@ const BadInput kBadInputs[] = {
      "GiB of buffers, more than this machine's"},
     {"RunRepeatsHuge", "run --tokens 1024 --repeats 9223372036854775807",
      "--repeats must be within [1, 10000]"},
+    {"RunRopeDimHuge", "run --rope-dim 4611686018427387904 --tokens 1024 --repeats 1",
+     "--rope-dim must be even and within [0, head_dim 128]"},
+    {"RunProjectionBeyondMemory",
+     "run --heads 16384 --head-dim 1024 --q-rank 1048576 --tokens 1024 --repeats 1 --no-calibrate",
+     "GiB of buffers, more than this machine's"},
+    {"RunThreadsBeyondLimit", "run --threads 100000 --tokens 1024 --repeats 1",
+     "--threads must be within [1, 1024], got 100000"},
     // Model-shape flags: every size product of bench select, calibrate and select.
     {"BenchHeadDimHuge", "bench select --head-dim 4611686018427387904", "is too large"},
     {"BenchQRankOverflows", "bench select --q-rank 4611686018427387904",

@@ -268,6 +268,7 @@ Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
                    flags.time_budget);
     SPARSECP_CHECK(flags.threads >= 1 && flags.threads <= 1024,
                    "--threads must be within [1, 1024], got ", flags.threads);
+    openblas_set_num_threads(flags.threads);
     job.lengths = flags.batch.load(job.cp);
     const int64_t total = checked_total(job.lengths);
     validate_plan_inputs(job.lengths, job.cp, flags.ratio, Mode::kNone, std::nullopt);
@@ -832,7 +833,6 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
 
 void run_ranks(const RunFlags& flags) {
   MpiCommunicator comm(MPI_COMM_WORLD);
-  openblas_set_num_threads(std::max(flags.threads, 1));
   Job job = prepare(flags, comm);
   if (flags.check_agreement) agree(flags, job, comm);
   add_cost_model(flags, job, comm);
