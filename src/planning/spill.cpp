@@ -38,6 +38,213 @@ int64_t rows_fitting(const CostModel& model, int64_t ratio, int64_t start, int64
   return low;
 }
 
+// One spill plan in the making: the five steps of spill.hpp, one method each, over
+// shared state (the result so far, each rank's tasks and row count).
+class SpillPlanner {
+ public:
+  SpillPlanner(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+               const SpillOptions& options)
+      : cp_(cp), ratio_(ratio), model_(options.cost), bound_(options.max_received_fragments) {
+    int64_t total_rows = 0;
+    for (const int64_t length : lengths) {
+      total_rows += length;
+      longest_ = std::max(longest_, length);
+    }
+    row_cap_ = worker_row_cap(total_rows, cp);  // the seed's 2 x local, saturating
+    ranks_ = contiguous_pieces(lengths, cp);
+    tasks_.resize(static_cast<size_t>(cp));
+    rows_.assign(static_cast<size_t>(cp), total_rows / cp);
+    result_.rows_shed.assign(static_cast<size_t>(cp), 0);
+    result_.rows_received.assign(static_cast<size_t>(cp), 0);
+    result_.received_fragments.assign(static_cast<size_t>(cp), 0);
+  }
+
+  // Step 1: every rank keeps its own contiguous rows; their loads.
+  void keep_contiguous() {
+    result_.load_before.assign(static_cast<size_t>(cp_), 0);
+    double total_load = 0;
+    for (int64_t r = 0; r < cp_; ++r) {
+      for (const Task& piece : ranks_[static_cast<size_t>(r)]) {
+        result_.load_before[static_cast<size_t>(r)] += model_.range(piece.start, piece.end, ratio_);
+      }
+      total_load += result_.load_before[static_cast<size_t>(r)];
+    }
+    result_.mean_load = total_load / static_cast<double>(cp_);
+  }
+
+  // Step 2: the target load T = max(target * mean, the costliest single row).
+  void choose_target(double target_imbalance) {
+    result_.target_load = std::max(target_imbalance * result_.mean_load, costliest_row());
+  }
+
+  // Step 3: each rank above T sheds its heaviest rows (document tails), the fewest that
+  // carry its excess; it keeps the rest.
+  void shed_excess() {
+    result_.load_after = result_.load_before;
+    for (int64_t r = 0; r < cp_; ++r) {
+      const auto& pieces = ranks_[static_cast<size_t>(r)];
+      const Shed shed = heaviest_rows(pieces, ratio_, model_,
+                                      result_.load_before[static_cast<size_t>(r)] - target());
+      double kept = 0;
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const Task& piece = pieces[i];
+        if (shed.cut[i] > piece.start) {
+          tasks_[static_cast<size_t>(r)].push_back({piece.document, piece.start, shed.cut[i]});
+        }
+        if (shed.cut[i] < piece.end) shed_.push_back({piece.document, shed.cut[i], piece.end, r});
+        kept += model_.range(piece.start, shed.cut[i], ratio_);
+      }
+      result_.rows_shed[static_cast<size_t>(r)] = shed.rows;
+      rows_[static_cast<size_t>(r)] -= shed.rows;
+      result_.load_after[static_cast<size_t>(r)] = kept;
+    }
+  }
+
+  // Step 4: the shed tails, in packed order, fill the ranks that started below T in rank
+  // order, each up to its deficit ("next fit": a tail is split only where a receiver is
+  // full), within the row cap and the fragment bound. Returns what no receiver took.
+  std::vector<Piece> fill_receivers() {
+    std::vector<int64_t> receivers;
+    for (int64_t r = 0; r < cp_; ++r) {
+      if (result_.load_before[static_cast<size_t>(r)] < target()) receivers.push_back(r);
+    }
+    std::vector<Piece> leftover;
+    size_t current = 0;
+    for (Piece piece : shed_) {
+      while (piece.start < piece.end && current < receivers.size()) {
+        const int64_t rank = receivers[current];
+        const size_t q = static_cast<size_t>(rank);
+        int64_t count = 0;
+        if (bound_ == 0 || result_.received_fragments[q] < bound_) {
+          count = std::min(rows_fitting(model_, ratio_, piece.start, piece.end,
+                                        target() - result_.load_after[q]),
+                           row_cap_ - rows_[q]);
+        }
+        if (count > 0) {
+          place(piece, rank, count);
+          piece.start += count;
+        }
+        if (piece.start < piece.end) ++current;  // this receiver is full
+      }
+      if (piece.start < piece.end) leftover.push_back(piece);
+    }
+    return leftover;
+  }
+
+  // Step 5: the rest. Raise the level one costliest row at a time and fill the ranks in
+  // ascending load order (first fit, never the piece's owner), so that leftovers spread
+  // instead of landing on one rank; what still remains goes a piece at a time to the
+  // least-loaded rank other than its owner with row room.
+  void place_leftovers(std::vector<Piece> leftover) {
+    result_.leftover_pieces = static_cast<int64_t>(leftover.size());
+    const double step = std::max(costliest_row(), 1e-300);
+    double level = target();
+    for (int round = 0; round < 4 && !leftover.empty(); ++round) {
+      level += step;
+      leftover = fill_to_level(std::move(leftover), level);
+    }
+    for (Piece piece : leftover) {
+      while (piece.start < piece.end) {
+        const int64_t rank = least_loaded_with_room(piece.owner);
+        if (rank == piece.owner) {  // taken back: not shed, and not received either
+          const size_t o = static_cast<size_t>(rank);
+          result_.rows_shed[o] -= piece.end - piece.start;
+          result_.rows_received[o] -= piece.end - piece.start;
+          --result_.received_fragments[o];
+        }
+        const int64_t room = rank == piece.owner ? piece.end - piece.start
+                                                 : row_cap_ - rows_[static_cast<size_t>(rank)];
+        const int64_t count = std::min(piece.end - piece.start, room);
+        place(piece, rank, count);
+        piece.start += count;
+      }
+    }
+  }
+
+  SpillPlan finish() && {
+    for (const int64_t shed : result_.rows_shed) result_.rows_moved += shed;
+    result_.target_met = true;
+    for (const double load : result_.load_after) {
+      result_.target_met = result_.target_met && load <= target();
+    }
+    if (bound_ > 0) {
+      for (const int64_t received : result_.received_fragments) {
+        result_.fragment_bound_met = result_.fragment_bound_met && received <= bound_;
+      }
+    }
+    result_.plan = TaskPlan::from_ranks(std::move(tasks_));
+    return std::move(result_);
+  }
+
+ private:
+  double target() const { return result_.target_load; }
+  double costliest_row() const { return model_.row(visible_keys(longest_ - 1, ratio_)); }
+
+  void place(const Piece& piece, int64_t rank, int64_t count) {
+    const size_t q = static_cast<size_t>(rank);
+    tasks_[q].push_back({piece.document, piece.start, piece.start + count});
+    result_.load_after[q] += model_.range(piece.start, piece.start + count, ratio_);
+    rows_[q] += count;
+    result_.rows_received[q] += count;
+    ++result_.received_fragments[q];
+  }
+
+  // One first-fit pass of the leftovers up to `level`, ranks in ascending load order.
+  std::vector<Piece> fill_to_level(std::vector<Piece> leftover, double level) {
+    std::vector<int64_t> order(static_cast<size_t>(cp_));
+    for (int64_t r = 0; r < cp_; ++r) order[static_cast<size_t>(r)] = r;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+      return result_.load_after[static_cast<size_t>(x)] <
+             result_.load_after[static_cast<size_t>(y)];
+    });
+    std::vector<Piece> remaining;
+    for (Piece piece : leftover) {
+      for (const int64_t rank : order) {
+        const size_t q = static_cast<size_t>(rank);
+        if (rank == piece.owner || piece.start == piece.end) continue;
+        if (bound_ > 0 && result_.received_fragments[q] >= bound_) continue;
+        const int64_t count = std::min(
+            rows_fitting(model_, ratio_, piece.start, piece.end, level - result_.load_after[q]),
+            row_cap_ - rows_[q]);
+        if (count <= 0) continue;
+        place(piece, rank, count);
+        piece.start += count;
+      }
+      if (piece.start < piece.end) remaining.push_back(piece);
+    }
+    return remaining;
+  }
+
+  // The least-loaded rank other than `owner` with row room; the owner itself (taking the
+  // piece back, which undoes its shedding) only when no other rank has room — unreachable
+  // for valid inputs (the other ranks' room exceeds any owner's shed rows), kept so that
+  // coverage never depends on that argument.
+  int64_t least_loaded_with_room(int64_t owner) {
+    int64_t best = -1;
+    for (int64_t r = 0; r < cp_; ++r) {
+      if (r == owner || rows_[static_cast<size_t>(r)] >= row_cap_) continue;
+      if (best < 0 || result_.load_after[static_cast<size_t>(r)] <
+                          result_.load_after[static_cast<size_t>(best)]) {
+        best = r;
+      }
+    }
+    if (best >= 0) return best;
+    return owner;
+  }
+
+  int64_t cp_;
+  int64_t ratio_;
+  const CostModel& model_;
+  int64_t bound_;
+  int64_t longest_ = 0;
+  int64_t row_cap_ = 0;
+  std::vector<std::vector<Task>> ranks_;  // contiguous pieces per rank
+  std::vector<std::vector<Task>> tasks_;  // the plan so far
+  std::vector<int64_t> rows_;             // rows each rank selects so far
+  std::vector<Piece> shed_;               // shed tails, packed order
+  SpillPlan result_;
+};
+
 }  // namespace
 
 SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
@@ -48,164 +255,13 @@ SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio
   SPARSECP_CHECK(options.max_received_fragments >= 0,
                  "spill fragment bound must be non-negative (0 = unbounded), got ",
                  options.max_received_fragments);
-  const CostModel& model = options.cost;
-  validate_cost_model(model);
-
-  int64_t total_rows = 0;
-  int64_t longest = 0;
-  for (const int64_t length : lengths) {
-    total_rows += length;
-    longest = std::max(longest, length);
-  }
-  const int64_t local = total_rows / cp;
-  const int64_t row_cap = worker_row_cap(total_rows, cp);  // the seed's 2 x local, saturating
-  const auto ranks = contiguous_pieces(lengths, cp);
-
-  SpillPlan result;
-  result.load_before.assign(static_cast<size_t>(cp), 0);
-  double total_load = 0;
-  for (int64_t r = 0; r < cp; ++r) {
-    for (const Task& piece : ranks[static_cast<size_t>(r)]) {
-      result.load_before[static_cast<size_t>(r)] += model.range(piece.start, piece.end, ratio);
-    }
-    total_load += result.load_before[static_cast<size_t>(r)];
-  }
-  result.mean_load = total_load / static_cast<double>(cp);
-  result.target_load = std::max(options.target_imbalance * result.mean_load,
-                                model.row(visible_keys(longest - 1, ratio)));
-  const double target = result.target_load;
-
-  // Steps 1 and 3: keep everything, except each overloaded rank's heaviest rows.
-  std::vector<std::vector<Task>> tasks(static_cast<size_t>(cp));
-  std::vector<Piece> shed_pieces;
-  std::vector<int64_t> rows(static_cast<size_t>(cp), local);
-  result.load_after = result.load_before;
-  result.rows_shed.assign(static_cast<size_t>(cp), 0);
-  result.rows_received.assign(static_cast<size_t>(cp), 0);
-  result.received_fragments.assign(static_cast<size_t>(cp), 0);
-  for (int64_t r = 0; r < cp; ++r) {
-    const auto& pieces = ranks[static_cast<size_t>(r)];
-    const double excess = result.load_before[static_cast<size_t>(r)] - target;
-    const Shed shed = heaviest_rows(pieces, ratio, model, excess);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const Task& piece = pieces[i];
-      if (shed.cut[i] > piece.start) {
-        tasks[static_cast<size_t>(r)].push_back({piece.document, piece.start, shed.cut[i]});
-      }
-      if (shed.cut[i] < piece.end)
-        shed_pieces.push_back({piece.document, shed.cut[i], piece.end, r});
-    }
-    result.rows_shed[static_cast<size_t>(r)] = shed.rows;
-    rows[static_cast<size_t>(r)] -= shed.rows;
-    double kept = 0;
-    for (size_t i = 0; i < pieces.size(); ++i)
-      kept += model.range(pieces[i].start, shed.cut[i], ratio);
-    result.load_after[static_cast<size_t>(r)] = kept;
-  }
-
-  // Step 4: next fit over the ranks that started below the target.
-  std::vector<int64_t> receivers;
-  for (int64_t r = 0; r < cp; ++r) {
-    if (result.load_before[static_cast<size_t>(r)] < target) receivers.push_back(r);
-  }
-  const auto place = [&](const Piece& piece, int64_t rank, int64_t count) {
-    const size_t q = static_cast<size_t>(rank);
-    tasks[q].push_back({piece.document, piece.start, piece.start + count});
-    result.load_after[q] += model.range(piece.start, piece.start + count, ratio);
-    rows[q] += count;
-    result.rows_received[q] += count;
-    ++result.received_fragments[q];
-  };
-  const int64_t bound = options.max_received_fragments;
-  std::vector<Piece> leftover;
-  size_t current = 0;
-  for (Piece piece : shed_pieces) {
-    while (piece.start < piece.end && current < receivers.size()) {
-      const int64_t rank = receivers[current];
-      const size_t q = static_cast<size_t>(rank);
-      int64_t count = 0;
-      if (bound == 0 || result.received_fragments[q] < bound) {
-        count = std::min(
-            rows_fitting(model, ratio, piece.start, piece.end, target - result.load_after[q]),
-            row_cap - rows[q]);
-      }
-      if (count > 0) {
-        place(piece, rank, count);
-        piece.start += count;
-      }
-      if (piece.start < piece.end) ++current;  // this receiver is full
-    }
-    if (piece.start < piece.end) leftover.push_back(piece);
-  }
-
-  // Step 5: the rest. Raise the level one costliest row at a time and fill the ranks
-  // in ascending load order (first fit, never the piece's owner), so that leftovers
-  // spread instead of landing on one rank; what still remains goes a piece at a time
-  // to the least-loaded rank with row room.
-  result.leftover_pieces = static_cast<int64_t>(leftover.size());
-  const double step = std::max(model.row(visible_keys(longest - 1, ratio)), 1e-300);
-  double level = target;
-  for (int round = 0; round < 4 && !leftover.empty(); ++round) {
-    level += step;
-    std::vector<int64_t> order(static_cast<size_t>(cp));
-    for (int64_t r = 0; r < cp; ++r) order[static_cast<size_t>(r)] = r;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
-      return result.load_after[static_cast<size_t>(x)] < result.load_after[static_cast<size_t>(y)];
-    });
-    std::vector<Piece> remaining;
-    for (Piece piece : leftover) {
-      for (const int64_t rank : order) {
-        const size_t q = static_cast<size_t>(rank);
-        if (rank == piece.owner || piece.start == piece.end) continue;
-        if (bound > 0 && result.received_fragments[q] >= bound) continue;
-        const int64_t count = std::min(
-            rows_fitting(model, ratio, piece.start, piece.end, level - result.load_after[q]),
-            row_cap - rows[q]);
-        if (count <= 0) continue;
-        place(piece, rank, count);
-        piece.start += count;
-      }
-      if (piece.start < piece.end) remaining.push_back(piece);
-    }
-    leftover = std::move(remaining);
-  }
-  for (Piece piece : leftover) {
-    while (piece.start < piece.end) {
-      int64_t best = -1;
-      for (int64_t r = 0; r < cp; ++r) {
-        if (r == piece.owner || rows[static_cast<size_t>(r)] >= row_cap) continue;
-        if (best < 0 || result.load_after[static_cast<size_t>(r)] <
-                            result.load_after[static_cast<size_t>(best)]) {
-          best = r;
-        }
-      }
-      if (best < 0) {
-        // Unreachable for valid inputs (the other ranks' row room exceeds any owner's
-        // shed rows); kept so that coverage never depends on that argument.
-        best = piece.owner;
-        result.rows_shed[static_cast<size_t>(best)] -= piece.end - piece.start;
-        result.rows_received[static_cast<size_t>(best)] -= piece.end - piece.start;
-        --result.received_fragments[static_cast<size_t>(best)];
-      }
-      const int64_t room =
-          best == piece.owner ? piece.end - piece.start : row_cap - rows[static_cast<size_t>(best)];
-      const int64_t count = std::min(piece.end - piece.start, room);
-      place(piece, best, count);
-      piece.start += count;
-    }
-  }
-
-  for (const int64_t shed : result.rows_shed) result.rows_moved += shed;
-  result.target_met = true;
-  for (const double load : result.load_after)
-    result.target_met = result.target_met && load <= target;
-  if (bound > 0) {
-    for (const int64_t received : result.received_fragments) {
-      result.fragment_bound_met = result.fragment_bound_met && received <= bound;
-    }
-  }
-  result.plan = TaskPlan::from_ranks(std::move(tasks));
-  return result;
+  validate_cost_model(options.cost);
+  SpillPlanner planner(lengths, cp, ratio, options);
+  planner.keep_contiguous();
+  planner.choose_target(options.target_imbalance);
+  planner.shed_excess();
+  planner.place_leftovers(planner.fill_receivers());
+  return std::move(planner).finish();
 }
 
 }  // namespace sparsecp
