@@ -147,6 +147,166 @@ bool fits(std::span<const int64_t> counts, int64_t limit) {
   return true;
 }
 
+// One all_to_all_rows call's arguments, and the communicator's side of it.
+struct Exchange {
+  std::span<const std::byte> send;
+  std::span<const int64_t> send_counts;
+  std::span<std::byte> receive;
+  std::span<const int64_t> receive_counts;
+  int64_t row_bytes;
+  int64_t rank;
+  int64_t size;
+  int64_t limit;  // max_message_rows
+  MPI_Comm comm;
+};
+
+// What an exchange needs before anything is posted.
+struct Prepared {
+  explicit Prepared(const Failure& failure) : pending(std::make_unique<MpiPending>(failure)) {}
+  int64_t send_total = 0;
+  int64_t receive_total = 0;
+  bool fits_here = true;  // every count and displacement fits one MPI call
+  std::unique_ptr<RowType> row_type;
+  std::unique_ptr<MpiPending> pending;
+};
+
+// Validation and allocation: everything that can fail on this rank alone, so that the
+// agreement below knows before any rank posts.
+void prepare(const Exchange& x, Prepared& p, const Failure& failure) {
+  SPARSECP_CHECK(x.row_bytes >= 0 && x.row_bytes <= INT_MAX, "all_to_all_rows row size ",
+                 x.row_bytes, " bytes is outside [0, ", INT_MAX, "]");
+  p.send_total = checked_rows(x.send_counts, x.size, "send");
+  p.receive_total = checked_rows(x.receive_counts, x.size, "receive");
+  const int64_t max_rows = x.row_bytes == 0 ? std::numeric_limits<int64_t>::max()
+                                            : std::numeric_limits<int64_t>::max() / x.row_bytes;
+  SPARSECP_CHECK(p.send_total <= max_rows && p.receive_total <= max_rows,
+                 "all_to_all_rows byte count overflows 64 bits");
+  SPARSECP_CHECK(static_cast<int64_t>(x.send.size()) == p.send_total * x.row_bytes,
+                 "all_to_all_rows send buffer holds ", x.send.size(), " bytes, the counts need ",
+                 p.send_total * x.row_bytes);
+  SPARSECP_CHECK(static_cast<int64_t>(x.receive.size()) == p.receive_total * x.row_bytes,
+                 "all_to_all_rows receive buffer holds ", x.receive.size(),
+                 " bytes, the counts need ", p.receive_total * x.row_bytes);
+  SPARSECP_CHECK(x.send_counts[x.rank] == x.receive_counts[x.rank], "all_to_all_rows sends ",
+                 x.send_counts[x.rank], " rows to itself but expects ", x.receive_counts[x.rank]);
+  p.fits_here = fits(x.send_counts, x.limit) && fits(x.receive_counts, x.limit);
+  if (x.row_bytes == 0) return;
+  p.row_type = std::make_unique<RowType>(x.row_bytes, failure);
+  // Room for every request either path posts, so that posting never allocates (a
+  // std::bad_alloc between two posts would lose the requests already posted).
+  int64_t messages = 1;
+  for (int64_t peer = 0; peer < x.size; ++peer) {
+    if (peer == x.rank) continue;
+    for (const int64_t count : {x.send_counts[peer], x.receive_counts[peer]}) {
+      const int64_t pieces = count / x.limit + (count % x.limit != 0 ? 1 : 0);
+      if (__builtin_add_overflow(messages, pieces, &messages)) {
+        messages = std::numeric_limits<int64_t>::max();
+      }
+    }
+  }
+  try {
+    p.pending->arguments().resize(4 * static_cast<size_t>(x.size));
+    p.pending->requests().reserve(static_cast<size_t>(messages));
+  } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+    SPARSECP_FAIL_AS(ErrorKind::kResource, "all_to_all_rows could not allocate the argument ",
+                     "arrays of ", messages, " messages");
+  }
+}
+
+// One all-reduce of (first rank whose arguments failed, path, row size range): every
+// rank throws if any rank failed or the row sizes differ, and every rank takes the same
+// path (one rank in MPI_Ialltoallv while a peer posts point-to-point messages deadlocks
+// both; only this rank knows whether its own counts fit). True: one MPI_Ialltoallv.
+bool agree_on_path(const Exchange& x, const Prepared& p, const std::exception_ptr& local_failure,
+                   const Failure& failure) {
+  int64_t verdict[4] = {local_failure ? x.rank : x.size, p.fits_here ? 1 : 0, x.row_bytes,
+                        -x.row_bytes};
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, verdict, 4, MPI_INT64_T, MPI_MIN, x.comm), "MPI_Allreduce",
+            failure);
+  if (local_failure) std::rethrow_exception(local_failure);
+  SPARSECP_CHECK(verdict[0] == x.size, "all_to_all_rows aborted: rank ", verdict[0],
+                 " rejected its arguments");
+  SPARSECP_CHECK(verdict[2] == -verdict[3], "all_to_all_rows row size differs between ranks (",
+                 verdict[2], " to ", -verdict[3], " bytes)");
+  return verdict[1] == 1;
+}
+
+// Every count and displacement fits an int on every rank: one MPI_Ialltoallv in rows.
+void post_collective(const Exchange& x, Prepared& p) {
+  const size_t n = static_cast<size_t>(x.size);
+  int* counts_out = p.pending->arguments().data();
+  int* displs_out = counts_out + n;
+  int* counts_in = displs_out + n;
+  int* displs_in = counts_in + n;
+  int64_t out = 0;
+  int64_t in = 0;
+  for (size_t peer = 0; peer < n; ++peer) {
+    counts_out[peer] = static_cast<int>(x.send_counts[peer]);
+    displs_out[peer] = static_cast<int>(out);
+    counts_in[peer] = static_cast<int>(x.receive_counts[peer]);
+    displs_in[peer] = static_cast<int>(in);
+    out += x.send_counts[peer];
+    in += x.receive_counts[peer];
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  const int code =
+      MPI_Ialltoallv(x.send.data(), counts_out, displs_out, p.row_type->get(), x.receive.data(),
+                     counts_in, displs_in, p.row_type->get(), x.comm, &request);
+  if (code == MPI_SUCCESS) {
+    p.pending->requests().push_back(request);
+  } else {
+    p.pending->posting_failed(code, "MPI_Ialltoallv");
+  }
+}
+
+// Split path: per-peer messages of at most `limit` rows, addressed by pointer, into the
+// request list reserved by prepare(); rows to itself are copied.
+void post_point_to_point(const Exchange& x, Prepared& p) {
+  MpiPending& pending = *p.pending;
+  const auto post = [&](int code, const MPI_Request& request, const char* call) {
+    if (code == MPI_SUCCESS) {
+      pending.requests().push_back(request);
+    } else {
+      pending.posting_failed(code, call);
+    }
+    return pending.posting_ok();
+  };
+  const int64_t row_bytes = x.row_bytes;
+  int64_t in = 0;
+  for (int64_t peer = 0; peer < x.size && pending.posting_ok(); ++peer) {
+    for (int64_t done = 0; done < x.receive_counts[peer] && peer != x.rank; done += x.limit) {
+      const int64_t rows = std::min(x.limit, x.receive_counts[peer] - done);
+      MPI_Request request = MPI_REQUEST_NULL;
+      const int code =
+          MPI_Irecv(x.receive.data() + (in + done) * row_bytes, static_cast<int>(rows),
+                    p.row_type->get(), static_cast<int>(peer), kRowTag, x.comm, &request);
+      if (!post(code, request, "MPI_Irecv")) break;
+    }
+    in += x.receive_counts[peer];
+  }
+  int64_t out = 0;
+  int64_t self_in = 0;
+  for (int64_t peer = 0; peer < x.rank; ++peer) self_in += x.receive_counts[peer];
+  for (int64_t peer = 0; peer < x.size && pending.posting_ok(); ++peer) {
+    if (peer == x.rank) {
+      if (x.send_counts[peer] > 0) {
+        std::memcpy(x.receive.data() + self_in * row_bytes, x.send.data() + out * row_bytes,
+                    static_cast<size_t>(x.send_counts[peer] * row_bytes));
+      }
+    } else {
+      for (int64_t done = 0; done < x.send_counts[peer]; done += x.limit) {
+        const int64_t rows = std::min(x.limit, x.send_counts[peer] - done);
+        MPI_Request request = MPI_REQUEST_NULL;
+        const int code =
+            MPI_Isend(x.send.data() + (out + done) * row_bytes, static_cast<int>(rows),
+                      p.row_type->get(), static_cast<int>(peer), kRowTag, x.comm, &request);
+        if (!post(code, request, "MPI_Isend")) break;
+      }
+    }
+    out += x.send_counts[peer];
+  }
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm group, MpiCommunicatorOptions options)
@@ -186,147 +346,28 @@ Work MpiCommunicator::all_to_all_rows(std::span<const std::byte> send,
                                       std::span<std::byte> receive,
                                       std::span<const int64_t> receive_counts, int64_t row_bytes) {
   check_usable();
-  const int64_t limit = options_.max_message_rows;
+  const Exchange exchange{send,      send_counts, receive, receive_counts,
+                          row_bytes, rank_,       size_,   options_.max_message_rows,
+                          comm_};
   // Local checks and preparations that can fail on this rank alone come first; their
-  // verdict is agreed below before anything is posted (comm.hpp, rule 1).
+  // verdict is agreed before anything is posted (comm.hpp, rule 1).
+  Prepared prepared(failure_);
   std::exception_ptr local_failure;
-  int64_t send_total = 0;
-  int64_t receive_total = 0;
-  bool fits_here = true;
-  std::unique_ptr<RowType> row_type;
-  auto pending = std::make_unique<MpiPending>(failure_);
   try {
-    SPARSECP_CHECK(row_bytes >= 0 && row_bytes <= INT_MAX, "all_to_all_rows row size ", row_bytes,
-                   " bytes is outside [0, ", INT_MAX, "]");
-    send_total = checked_rows(send_counts, size_, "send");
-    receive_total = checked_rows(receive_counts, size_, "receive");
-    const int64_t max_rows = row_bytes == 0 ? std::numeric_limits<int64_t>::max()
-                                            : std::numeric_limits<int64_t>::max() / row_bytes;
-    SPARSECP_CHECK(send_total <= max_rows && receive_total <= max_rows,
-                   "all_to_all_rows byte count overflows 64 bits");
-    SPARSECP_CHECK(static_cast<int64_t>(send.size()) == send_total * row_bytes,
-                   "all_to_all_rows send buffer holds ", send.size(), " bytes, the counts need ",
-                   send_total * row_bytes);
-    SPARSECP_CHECK(static_cast<int64_t>(receive.size()) == receive_total * row_bytes,
-                   "all_to_all_rows receive buffer holds ", receive.size(),
-                   " bytes, the counts need ", receive_total * row_bytes);
-    SPARSECP_CHECK(send_counts[rank_] == receive_counts[rank_], "all_to_all_rows sends ",
-                   send_counts[rank_], " rows to itself but expects ", receive_counts[rank_]);
-    // Every rank must take the same path: one rank in MPI_Ialltoallv while a peer posts
-    // point-to-point messages deadlocks both. Only this rank knows whether its own
-    // counts fit, so the choice is agreed with the verdict.
-    fits_here = fits(send_counts, limit) && fits(receive_counts, limit);
-    if (row_bytes > 0) {
-      row_type = std::make_unique<RowType>(row_bytes, failure_);
-      // Room for every request either path posts, so that posting never allocates
-      // (a std::bad_alloc between two posts would lose the requests already posted).
-      int64_t messages = 1;
-      for (int64_t peer = 0; peer < size_; ++peer) {
-        if (peer == rank_) continue;
-        for (const int64_t count : {send_counts[peer], receive_counts[peer]}) {
-          const int64_t pieces = count / limit + (count % limit != 0 ? 1 : 0);
-          if (__builtin_add_overflow(messages, pieces, &messages)) {
-            messages = std::numeric_limits<int64_t>::max();
-          }
-        }
-      }
-      try {
-        pending->arguments().resize(4 * static_cast<size_t>(size_));
-        pending->requests().reserve(static_cast<size_t>(messages));
-      } catch (const std::exception&) {  // std::bad_alloc, std::length_error
-        SPARSECP_FAIL_AS(ErrorKind::kResource, "all_to_all_rows could not allocate the argument ",
-                         "arrays of ", messages, " messages");
-      }
-    }
+    prepare(exchange, prepared, failure_);
   } catch (...) {
     local_failure = std::current_exception();
   }
-
-  // verdict: (first rank whose arguments failed, path, row size range), one all-reduce.
-  int64_t verdict[4] = {local_failure ? rank_ : size_, fits_here ? 1 : 0, row_bytes, -row_bytes};
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, verdict, 4, MPI_INT64_T, MPI_MIN, comm_), "MPI_Allreduce",
-            failure_);
-  if (local_failure) std::rethrow_exception(local_failure);
-  SPARSECP_CHECK(verdict[0] == size_, "all_to_all_rows aborted: rank ", verdict[0],
-                 " rejected its arguments");
-  SPARSECP_CHECK(verdict[2] == -verdict[3], "all_to_all_rows row size differs between ranks (",
-                 verdict[2], " to ", -verdict[3], " bytes)");
-  record_exchange((send_total - send_counts[rank_]) * row_bytes,
-                  (receive_total - receive_counts[rank_]) * row_bytes);
+  const bool collective = agree_on_path(exchange, prepared, local_failure, failure_);
+  record_exchange((prepared.send_total - send_counts[rank_]) * row_bytes,
+                  (prepared.receive_total - receive_counts[rank_]) * row_bytes);
   if (row_bytes == 0) return Work();
-
-  std::vector<MPI_Request>& requests = pending->requests();
-  if (verdict[1] == 1) {
-    const size_t n = static_cast<size_t>(size_);
-    int* counts_out = pending->arguments().data();
-    int* displs_out = counts_out + n;
-    int* counts_in = displs_out + n;
-    int* displs_in = counts_in + n;
-    int64_t out = 0;
-    int64_t in = 0;
-    for (size_t peer = 0; peer < n; ++peer) {
-      counts_out[peer] = static_cast<int>(send_counts[peer]);
-      displs_out[peer] = static_cast<int>(out);
-      counts_in[peer] = static_cast<int>(receive_counts[peer]);
-      displs_in[peer] = static_cast<int>(in);
-      out += send_counts[peer];
-      in += receive_counts[peer];
-    }
-    MPI_Request request = MPI_REQUEST_NULL;
-    const int code =
-        MPI_Ialltoallv(send.data(), counts_out, displs_out, row_type->get(), receive.data(),
-                       counts_in, displs_in, row_type->get(), comm_, &request);
-    if (code == MPI_SUCCESS) {
-      requests.push_back(request);
-    } else {
-      pending->posting_failed(code, "MPI_Ialltoallv");
-    }
-    return Work(std::move(pending));
+  if (collective) {
+    post_collective(exchange, prepared);
+  } else {
+    post_point_to_point(exchange, prepared);
   }
-
-  // Split path: per-peer messages of at most `limit` rows, addressed by pointer, into
-  // the request list reserved above.
-  const auto post = [&](int code, const MPI_Request& request, const char* call) {
-    if (code == MPI_SUCCESS) {
-      requests.push_back(request);
-    } else {
-      pending->posting_failed(code, call);
-    }
-    return pending->posting_ok();
-  };
-  int64_t in = 0;
-  for (int64_t peer = 0; peer < size_ && pending->posting_ok(); ++peer) {
-    for (int64_t done = 0; done < receive_counts[peer] && peer != rank_; done += limit) {
-      const int64_t rows = std::min(limit, receive_counts[peer] - done);
-      MPI_Request request = MPI_REQUEST_NULL;
-      const int code = MPI_Irecv(receive.data() + (in + done) * row_bytes, static_cast<int>(rows),
-                                 row_type->get(), static_cast<int>(peer), kRowTag, comm_, &request);
-      if (!post(code, request, "MPI_Irecv")) break;
-    }
-    in += receive_counts[peer];
-  }
-  int64_t out = 0;
-  int64_t self_in = 0;
-  for (int64_t peer = 0; peer < rank_; ++peer) self_in += receive_counts[peer];
-  for (int64_t peer = 0; peer < size_ && pending->posting_ok(); ++peer) {
-    if (peer == rank_) {
-      if (send_counts[peer] > 0) {
-        std::memcpy(receive.data() + self_in * row_bytes, send.data() + out * row_bytes,
-                    static_cast<size_t>(send_counts[peer] * row_bytes));
-      }
-    } else {
-      for (int64_t done = 0; done < send_counts[peer]; done += limit) {
-        const int64_t rows = std::min(limit, send_counts[peer] - done);
-        MPI_Request request = MPI_REQUEST_NULL;
-        const int code =
-            MPI_Isend(send.data() + (out + done) * row_bytes, static_cast<int>(rows),
-                      row_type->get(), static_cast<int>(peer), kRowTag, comm_, &request);
-        if (!post(code, request, "MPI_Isend")) break;
-      }
-    }
-    out += send_counts[peer];
-  }
-  return Work(std::move(pending));
+  return Work(std::move(prepared.pending));
 }
 
 void MpiCommunicator::all_reduce(std::span<int64_t> values, ReduceOp op) {
