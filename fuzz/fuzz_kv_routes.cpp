@@ -24,6 +24,7 @@
 #include <optional>
 #include <vector>
 
+#include "fuzz_input.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/compression_plan.hpp"
 #include "sparsecp/planning/dispatch.hpp"
@@ -32,25 +33,8 @@ using namespace sparsecp;
 
 namespace {
 
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  std::abort();
-}
-#define EXPECT(condition)               \
-  do {                                  \
-    if (!(condition)) fail(#condition); \
-  } while (false)
-
-int64_t pick(FuzzedDataProvider& in, int64_t small_min, int64_t small_max) {
-  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-    case 0:
-      return in.ConsumeIntegral<int64_t>();
-    case 1:
-      return in.ConsumeIntegralInRange<int64_t>(-2, 0);
-    default:
-      return in.ConsumeIntegralInRange<int64_t>(small_min, small_max);
-  }
-}
+using sparsecp::fuzz::fail;
+using sparsecp::fuzz::pick_size;
 
 // Checks the routes of all ranks against each other; `owners` are the physical
 // offsets (size + 1 entries) and `starts[q]` the expected first block row of q.
@@ -97,10 +81,10 @@ size_t document_of(const std::vector<int64_t>& boundaries, int64_t token) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size_bytes) {
   FuzzedDataProvider in(data, size_bytes);
   const int64_t size =
-      in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(1, 9) : pick(in, 1, 40);
-  const int64_t window = pick(in, 1, 200);
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(1, 9) : pick_size(in, 40, 1);
+  const int64_t window = pick_size(in, 200, 1);
   const int64_t ratio =
-      in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(0, 6) : pick(in, 0, 300);
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(0, 6) : pick_size(in, 300, 0);
   const int64_t rank_choice = in.ConsumeIntegral<int64_t>();
   const bool raw_boundaries = in.ConsumeIntegralInRange<int>(0, 7) == 0;
   std::vector<int64_t> boundaries;
@@ -108,11 +92,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size_bytes) {
   try {
     if (raw_boundaries) {
       boundaries.resize(in.ConsumeIntegralInRange<size_t>(0, 12));
-      for (int64_t& b : boundaries) b = pick(in, 0, 500);
-      local = pick(in, 1, 100);
+      for (int64_t& b : boundaries) b = pick_size(in, 500, 0);
+      local = pick_size(in, 100, 1);
     } else {
       std::vector<int64_t> lengths(in.ConsumeIntegralInRange<size_t>(1, 20));
-      for (int64_t& length : lengths) length = pick(in, 1, 120);
+      for (int64_t& length : lengths) length = pick_size(in, 120, 1);
       boundaries = document_boundaries(lengths);
       // Pad the last document so that the total divides by the CP size.
       if (size >= 1 && size <= 40 && boundaries.back() % size) {

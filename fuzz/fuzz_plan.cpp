@@ -32,18 +32,7 @@ using namespace sparsecp;
 
 namespace {
 
-int64_t pick_size(FuzzedDataProvider& in, int64_t small_max) {
-  switch (in.ConsumeIntegralInRange<int>(0, 9)) {
-    case 0:
-      return in.ConsumeIntegralInRange<int64_t>(-3, 0);
-    case 1:
-      return in.ConsumeIntegral<int64_t>();  // anything, including 2^63 - 1
-    case 2:
-      return (int64_t{1} << 53) + in.ConsumeIntegralInRange<int64_t>(-2, 2);
-    default:
-      return in.ConsumeIntegralInRange<int64_t>(1, small_max);
-  }
-}
+using sparsecp::fuzz::pick_size;
 
 void check_routes(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                   const PlanOptions& options) {

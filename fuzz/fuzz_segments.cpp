@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "fuzz_input.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/npy.hpp"
 
@@ -36,10 +37,7 @@ namespace {
 
 std::string directory;
 
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  std::abort();
-}
+using sparsecp::fuzz::fail;
 
 void write_tensor(const std::string& name, std::vector<int64_t> shape, uint64_t seed) {
   int64_t count = 1;

@@ -39,33 +39,8 @@ using namespace sparsecp;
 
 namespace {
 
-int64_t pick_size(FuzzedDataProvider& in, int64_t small_max) {
-  switch (in.ConsumeIntegralInRange<int>(0, 11)) {
-    case 0:
-      return in.ConsumeIntegralInRange<int64_t>(-3, 0);
-    case 1:
-      return in.ConsumeIntegral<int64_t>();  // anything, including 2^63 - 1
-    case 2:
-      return std::numeric_limits<int64_t>::max() - in.ConsumeIntegralInRange<int64_t>(0, 2);
-    case 3:
-      return (int64_t{1} << 62) + in.ConsumeIntegralInRange<int64_t>(-2, 2);
-    default:
-      return in.ConsumeIntegralInRange<int64_t>(1, small_max);
-  }
-}
-
-double pick_real(FuzzedDataProvider& in, double low, double high) {
-  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-    case 0:
-      return std::numeric_limits<double>::quiet_NaN();
-    case 1:
-      return std::numeric_limits<double>::infinity();
-    case 2:
-      return -in.ConsumeFloatingPointInRange<double>(0, 2);
-    default:
-      return in.ConsumeFloatingPointInRange<double>(low, high);
-  }
-}
+using sparsecp::fuzz::pick_real;
+using sparsecp::fuzz::pick_size;
 
 // The promise a strategy makes about per-rank rows.
 enum class RowPromise { kNone, kExactlyLocal, kSeedCap };

@@ -10,19 +10,11 @@
 #include <span>
 #include <vector>
 
+#include "fuzz_input.hpp"
 #include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/route.hpp"
 
 namespace sparsecp::fuzz {
-
-[[noreturn]] inline void fail(const char* what) {
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  std::abort();
-}
-#define EXPECT(condition)                                 \
-  do {                                                    \
-    if (!(condition)) ::sparsecp::fuzz::fail(#condition); \
-  } while (false)
 
 // Tasks of every rank are sorted, disjoint and merged (from_ranks' promise).
 inline void check_sorted_disjoint(const TaskPlan& plan) {

@@ -56,9 +56,13 @@ BalanceBound bound_of(double total, double largest, int64_t cp) {
   return bound;
 }
 
-// First document position whose row sees at least `visible` keys.
+// First document position whose row sees at least `visible` keys; INT64_MAX (beyond any
+// document, callers clamp it) when visible * ratio does not fit in 64 bits.
 int64_t first_row_seeing(int64_t visible, int64_t ratio) {
-  return visible <= 0 ? 0 : visible * ratio - 1;
+  if (visible <= 0) return 0;
+  int64_t position = 0;
+  if (__builtin_mul_overflow(visible, ratio, &position)) return INT64_MAX;
+  return position - 1;
 }
 
 }  // namespace

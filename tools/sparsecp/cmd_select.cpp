@@ -19,7 +19,6 @@
 
 #include "bench_driver.hpp"
 #include "command.hpp"
-#include "model_flags.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/npy.hpp"
 #include "sparsecp/kernels/bf16.hpp"
