@@ -1,5 +1,7 @@
 // sparsecp: command-line tool. Subcommands register themselves (see command.hpp).
+#include <cblas.h>
 #include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -19,7 +21,42 @@ std::vector<std::pair<const char*, RegisterCommand>>& command_registry() {
 }
 }  // namespace sparsecp::cli
 
+namespace {
+
+// OpenBLAS picks its kernels by CPU model when it loads, and on a CPU newer than it
+// knows (Debian 12's 0.3.21 on recent Xeons) it falls back to its oldest x86-64 kernel
+// (Prescott, SSE3): sgemm, and with it the Index-Q projection, runs several times slower
+// than the CPU allows. The choice is made before main() and can only be overridden by
+// OPENBLAS_CORETYPE in the environment, so in that case the tool sets it to the newest
+// kernel family the CPU supports (SkylakeX for AVX-512, Haswell for AVX2) and executes
+// itself again, once. A user's own OPENBLAS_CORETYPE, or SPARSECP_BLAS_AS_IS=1, is
+// left alone. Results never change: the kernels give the same sums (fp32 accumulation,
+// exact on the tool's seeded inputs), only faster.
+void use_the_cpus_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr ||
+      std::getenv("SPARSECP_BLAS_AS_IS") != nullptr) {
+    return;
+  }
+  const std::string core = openblas_get_corename();
+  const bool generic = core == "Prescott" || core == "prescott" || core == "Core2" ||
+                       core == "core2" || core == "Penryn" || core == "Nehalem" ||
+                       core == "nehalem" || core == "Dunnington" || core == "Atom" ||
+                       core == "Unknown" || core == "unknown";
+  if (!generic) return;
+  __builtin_cpu_init();
+  const char* wanted = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : nullptr;
+  if (wanted == nullptr) return;
+  setenv("OPENBLAS_CORETYPE", wanted, 1);
+  setenv("SPARSECP_BLAS_AS_IS", "1", 1);  // never loop
+  execv("/proc/self/exe", argv);          // returns only on failure: carry on as we are
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  use_the_cpus_blas_kernels(argv);
   // Routes and selection buffers are megabytes each and rebuilt every step. Keep freed
   // memory in the heap, as a long-running training process does, instead of returning
   // it to the kernel and faulting it back in: measured on `route --all-ranks`, the page
@@ -34,7 +71,10 @@ int main(int argc, char** argv) {
       "sparsecp"};
   app.footer(
       "Errors: invalid input prints one line 'error: <message>' and exits with status 2.\n"
-      "Set SPARSECP_ERROR_DETAIL=1 to also print the error's kind and source location.");
+      "Set SPARSECP_ERROR_DETAIL=1 to also print the error's kind and source location.\n"
+      "OpenBLAS: on a CPU newer than the installed OpenBLAS knows, the tool sets\n"
+      "OPENBLAS_CORETYPE to SkylakeX (AVX-512) or Haswell (AVX2) and restarts itself, since\n"
+      "OpenBLAS would otherwise use its SSE3 kernels; SPARSECP_BLAS_AS_IS=1 turns this off.");
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every command");
   auto& registry = sparsecp::cli::command_registry();
