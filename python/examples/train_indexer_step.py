@@ -27,7 +27,8 @@ batch split contiguously over a gloo CP group, the way hyper_parallel's layer do
 
 The same step with ``mode="none"`` (every rank selects its own rows) gives bit-identical
 gradients (the KL stays on the owners either way; only where the ids are computed changes),
-and a single process over the whole batch gives the same gradients to fp32 rounding.
+and a single process over the whole batch gives the same gradients to fp32 rounding (with
+the ranks' thread count: see ``single_process_step``).
 
 Usage::
 
@@ -43,6 +44,7 @@ import datetime
 import json
 import os
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -279,42 +281,60 @@ def rank_step(rank: int, size: int, config: IndexerConfig, mode: str, seed: int)
     return train_step(layer, optimizer, batch, rank, size, mode, dist.group.WORLD)
 
 
-def single_process_step(config: IndexerConfig, seed: int) -> StepResult:
-    layer, optimizer, batch = build(config, seed)
-    return train_step(layer, optimizer, batch, 0, 1, "none", None)
+def single_process_step(config: IndexerConfig, seed: int, threads: int = 1) -> StepResult:
+    """The whole batch in this process, with ``threads`` torch threads (default: one, like each
+    rank). The thread count matters at the last bit: torch's GEMMs may round the projections
+    differently with other thread counts, and a bit flip of ``q . k`` near 0 flips its
+    ReLU's gradient, a jump of one (head, id) term in ``dq`` (measured at DeepSeek-V4 head
+    shapes with 2 threads here: q_b_proj's gradient off by 5e-3 of its largest element; with
+    1 thread, 4e-7)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        layer, optimizer, batch = build(config, seed)
+        return train_step(layer, optimizer, batch, 0, 1, "none", None)
+    finally:
+        torch.set_num_threads(saved)
 
 
 def _rank_main(rank: int, size: int, port: int, config: IndexerConfig, modes: list[str], seed: int,
-               results: Any, collected: Any) -> None:
+               repeat: int, results: Any, collected: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=300))
     try:
-        for mode in modes:
-            results.put((mode, rank, rank_step(rank, size, config, mode, seed)))
+        for repetition in range(repeat):  # modes interleaved
+            for mode in modes:
+                result = rank_step(rank, size, config, mode, seed)
+                if repetition:  # later repetitions only time
+                    result.grads, result.params, result.topk = {}, {}, result.topk[:0]
+                results.put((mode, rank, result))
         collected.wait(600)  # tensors travel as shared memory: stay until the parent has them
     finally:
         dist.destroy_process_group()
 
 
-def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int,
-              timeout: float = 600.0) -> dict[str, list[StepResult]]:
-    """Spawn ``size`` gloo ranks on loopback, one thread each; every rank runs one step per mode."""
+def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int, repeat: int = 1,
+              timeout: float = 600.0) -> dict[str, list[list[StepResult]]]:
+    """Spawn ``size`` gloo ranks on loopback, one thread each; every rank runs ``repeat`` x one
+    step per mode (modes interleaved). Returns mode -> rank -> the repetitions' results (only
+    the first keeps gradients, parameters and ids)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     context = mp.get_context("spawn")
     results, done = context.Queue(), context.Event()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    processes = [context.Process(target=_rank_main, args=(rank, size, port, config, modes, seed, results, done))
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # one thread per rank (each rank's kernels)
+        os.environ.setdefault(name, "1")
+    processes = [context.Process(target=_rank_main, args=(rank, size, port, config, modes, seed, repeat, results, done))
                  for rank in range(size)]
     for process in processes:
         process.start()
-    collected: dict[str, list] = {mode: [None] * size for mode in modes}
+    collected: dict[str, list] = {mode: [[] for _ in range(size)] for mode in modes}
     try:
-        for _ in range(size * len(modes)):
+        for _ in range(size * len(modes) * repeat):
             mode, rank, result = results.get(timeout=timeout)
-            collected[mode][rank] = result
+            collected[mode][rank].append(result)
     finally:
         done.set()
         for process in processes:
@@ -322,6 +342,12 @@ def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int,
             if process.is_alive():
                 process.kill()
     return collected
+
+
+def median_seconds(steps: list[StepResult]) -> dict[str, tuple[float, float]]:
+    """Per phase, the median (wall, thread CPU) seconds over repetitions."""
+    return {name: (statistics.median(s.seconds[name][0] for s in steps),
+                   statistics.median(s.seconds[name][1] for s in steps)) for name in steps[0].seconds}
 
 
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -339,6 +365,7 @@ def main() -> int:
     for name in ("hidden", "q_lora_rank", "heads", "head_dim", "rope_dim", "att_heads", "att_dim"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(IndexerConfig, name))
     parser.add_argument("--no-compare", action="store_true", help="run only --mode (timing)")
+    parser.add_argument("--repeat", type=int, default=1, help="steps per mode and rank (times: medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     config = IndexerConfig(**{name: getattr(args, name) for name in
@@ -352,11 +379,16 @@ def main() -> int:
     print(f"{args.ranks} gloo ranks, documents {config.lengths}, index heads {config.heads} x {config.head_dim}, "
           f"attention heads {config.att_heads} x {config.att_dim}, top-k {config.topk}, ratio {config.ratio}",
           file=sys.stderr)
-    results = run_ranks(args.ranks, config, modes, args.seed)
-    summary: dict[str, Any] = {"lengths": config.lengths, "ranks": args.ranks}
+    runs = run_ranks(args.ranks, config, modes, args.seed, args.repeat)
+    results = {mode: [steps[0] for steps in runs[mode]] for mode in modes}
+    summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "lengths": config.lengths,
+                               "ranks": args.ranks, "repeat": args.repeat, "config": dataclasses.asdict(config)}
     for mode in modes:
-        summary[mode] = [{"rank": r, "loss": s.loss, "rows_selected": s.rows_selected, "kl_slots": s.slots,
-                          "seconds": s.seconds} for r, s in enumerate(results[mode])]
+        summary[mode] = [{"rank": r, "loss": steps[0].loss, "rows_selected": steps[0].rows_selected,
+                          "kl_slots": steps[0].slots, "seconds": median_seconds(steps),
+                          "selection_cpu_s": [s.seconds["selection"][1] for s in steps],
+                          "kl_cpu_s": [s.seconds["kl loss"][1] for s in steps]}
+                         for r, steps in enumerate(runs[mode])]
     if not args.no_compare:
         single = single_process_step(config, args.seed)
         distributed = results[args.mode][0]
@@ -372,11 +404,13 @@ def main() -> int:
         print(json.dumps(summary, indent=1))
         return 0
     for mode in modes:
-        print(f"mode {mode}: per rank CPU seconds (thread time), selection vs KL")
-        for r, s in enumerate(results[mode]):
-            select, kl = s.seconds["selection"][1], s.seconds["kl loss"][1]
-            print(f"  rank {r}: loss {s.loss:.6f}, selected {s.rows_selected} rows, KL over {s.slots} ids; "
-                  f"selection {select:.3f} s, KL {kl:.3f} s, backward {s.seconds['backward'][1]:.3f} s")
+        print(f"mode {mode}: per rank CPU seconds (thread time, median of {args.repeat}), selection vs KL")
+        for rank in summary[mode]:
+            seconds = rank["seconds"]
+            select, kl = seconds["selection"][1], seconds["kl loss"][1]
+            print(f"  rank {rank['rank']}: loss {rank['loss']:.6f}, selected {rank['rows_selected']} rows, KL over "
+                  f"{rank['kl_slots']} ids; selection {select:.3f} s, KL {kl:.3f} s (KL / selection "
+                  f"{kl / select:.2f}), backward {seconds['backward'][1]:.3f} s")
     for key in ("single_process_loss", "loss_sum_over_ranks_div_ranks", "max_relative_grad_difference_vs_single_process",
                 "grads_bitwise_equal_to_none"):
         if key in summary:
