@@ -326,3 +326,29 @@ def test_float64_and_other_devices_take_the_torch_path(monkeypatch):
     assert calls == []
     run({k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in inputs.items()})
     assert calls == [torch.float64]
+
+
+def test_unit_incoming_gradient_hands_the_saved_gradients_over(monkeypatch):
+    """loss.backward() (incoming gradient 1): the gradient buffers computed in the forward
+    become .grad without a copy; a retained graph still gives the same gradients again."""
+    inputs = make_inputs(SEED + 14)
+    made = []
+    original = kl_module._loss_and_grads
+
+    def spy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        made.append([g.data_ptr() for g in result[1:]])  # no reference kept: that would force a copy
+        return result
+
+    monkeypatch.setattr(kl_module, "_loss_and_grads", spy)
+    student = [inputs[n].clone().requires_grad_() for n in ("index_query", "index_key", "merge_weight")]
+    teacher = [inputs[n] for n in ("attention_query", "compressed_key", "topk_indices", "sinks")]
+    KL(*student, *teacher, attention_scale=1.0, loss_coeff=1.0).backward()
+    assert [t.grad.data_ptr() for t in student] == made[0]
+    first = [t.grad.clone() for t in student]
+    for t in student:
+        t.grad = None
+    loss = KL(*student, *teacher, attention_scale=1.0, loss_coeff=1.0)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert all(torch.equal(t.grad, 2 * g) for t, g in zip(student, first))  # the saved ones were not handed over

@@ -15,7 +15,8 @@ The math, the shapes and the error texts are those of the fused C++ kernel
 
 As in the seed's project, the forward pass computes the loss *and* the three gradients
 (index query, index key, merge weights); the backward only scales them by the incoming
-gradient. The teacher inputs (``attention_query``, ``compressed_key``, ``sinks``) get no
+gradient (an incoming gradient of exactly 1 on CPU, as ``loss.backward()`` gives, hands
+them over without a copy, so a step holds one set of gradient buffers, not two). The teacher inputs (``attention_query``, ``compressed_key``, ``sinks``) get no
 gradient: they are treated as detached, as are the ids.
 
 Kernels by device and dtype:
@@ -122,9 +123,17 @@ class _SharedCompressedIndexerKlLoss(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+        # An incoming gradient of exactly 1 (a loss summed into the total; checked on CPU
+        # only, where it costs no device sync) hands the saved gradients over as they are:
+        # autograd frees its saved copy first (or copies, when the graph is retained), so no
+        # second gradient-sized buffer is made.
+        unit = grad_loss.device.type == "cpu" and bool(grad_loss == 1)
         grads = []
         for grad, dtype, needed in zip(ctx.saved_tensors, ctx.dtypes, ctx.needs_input_grad[:3]):
-            grads.append((grad * grad_loss.to(grad.dtype)).to(dtype) if needed else None)
+            if not needed:
+                grads.append(None)
+            else:
+                grads.append((grad if unit else grad * grad_loss.to(grad.dtype)).to(dtype))
         return (*grads, None, None, None, None, None, None, None, None, None)
 
 
