@@ -197,6 +197,12 @@ def main() -> int:
         for path in ("fused", "torch"):
             memory.append(run_probe(path, rows, args.threads))
     summary["memory"] = memory
+    by = {(m["path"], m["rows"]): m for m in memory}
+    summary["memory_ratio"] = {
+        rows: {"peak": by["torch", rows]["peak"] / by["fused", rows]["peak"],
+               "beyond_gradients": (by["torch", rows]["forward_peak"] - by["torch", rows]["grad_bytes"])
+               / (by["fused", rows]["forward_peak"] - by["fused", rows]["grad_bytes"])}
+        for rows in sorted({m["rows"] for m in memory})}
     summary["torch_chunk_bytes_analytic"] = torch_chunk_bytes(256)
     summary["load_after"] = load()
     if args.json:
@@ -218,6 +224,9 @@ def main() -> int:
         print(f"  {m['path']:5s} rows {m['rows']:5d}: {m['forward_peak'] / mib:8.1f} / {m['backward_peak'] / mib:8.1f}; "
               f"{(m['forward_peak'] - m['grad_bytes']) / mib:8.1f}; gradients {m['grad_bytes'] / mib:.1f}, "
               f"scratch bound {m['scratch_bytes'] / mib:.2f}")
+    for rows, ratio in summary["memory_ratio"].items():
+        print(f"  rows {rows}: torch / fused peak {ratio['peak']:.1f}x, beyond the gradients "
+              f"{ratio['beyond_gradients']:.0f}x")
     return 0
 
 
