@@ -30,6 +30,7 @@ def make_inputs(seed: int, batch: int = 2, rows: int = 7, heads: int = 3, head_d
                 dtype: torch.dtype = torch.float32, ids_dtype: torch.dtype = torch.int64) -> dict:
     """Random inputs: merge weights small enough that the student is not saturated, 20%
     padding, 10% duplicated ids, 10% empty rows; ids name rows [offset, offset + keys)."""
+    print(f"inputs from seed {seed}")
     generator = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
