@@ -510,3 +510,13 @@ def array_address(array: Annotated[NDArray, dict(device='cpu', writable=False)])
     """
     The address of the data the binding reads for `array` (tests use it to prove zero copy).
     """
+
+def indexer_kl_loss(index_query: Annotated[NDArray, dict(device='cpu', writable=False)], index_key: Annotated[NDArray, dict(device='cpu', writable=False)], merge_weight: Annotated[NDArray, dict(device='cpu', writable=False)], attention_query: Annotated[NDArray, dict(device='cpu', writable=False)], compressed_key: Annotated[NDArray, dict(device='cpu', writable=False)], topk_indices: Annotated[NDArray, dict(device='cpu', writable=False)], sinks: Annotated[NDArray, dict(device='cpu', writable=False)], grad_index_query: Annotated[NDArray, dict(device='cpu')], grad_index_key: Annotated[NDArray, dict(device='cpu')], grad_merge_weight: Annotated[NDArray, dict(device='cpu')], attention_scale: float, loss_coeff: float, main_key_offset: int = 0, threads: int = 0, isa: str = 'auto', reference: bool = False) -> float:
+    """
+    Fused indexer KL loss + gradients (kernels/indexer_kl.hpp indexer_kl_loss; seed shared_compressed_indexer_kl_loss): returns the loss and writes the three float32 gradients. index_query [B, S, H, D], index_key [B, Ki, D], merge_weight [B, S, H], attention_query [B, Hm, S, Dm], compressed_key [B, K, Dm], topk_indices [B, S, T] int32/int64 (-1 padded), sinks [Hm]; float inputs fp32 or bf16; C-contiguous CPU arrays, read in place. reference=True runs the double-precision reference instead.
+    """
+
+def indexer_kl_scratch_bytes(index_query: Annotated[NDArray, dict(device='cpu', writable=False)], index_key: Annotated[NDArray, dict(device='cpu', writable=False)], merge_weight: Annotated[NDArray, dict(device='cpu', writable=False)], attention_query: Annotated[NDArray, dict(device='cpu', writable=False)], compressed_key: Annotated[NDArray, dict(device='cpu', writable=False)], topk_indices: Annotated[NDArray, dict(device='cpu', writable=False)], sinks: Annotated[NDArray, dict(device='cpu', writable=False)], main_key_offset: int = 0, threads: int = 0, isa: str = 'auto') -> int:
+    """
+    Upper bound of indexer_kl_loss's scratch bytes for these shapes, dtypes and threads (0: OpenMP's default); independent of B and S (indexer_kl_scratch_bytes).
+    """

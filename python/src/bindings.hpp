@@ -10,11 +10,15 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "sparsecp/kernels/select.hpp"  // KernelIsa
 #include "sparsecp/planning/segment.hpp"
+#include "sparsecp/tensor.hpp"
 
 namespace sparsecp::python {
 
@@ -29,6 +33,40 @@ using CpuInput = nb::ndarray<nb::ro, nb::device::cpu>;
 using CpuArray = nb::ndarray<nb::device::cpu>;
 // A [n, 5] int64 segment table (q_begin, q_end, key_begin, key_end, residual).
 using SegmentArray = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// DLPack's bfloat16 (torch.bfloat16 tensors arrive with it).
+inline constexpr nb::dlpack::dtype kBFloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat),
+                                             16, 1};
+
+// True when `array` is dense row-major (extent-1 dimensions may have any stride; an array
+// without elements always is).
+template <typename Array>
+bool c_contiguous(const Array& array) {
+  if (array.size() == 0) return true;
+  int64_t expected = 1;
+  for (size_t i = array.ndim(); i-- > 0;) {
+    if (array.shape(i) != 1 && array.stride(i) != expected) return false;
+    expected *= static_cast<int64_t>(array.shape(i));
+  }
+  return true;
+}
+
+// The element type of a float32 or bfloat16 array; nullopt for any other dtype.
+inline std::optional<DType> float_dtype(const CpuInput& array) {
+  if (array.dtype() == nb::dtype<float>()) return DType::kFloat32;
+  if (array.dtype() == kBFloat16) return DType::kBFloat16;
+  return std::nullopt;
+}
+
+// "[2, 3, 4]": an array's shape for messages.
+template <typename Array>
+std::string shape_text(const Array& array) {
+  std::string text = "[";
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    text += (i ? ", " : "") + std::to_string(array.shape(i));
+  }
+  return text + "]";
+}
 
 // Properties that return numpy views of memory their object owns (the array holds the owner).
 inline constexpr auto kView = nb::rv_policy::reference;
@@ -50,8 +88,13 @@ inline Int64Array own_int64(std::vector<int64_t>&& values, std::vector<size_t> s
   return Int64Array(heap->data(), shape.size(), shape.data(), owner);
 }
 
+// "auto", "portable", "avx2" or "avx512" as a KernelIsa (kernels.cpp); anything else raises
+// ValueError naming the choices.
+KernelIsa parse_isa(std::string_view name);
+
 void bind_planning(nb::module_& m);
 void bind_transport(nb::module_& m);
 void bind_kernels(nb::module_& m);
+void bind_indexer_kl(nb::module_& m);
 
 }  // namespace sparsecp::python

@@ -24,45 +24,18 @@
 namespace sparsecp::python {
 namespace {
 
-constexpr nb::dlpack::dtype kBFloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
-
 static_assert(sizeof(TndSequence) == 6 * sizeof(int64_t), "TndSequence must be six int64 values");
-
-template <typename Array>
-bool c_contiguous(const Array& array) {
-  int64_t expected = 1;
-  for (size_t i = array.ndim(); i-- > 0;) {
-    if (array.shape(i) != 1 && array.stride(i) != expected) return false;
-    expected *= static_cast<int64_t>(array.shape(i));
-  }
-  return true;
-}
-
-template <typename Array>
-std::string shape_text(const Array& array) {
-  std::string text = "[";
-  for (size_t i = 0; i < array.ndim(); ++i) {
-    text += (i ? ", " : "") + std::to_string(array.shape(i));
-  }
-  return text + "]";
-}
 
 // A [shape[0], prod(shape[1:])] view of a C-contiguous fp32 or bf16 array of rank >= 2.
 MatrixView matrix(const CpuInput& array, const char* what) {
   SPARSECP_CHECK(array.ndim() >= 2, what, " must have at least 2 dimensions, got shape ",
                  shape_text(array));
   SPARSECP_CHECK(c_contiguous(array), what, " must be C-contiguous");
-  DType dtype = DType::kFloat32;
-  if (array.dtype() == nb::dtype<float>()) {
-    dtype = DType::kFloat32;
-  } else if (array.dtype() == kBFloat16) {
-    dtype = DType::kBFloat16;
-  } else {
-    SPARSECP_FAIL(what, " must be float32 or bfloat16");
-  }
+  const std::optional<DType> dtype = float_dtype(array);
+  SPARSECP_CHECK(dtype.has_value(), what, " must be float32 or bfloat16");
   int64_t cols = 1;
   for (size_t i = 1; i < array.ndim(); ++i) cols *= static_cast<int64_t>(array.shape(i));
-  return MatrixView{array.data(), dtype, static_cast<int64_t>(array.shape(0)), cols};
+  return MatrixView{array.data(), *dtype, static_cast<int64_t>(array.shape(0)), cols};
 }
 
 // The writable element span of a C-contiguous array of `T` with `rows` x `cols` elements.
@@ -82,14 +55,6 @@ std::span<const Segment> segments_of(const SegmentArray& segments) {
   return {reinterpret_cast<const Segment*>(segments.data()), segments.shape(0)};
 }
 
-KernelIsa parse_isa(std::string_view name) {
-  for (const KernelIsa isa :
-       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
-    if (name == kernel_isa_name(isa)) return isa;
-  }
-  SPARSECP_FAIL("unknown kernel ISA '", name, "' (expected auto, portable, avx2 or avx512)");
-}
-
 SelectConfig config_of(int64_t heads, int64_t head_dim, int64_t rope_dim, int64_t ratio,
                        int64_t topk, int threads, std::string_view isa) {
   SelectConfig config;
@@ -107,6 +72,14 @@ SelectConfig config_of(int64_t heads, int64_t head_dim, int64_t rope_dim, int64_
 WeightLayout layout_of(bool out_in) { return out_in ? WeightLayout::kOutIn : WeightLayout::kInOut; }
 
 }  // namespace
+
+KernelIsa parse_isa(std::string_view name) {
+  for (const KernelIsa isa :
+       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (name == kernel_isa_name(isa)) return isa;
+  }
+  SPARSECP_FAIL("unknown kernel ISA '", name, "' (expected auto, portable, avx2 or avx512)");
+}
 
 void bind_kernels(nb::module_& m) {
   m.def(

@@ -37,4 +37,5 @@ NB_MODULE(_core, m) {
   sparsecp::python::bind_planning(m);
   sparsecp::python::bind_transport(m);
   sparsecp::python::bind_kernels(m);
+  sparsecp::python::bind_indexer_kl(m);
 }

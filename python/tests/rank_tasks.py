@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -329,3 +330,25 @@ def dispatch_errors(rank: int, size: int) -> dict:
         rows = local + 1 if rank == size - 1 else local
         result["one_bad"] = _error_of(lambda: indexer_balance.sequence_dispatch(torch.zeros(rows, 2), 0, route, group))
     return result
+
+
+# --------------------------------------------------------------------------------------
+# The indexer training step (python/examples/train_indexer_step.py).
+
+
+def _train_example() -> Any:
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import train_indexer_step
+
+    return train_indexer_step
+
+
+def train_indexer_step(rank: int, size: int, mode: str, seed: int, config: dict) -> dict:
+    """One training step of the example's indexer layer; tensors come back as numpy arrays."""
+    example = _train_example()
+    result = example.rank_step(rank, size, example.IndexerConfig(**config), mode, seed)
+    return {"loss": result.loss, "topk": result.topk.numpy(), "rows_selected": result.rows_selected,
+            "grads": {name: g.numpy() for name, g in result.grads.items()},
+            "params": {name: p.numpy() for name, p in result.params.items()}}

@@ -13,12 +13,12 @@ Also here: the selection op (``select_indices``, ``csa_tnd_plan``,
 ``packed_indexer_select``, ``project_index_query``, ``IndexerSelector``) and the KV routes
 with autograd (``sliding_window_route``, ``document_prefix_route``,
 ``sequence_dispatch``, ``sequence_gather``, ``SequenceGatherHandle``,
-``DeferredBankLaunch``).
+``DeferredBankLaunch``), and the indexer's KL training loss with autograd
+(``shared_compressed_indexer_kl_loss``, ``indexer_kl_scratch_bytes``).
 
 Layout: ``indexer_balance.py`` (the seed's module), ``select.py`` (selection),
-``sequence.py`` (KV routes and gathers), ``_agreement.py`` (cross-rank input agreement).
-The indexer KL loss (``shared_compressed_indexer_kl_loss``) is meant to join as ``kl.py``,
-exported from here like the rest.
+``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL loss; ``_kl_torch.py`` its
+torch path), ``_agreement.py`` (cross-rank input agreement).
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ from .indexer_balance import (  # noqa: E402
     resolve_indexer_balance_block_size,
     validate_indexer_hybrid_threshold,
 )
+from .kl import indexer_kl_scratch_bytes, shared_compressed_indexer_kl_loss  # noqa: E402
 from .select import (  # noqa: E402
     IndexerSelector,
     TndPlan,
@@ -91,6 +92,7 @@ __all__ = [
     "document_prefix_route",
     "exchange_stats",
     "expected_exchange_bytes",
+    "indexer_kl_scratch_bytes",
     "indexer_route",
     "indexer_task_plan",
     "launch_indexer_inputs",
@@ -103,6 +105,7 @@ __all__ = [
     "select_indices",
     "sequence_dispatch",
     "sequence_gather",
+    "shared_compressed_indexer_kl_loss",
     "sliding_window_route",
     "validate_indexer_hybrid_threshold",
 ]

@@ -12,7 +12,9 @@ Memory: the work is cut into chunks of ``query_chunk_size`` query rows; a chunk 
 bounded by the chunk size instead of the row count.
 
 Precision: every tensor is computed in float32 (bf16 inputs are widened exactly), the
-per-slot loss terms and the loss sum in float64; gradients are float32.
+per-slot loss terms and the loss sum in float64; gradients are float32. When any float
+input is float64, everything is computed in float64 and the gradients are float64 (what
+``torch.autograd.gradcheck`` needs; the C++ kernel takes float32 and bfloat16 only).
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
     """Loss and gradients of the indexer's sparse KL (seed: shared_compressed_indexer_kl_loss).
 
     Args:
-        index_query: ``[B, S, H, D]`` float32 or bfloat16.
+        index_query: ``[B, S, H, D]`` float32 or bfloat16 (or float64: see Precision).
         index_key: ``[B, Ki, D]``; rows ``[main_key_offset, main_key_offset + K)`` are the
             student's keys.
         merge_weight: ``[B, S, H]`` (already scaled by the caller).
@@ -119,7 +121,8 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
 
     Returns:
         ``(loss, grad_index_query, grad_index_key, grad_merge_weight)``: loss a float64
-        scalar tensor, gradients float32 with the inputs' shapes, on the inputs' device.
+        scalar tensor, gradients float32 (float64 when a float input is float64) with the
+        inputs' shapes, on the inputs' device.
     """
     batch, rows, keys = _validate(index_query, index_key, merge_weight, attention_query,
                                   compressed_key, topk_indices, sinks, attention_scale, loss_coeff,
@@ -127,18 +130,20 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
     if query_chunk_size < 1:
         raise ValueError(f"query_chunk_size must be positive, got {query_chunk_size}")
     device = index_query.device
-    grad_q = torch.zeros(index_query.shape, dtype=torch.float32, device=device)
-    grad_k = torch.zeros(index_key.shape, dtype=torch.float32, device=device)
-    grad_w = torch.zeros(merge_weight.shape, dtype=torch.float32, device=device)
+    floats = (index_query, index_key, merge_weight, attention_query, compressed_key, sinks)
+    compute = torch.float64 if any(t.dtype == torch.float64 for t in floats) else torch.float32
+    grad_q = torch.zeros(index_query.shape, dtype=compute, device=device)
+    grad_k = torch.zeros(index_key.shape, dtype=compute, device=device)
+    grad_w = torch.zeros(merge_weight.shape, dtype=compute, device=device)
     loss = torch.zeros((), dtype=torch.float64, device=device)
     if loss_coeff == 0 or batch * rows == 0:
         return loss, grad_q, grad_k, grad_w
     _check_ids(topk_indices, main_key_offset, keys)
     coeff = float(loss_coeff) / (batch * rows)
-    sink_logits = sinks.float()
+    sink_logits = sinks.to(compute)
     for b in range(batch):
-        student_keys = index_key[b, main_key_offset:main_key_offset + keys].float()  # [K, D]
-        teacher_keys = compressed_key[b].float()  # [K, Dm]
+        student_keys = index_key[b, main_key_offset:main_key_offset + keys].to(compute)  # [K, D]
+        teacher_keys = compressed_key[b].to(compute)  # [K, Dm]
         grad_keys = grad_k[b, main_key_offset:main_key_offset + keys]  # a view: [K, D]
         for s0 in range(0, rows, query_chunk_size):
             s1 = min(rows, s0 + query_chunk_size)
@@ -148,7 +153,7 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
             row_valid = valid.any(-1)  # [C]
 
             # Teacher: per-head softmax over the selected keys plus the sink column.
-            qa = attention_query[b, :, s0:s1].float()  # [Hm, C, Dm]
+            qa = attention_query[b, :, s0:s1].to(compute)  # [Hm, C, Dm]
             selected_teacher = teacher_keys[local]  # [C, T, Dm]
             logits = torch.einsum("hcd,ctd->cht", qa, selected_teacher) * attention_scale
             logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
@@ -158,8 +163,8 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
             p = (mass / mass.sum(-1, keepdim=True).clamp_min(FLT_MIN)).double()
 
             # Student: weighted ReLU scores over the same slots.
-            q = index_query[b, s0:s1].float()  # [C, H, D]
-            w = merge_weight[b, s0:s1].float()  # [C, H]
+            q = index_query[b, s0:s1].to(compute)  # [C, H, D]
+            w = merge_weight[b, s0:s1].to(compute)  # [C, H]
             selected_student = student_keys[local]  # [C, T, D]
             z = torch.einsum("chd,ctd->cht", q, selected_student)  # [C, H, T]
             relu = z.clamp_min(0)
@@ -173,7 +178,7 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
             terms = torch.where(valid, terms, torch.zeros_like(terms))
             loss = loss + terms.sum()
 
-            g = ((log_pred.exp() - p) * coeff).float()
+            g = ((log_pred.exp() - p) * coeff).to(compute)
             g = torch.where(valid, g, torch.zeros_like(g))  # [C, T]
             dz = g[:, None, :] * w[:, :, None] * (z > 0)  # [C, H, T]
             grad_q[b, s0:s1] = torch.einsum("cht,ctd->chd", dz, selected_student)

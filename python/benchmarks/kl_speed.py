@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""shared_compressed_indexer_kl_loss on CPU: the fused C++ kernel against the chunked torch
+formulation, in one process with the same threads, and the peak extra memory of each.
+
+Shape (DeepSeek-V4): B = 1, --rows query rows (2048), 64 index heads x 128, 64 attention
+heads x 512, 2048 compressed keys, each row 512 distinct random keys (int32, sorted), float32
+values in [-1, 1] (merge weights scaled by 4 / sqrt(H * D), sinks by 2). Counted work per
+selected (row, id) pair: teacher 2 * Hm * Dm, student forward 2 * H * D and the two gradient
+products 2 * 2 * H * D (as `sparsecp bench kl`).
+
+Speed: one repetition runs forward + backward of ``shared_compressed_indexer_kl_loss`` on
+fresh leaf tensors once on each path: "fused" (CPU tensors -> the C++ kernel, ``threads`` =
+--threads) and "torch" (the same call with ``SPARSECP_TORCH_PATH=1``: the chunked torch
+implementation ``_kl_torch.kl_loss_and_grads_torch``, ``query_chunk_size`` 256, under
+``torch.set_num_threads(--threads)``). The order alternates between repetitions; the
+figures are medians and ranges over --repeat repetitions, and the speedup is the median
+of the per-repetition ratios. Both paths' loss and gradients are compared once.
+
+Memory: each path runs in a fresh subprocess (``--probe PATH``) with glibc's mmap and trim
+thresholds fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``, so
+freed blocks go back to the system and resident memory follows live allocations). After a
+small warm-up call (thread pools), the probe resets the kernel's resident high-water mark
+(``/proc/self/clear_refs`` = 5), runs the forward and reads ``VmHWM``, then resets it again
+and runs the backward; extra = high-water mark - resident size before. The three gradients
+(fp32, the size of index_query, index_key and merge_weight) are outputs both paths must
+hold; the figures are given with and without them. Every allocation torch and the kernel
+make is resident (written), so RSS sees them; the fused kernel's own bound is
+``indexer_kl_scratch_bytes``.
+
+Usage:
+  OPENBLAS_CORETYPE=SkylakeX .venv/bin/python python/benchmarks/kl_speed.py [--rows 2048] [--threads 2] [--repeat 5] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+import sparsecp
+import sparsecp.torch as sct
+
+HEADS, HEAD_DIM, ATT_HEADS, ATT_DIM, KEYS, TOPK = 64, 128, 64, 512, 2048, 512
+NAMES = ("index_query", "index_key", "merge_weight", "attention_query", "compressed_key", "topk_indices", "sinks")
+
+
+def make_inputs(rows: int, seed: int = 1) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.rand(*shape, generator=generator) * 2 - 1) * scale
+
+    ids = torch.rand(rows, KEYS, generator=generator).argsort(dim=1)[:, :TOPK].sort(dim=1).values
+    return dict(index_query=rand(1, rows, HEADS, HEAD_DIM), index_key=rand(1, KEYS, HEAD_DIM),
+                merge_weight=rand(1, rows, HEADS, scale=4.0 / (HEADS * HEAD_DIM) ** 0.5),
+                attention_query=rand(1, ATT_HEADS, rows, ATT_DIM), compressed_key=rand(1, KEYS, ATT_DIM),
+                topk_indices=ids.to(torch.int32)[None], sinks=rand(ATT_HEADS, scale=2.0))
+
+
+def flops(rows: int) -> float:
+    return rows * TOPK * (2.0 * ATT_HEADS * ATT_DIM + 6.0 * HEADS * HEAD_DIM)
+
+
+def set_path(path: str) -> None:
+    if path == "torch":
+        os.environ["SPARSECP_TORCH_PATH"] = "1"
+    else:
+        os.environ.pop("SPARSECP_TORCH_PATH", None)
+
+
+def leaves(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return [inputs[n].clone().requires_grad_() for n in NAMES[:3]]
+
+
+def forward(inputs: dict[str, torch.Tensor], student: list[torch.Tensor], threads: int) -> torch.Tensor:
+    return sct.shared_compressed_indexer_kl_loss(*student, *(inputs[n] for n in NAMES[3:]),
+                                                 attention_scale=ATT_DIM ** -0.5, loss_coeff=1.0,
+                                                 query_chunk_size=256, threads=threads)
+
+
+def step(path: str, inputs: dict[str, torch.Tensor], threads: int) -> tuple[float, float, list[torch.Tensor]]:
+    """Forward + backward on fresh leaves; (seconds, loss, gradients)."""
+    set_path(path)
+    student = leaves(inputs)
+    start = time.perf_counter()
+    loss = forward(inputs, student, threads)
+    loss.backward()
+    seconds = time.perf_counter() - start
+    return seconds, float(loss.detach()), [t.grad for t in student]
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def probe(path: str, rows: int, threads: int) -> dict[str, Any]:
+    """Peak resident memory above the inputs (this process only runs `path`)."""
+    torch.set_num_threads(threads)
+    step(path, make_inputs(8, seed=2), threads)  # thread pools, lazy initialisation
+    inputs = make_inputs(rows)
+    set_path(path)
+    student = leaves(inputs)
+    gc.collect()
+    before = _status("VmRSS")
+    _reset_peak()
+    loss = forward(inputs, student, threads)
+    forward_peak = _status("VmHWM") - before
+    after_forward = _status("VmRSS")
+    _reset_peak()
+    loss.backward()
+    backward_peak = _status("VmHWM") - before
+    grad_bytes = sum(4 * t.numel() for t in student)
+    scratch = sct.indexer_kl_scratch_bytes(*(inputs[n] for n in NAMES), threads=threads)
+    return {"path": path, "rows": rows, "forward_peak": forward_peak, "after_forward": after_forward - before,
+            "backward_peak": backward_peak, "peak": max(forward_peak, backward_peak), "grad_bytes": grad_bytes,
+            "scratch_bytes": scratch}
+
+
+def run_probe(path: str, rows: int, threads: int) -> dict[str, Any]:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072",
+               OMP_NUM_THREADS=str(threads))
+    done = subprocess.run([sys.executable, __file__, "--probe", path, "--rows", str(rows), "--threads", str(threads)],
+                          capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout)
+
+
+def torch_chunk_bytes(chunk: int) -> dict[str, int]:
+    """The largest tensors one chunk of the torch path holds at once (float32 unless noted)."""
+    c = chunk
+    return {"gathered teacher keys [C, T, Dm]": 4 * c * TOPK * ATT_DIM,
+            "gathered student keys [C, T, D]": 4 * c * TOPK * HEAD_DIM,
+            "key-gradient contributions [C, T, D] (+ its masked copy)": 2 * 4 * c * TOPK * HEAD_DIM,
+            "teacher logits, +sink, softmax [C, Hm, T+1] (x3)": 3 * 4 * c * ATT_HEADS * (TOPK + 1),
+            "student z, ReLU, dz, mask [C, H, T] (x4)": 4 * 4 * c * HEADS * TOPK}
+
+
+def load() -> str:
+    return open("/proc/loadavg").read().split()[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=2, help="kernel threads = torch threads")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--memory-rows", default="512,2048,4096", help="row counts of the memory probes")
+    parser.add_argument("--probe", choices=["fused", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.probe:
+        print(json.dumps(probe(args.probe, args.rows, args.threads)))
+        return 0
+
+    summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_before": load(),
+                               "isa": sparsecp.kernel_isa(), "threads": args.threads, "rows": args.rows,
+                               "torch": torch.__version__, "gflop": flops(args.rows) / 1e9,
+                               "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "")}
+    torch.set_num_threads(args.threads)
+    inputs = make_inputs(args.rows)
+    _, fused_loss, fused_grads = step("fused", inputs, args.threads)  # warm-up and agreement
+    _, torch_loss, torch_grads = step("torch", inputs, args.threads)
+    summary["loss_relative"] = abs(fused_loss - torch_loss) / abs(torch_loss)
+    summary["grad_relative"] = [float((a - b).norm() / b.norm()) for a, b in zip(fused_grads, torch_grads)]
+    times: dict[str, list[float]] = {"fused": [], "torch": []}
+    for repetition in range(args.repeat):
+        order = ("fused", "torch") if repetition % 2 == 0 else ("torch", "fused")
+        for path in order:
+            times[path].append(step(path, inputs, args.threads)[0])
+    set_path("fused")
+    ratios = [t / f for f, t in zip(times["fused"], times["torch"])]
+    for path, samples in times.items():
+        summary[path] = {"median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples),
+                         "gflops": flops(args.rows) / statistics.median(samples) / 1e9}
+    summary["speedup_median"] = statistics.median(ratios)
+    summary["speedup_range"] = [min(ratios), max(ratios)]
+    summary["load_after_timing"] = load()
+
+    memory = []
+    for rows in (int(r) for r in args.memory_rows.split(",")):
+        for path in ("fused", "torch"):
+            memory.append(run_probe(path, rows, args.threads))
+    summary["memory"] = memory
+    by = {(m["path"], m["rows"]): m for m in memory}
+    summary["memory_ratio"] = {
+        rows: {"peak": by["torch", rows]["peak"] / by["fused", rows]["peak"],
+               "beyond_gradients": (by["torch", rows]["forward_peak"] - by["torch", rows]["grad_bytes"])
+               / (by["fused", rows]["forward_peak"] - by["fused", rows]["grad_bytes"])}
+        for rows in sorted({m["rows"] for m in memory})}
+    summary["torch_chunk_bytes_analytic"] = torch_chunk_bytes(256)
+    summary["load_after"] = load()
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    mib = 1 << 20
+    print(f"{summary['date']}, load {summary['load_before']} -> {summary['load_after']}, kernel {summary['isa']}, "
+          f"{args.threads} threads (torch and kernel), torch {torch.__version__}")
+    print(f"{args.rows} rows, {summary['gflop']:.1f} GFLOP counted; fused vs torch: loss rel. "
+          f"{summary['loss_relative']:.1e}, gradients rel. {', '.join(f'{g:.1e}' for g in summary['grad_relative'])}")
+    for path in ("fused", "torch"):
+        t = summary[path]
+        print(f"{path:5s}: median {t['median_s']:.3f} s (range {t['min_s']:.3f}-{t['max_s']:.3f}), "
+              f"{t['gflops']:.1f} GFLOP/s")
+    print(f"speedup fused over torch: median {summary['speedup_median']:.2f}x "
+          f"(range {summary['speedup_range'][0]:.2f}-{summary['speedup_range'][1]:.2f}), {args.repeat} repetitions")
+    print("peak extra resident memory (MiB): forward / backward; forward beyond the gradients; scratch bound")
+    for m in memory:
+        print(f"  {m['path']:5s} rows {m['rows']:5d}: {m['forward_peak'] / mib:8.1f} / {m['backward_peak'] / mib:8.1f}; "
+              f"{(m['forward_peak'] - m['grad_bytes']) / mib:8.1f}; gradients {m['grad_bytes'] / mib:.1f}, "
+              f"scratch bound {m['scratch_bytes'] / mib:.2f}")
+    for rows, ratio in summary["memory_ratio"].items():
+        print(f"  rows {rows}: torch / fused peak {ratio['peak']:.1f}x, beyond the gradients "
+              f"{ratio['beyond_gradients']:.0f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The Lightning Indexer's training loss with autograd (hyper_parallel's
+``shared_compressed_indexer_kl_loss``).
+
+A sparse KL divergence, per query row, between the main attention's distribution over the
+row's selected keys (the teacher: per-head softmax with an attention-sink logit, sink
+column dropped, summed over heads, L1-normalised; a constant) and the indexer's own
+``log_softmax`` scores over the same keys (the student), times ``loss_coeff / (B * S)``.
+The math, the shapes and the error texts are those of the fused C++ kernel
+(``include/sparsecp/kernels/indexer_kl.hpp``), which follows the seed's function:
+
+    I[j]  = sum_h w[t, h] * ReLU(q[t, h] . Kidx[ids[t, j]])        (student scores)
+    p[j]  = normalised sum over heads hm of softmax([scale * qatt[hm, t] . Katt[s_j] ...,
+            sinks[hm]])[j]                                          (teacher, sink dropped)
+    loss  = loss_coeff / (B * S) * sum_t sum_j p[j] * (log p[j] - log_softmax(I)[j])
+
+As in the seed's project, the forward pass computes the loss *and* the three gradients
+(index query, index key, merge weights); the backward only scales them by the incoming
+gradient (an incoming gradient of exactly 1 on CPU, as ``loss.backward()`` gives, hands
+them over without a copy, so a step holds one set of gradient buffers, not two). The teacher inputs (``attention_query``, ``compressed_key``, ``sinks``) get no
+gradient: they are treated as detached, as are the ids.
+
+Kernels by device and dtype:
+
+* CPU tensors of float32 / bfloat16 run sparsecp's fused C++ kernel on the tensors in place
+  (zero copy for C-contiguous inputs): no per-row intermediate, scratch independent of the
+  row count (``indexer_kl_scratch_bytes``), bit-identical results for any thread count.
+* Tensors on any other device, float64 tensors (``torch.autograd.gradcheck``), and CPU
+  tensors while the environment variable ``SPARSECP_TORCH_PATH=1`` is set run the chunked
+  torch implementation of the same math (``_kl_torch.kl_loss_and_grads_torch``), which holds
+  ``[query_chunk_size, TopK, ...]`` intermediates: the path until a device kernel exists.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import _core
+from ._kl_torch import kl_loss_and_grads_torch
+from .select import _torch_path
+
+__all__ = ["indexer_kl_scratch_bytes", "shared_compressed_indexer_kl_loss"]
+
+_KERNEL_FLOATS = (torch.float32, torch.bfloat16)
+_FLOATS = (torch.float32, torch.bfloat16, torch.float64)
+_NAMES = ("index_query", "index_key", "merge_weight", "attention_query", "compressed_key", "topk_indices",
+          "sinks")
+
+
+def _check_inputs(tensors: tuple[Any, ...], query_chunk_size: Any, main_key_offset: Any, threads: Any) -> None:
+    """Types, dtypes and devices; the shapes and values are checked by the kernels (the
+    seed's texts)."""
+    for tensor, name in zip(tensors, _NAMES):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"Indexer KL {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if name == "topk_indices":
+            if tensor.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"Indexer KL topk_indices must be int32 or int64, got {tensor.dtype}")
+        elif tensor.dtype not in _FLOATS:
+            raise ValueError(f"Indexer KL {name} must be float32, bfloat16 or float64, got {tensor.dtype}")
+    query = tensors[0]
+    for tensor, name in zip(tensors, _NAMES):
+        if name != "topk_indices" and tensor.device != query.device:
+            raise ValueError(f"Indexer KL {name} must share Indexer Q's device, got {tensor.device} and "
+                             f"{query.device}")
+    for value, name, low in ((query_chunk_size, "query_chunk_size", 1), (main_key_offset, "main_key_offset", 0),
+                             (threads, "threads", 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"Indexer KL {name} must be an int, got {type(value).__name__}")
+    if query_chunk_size < 1:
+        raise ValueError(f"query_chunk_size must be positive, got {query_chunk_size}")
+    if threads < 0:
+        raise ValueError(f"Indexer KL thread count must be non-negative, got {threads}")
+
+
+def _fused(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """True when the fused C++ kernel takes these tensors (CPU, float32 / bfloat16)."""
+    return (not _torch_path(tensors[0].device) and all(t.device.type == "cpu" for t in tensors)
+            and all(t.dtype in _KERNEL_FLOATS for t, name in zip(tensors, _NAMES) if name != "topk_indices"))
+
+
+def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, loss_coeff: float,
+                    main_key_offset: int, query_chunk_size: int,
+                    threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, grad_index_query, grad_index_key, grad_merge_weight) by the path the tensors
+    take; loss float32 (float64 when any float input is float64), gradients float32 (float64
+    likewise), on the inputs' device."""
+    if _fused(tensors):
+        query, key, weight = tensors[:3]
+        grad_q = torch.empty(query.shape, dtype=torch.float32)
+        grad_k = torch.empty(key.shape, dtype=torch.float32)
+        grad_w = torch.empty(weight.shape, dtype=torch.float32)
+        loss = _core.indexer_kl_loss(*(_contiguous(t) for t in tensors), grad_q, grad_k, grad_w,
+                                     float(attention_scale), float(loss_coeff), main_key_offset, threads)
+        return torch.tensor(loss, dtype=torch.float32), grad_q, grad_k, grad_w
+    loss, grad_q, grad_k, grad_w = kl_loss_and_grads_torch(
+        *(t.detach() for t in tensors), attention_scale, loss_coeff, main_key_offset, query_chunk_size)
+    return loss.to(grad_q.dtype), grad_q, grad_k, grad_w
+
+
+class _SharedCompressedIndexerKlLoss(torch.autograd.Function):
+    """Loss in the forward with its gradients saved; backward scales them (seed's design)."""
+
+    @staticmethod
+    def forward(ctx: Any, index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+                attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
+                sinks: torch.Tensor, attention_scale: float, loss_coeff: float, main_key_offset: int,
+                query_chunk_size: int, threads: int) -> torch.Tensor:
+        tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
+        loss, grad_q, grad_k, grad_w = _loss_and_grads(tensors, attention_scale, loss_coeff, main_key_offset,
+                                                       query_chunk_size, threads)
+        ctx.save_for_backward(grad_q, grad_k, grad_w)
+        ctx.dtypes = (index_query.dtype, index_key.dtype, merge_weight.dtype)
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+        # An incoming gradient of exactly 1 (a loss summed into the total; checked on CPU
+        # only, where it costs no device sync) hands the saved gradients over as they are:
+        # autograd frees its saved copy first (or copies, when the graph is retained), so no
+        # second gradient-sized buffer is made.
+        unit = grad_loss.device.type == "cpu" and bool(grad_loss == 1)
+        grads = []
+        for grad, dtype, needed in zip(ctx.saved_tensors, ctx.dtypes, ctx.needs_input_grad[:3]):
+            if not needed:
+                grads.append(None)
+            else:
+                grads.append((grad if unit else grad * grad_loss.to(grad.dtype)).to(dtype))
+        return (*grads, None, None, None, None, None, None, None, None, None)
+
+
+def shared_compressed_indexer_kl_loss(
+    index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+    attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
+    sinks: torch.Tensor, *, attention_scale: float, loss_coeff: float, query_chunk_size: int = 256,
+    main_key_offset: int = 0, threads: int = 0,
+) -> torch.Tensor:
+    """The indexer's sparse KL loss against the attention-sink teacher, with autograd.
+
+    Seed: hyper_parallel's ``shared_compressed_indexer_kl_loss``, same arguments and order.
+    Gradients flow to ``index_query``, ``index_key`` and ``merge_weight`` only; they are
+    computed in this call (forward) and scaled by the incoming gradient in the backward.
+
+    Args:
+        index_query: Indexer Q ``[B, S, H, D]`` (after RoPE), float32 or bfloat16 (float64:
+            torch path).
+        index_key: The compressed Index K bank ``[B, Ki, D]``; the student's keys are rows
+            ``[main_key_offset, main_key_offset + K)``.
+        merge_weight: ``[B, S, H]``, already scaled by ``head_dim**-0.5 * heads**-0.5``.
+        attention_query: Main attention Q ``[B, Hm, S, Dm]``, **head-major** as attention
+            uses it (a non-contiguous view is copied once).
+        compressed_key: The teacher's (compact) compressed key bank ``[B, K, Dm]``.
+        topk_indices: ``[B, S, TopK]`` int32 or int64 rows of ``index_key``, ``-1`` padded
+            (a duplicated id counts twice); ``min(512, K) <= TopK <= 512``.
+        sinks: Attention-sink logits ``[Hm]``.
+        attention_scale: Scale of the teacher's logits ``qatt . Katt`` (``Dm**-0.5``
+            usually).
+        loss_coeff: The loss is ``loss_coeff / (B * S)`` times the sum of row losses; ``0``
+            returns a zero loss with zero gradients without computing.
+        query_chunk_size: Query rows per chunk of the torch path (bounds its
+            ``[chunk, TopK, Dm]`` intermediates); the fused kernel needs no chunking.
+        main_key_offset: Compact teacher bank (seed 000): ``compressed_key`` holds rows
+            ``[main_key_offset, main_key_offset + K)`` of ``index_key``'s bank and ids are
+            ``index_key`` rows; rows of ``index_key`` outside that range get zero gradient.
+            The seed's caller slices ``index_key`` and shifts the ids instead; both give the
+            same loss and gradients.
+        threads: Fused kernel threads (0: OpenMP's default); never changes results.
+
+    Returns:
+        The scalar loss: float32 (float64 when any float input is float64), on the inputs'
+        device.
+
+    Raises:
+        ValueError: the seed's texts ("Fused KL indices must have shape [B, Q, TopK]
+            matching Indexer Q", "Fused KL requires ordinary TopK512 selections, allowing
+            padding for a compact bank; got K=..., TopK=...", "Fused KL indices must share
+            Indexer Q's device, got ..."), an id outside the bank (named with its position),
+            and any other shape, dtype or option mismatch.
+        TypeError: an argument that is not a tensor (or an int option that is not an int).
+
+    Example::
+
+        loss = shared_compressed_indexer_kl_loss(q, k_bank, w, q_attention, k_attention, topk, sinks,
+                                                 attention_scale=512 ** -0.5, loss_coeff=1.0)
+        loss.backward()   # q.grad, k_bank.grad, w.grad
+    """
+    tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
+    _check_inputs(tensors, query_chunk_size, main_key_offset, threads)
+    return _SharedCompressedIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
+                                                operator.index(main_key_offset), query_chunk_size, threads)
+
+
+def indexer_kl_scratch_bytes(index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+                             attention_query: torch.Tensor, compressed_key: torch.Tensor,
+                             topk_indices: torch.Tensor, sinks: torch.Tensor, *, main_key_offset: int = 0,
+                             threads: int = 0) -> int:
+    """Upper bound of the fused CPU kernel's scratch memory in bytes for these shapes, dtypes
+    and ``threads`` (0: OpenMP's default), beyond the three gradients it returns:
+    independent of B and S. The tensors must be CPU float32 / bfloat16 (their values are not
+    read)."""
+    tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
+    _check_inputs(tensors, 1, main_key_offset, threads)
+    if not all(t.device.type == "cpu" for t in tensors):
+        raise ValueError("indexer_kl_scratch_bytes describes the fused CPU kernel: pass CPU tensors")
+    return _core.indexer_kl_scratch_bytes(*(_contiguous(t) for t in tensors), main_key_offset, threads)
