@@ -35,6 +35,8 @@ Usage::
     python python/examples/train_indexer_step.py --ranks 4              # spill, compared with none and 1 process
     python python/examples/train_indexer_step.py --ranks 4 --heads 64 --head-dim 128 \\
         --att-heads 64 --att-dim 512 --tokens-per-rank 2048 --no-compare   # timing at DeepSeek-V4 head shapes
+    sparsecp calibrate --heads 64 --head-dim 128 --q-rank 1536 --threads 1 --out v4.txt
+    python python/examples/train_indexer_step.py ... --q-lora-rank 1536 --cost-model v4.txt  # spill on that model
 """
 from __future__ import annotations
 
@@ -74,6 +76,9 @@ class IndexerConfig:
     ratio: int = 4
     loss_coeff: float = 1.0
     lr: float = 0.1
+    # spill / auto: a per-row cost model file from `sparsecp calibrate` at this layer's shape
+    # (its per-row term is the worker's Index-Q projection); None balances causal pairs.
+    cost_model: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -225,8 +230,9 @@ def train_step(layer: IndexerLayer, optimizer: torch.optim.Optimizer, batch: Bat
         weights = layer.merge_weights(hidden)  # [1, S, H], with grad
     with phases("selection"):
         if group is not None:
+            modelled = c.cost_model is not None and mode not in ("none", "zigzag", "greedy", "hybrid")
             wave = indexer_balance.launch_indexer_inputs(qr, weights.detach(), (cos, sin), c.lengths, c.ratio, mode,
-                                                         group)
+                                                         group, **({"cost_model": c.cost_model} if modelled else {}))
     with phases("index key bank"):
         key = layer.index_key(batch.compressed[None], batch.key_cos[None], batch.key_sin[None])  # [1, K, D]
     with phases("selection"):
@@ -364,12 +370,16 @@ def main() -> int:
                         help="scale the default documents to this many tokens per rank (0: 1024 for 4 ranks)")
     for name in ("hidden", "q_lora_rank", "heads", "head_dim", "rope_dim", "att_heads", "att_dim"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(IndexerConfig, name))
+    parser.add_argument("--cost-model", default=None,
+                        help="spill/auto: balance this per-row cost model (a file from `sparsecp calibrate --heads H "
+                             "--head-dim D --q-rank R --threads 1`) instead of causal pairs")
     parser.add_argument("--no-compare", action="store_true", help="run only --mode (timing)")
     parser.add_argument("--repeat", type=int, default=1, help="steps per mode and rank (times: medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     config = IndexerConfig(**{name: getattr(args, name) for name in
-                              ("hidden", "q_lora_rank", "heads", "head_dim", "rope_dim", "att_heads", "att_dim")})
+                              ("hidden", "q_lora_rank", "heads", "head_dim", "rope_dim", "att_heads", "att_dim")},
+                           cost_model=args.cost_model)
     if args.tokens_per_rank or config.tokens % args.ranks:
         total = (args.tokens_per_rank or config.tokens // args.ranks) * args.ranks
         scaled = [max(1, n * total // config.tokens) for n in config.lengths]

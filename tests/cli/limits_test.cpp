@@ -299,6 +299,14 @@ const BadInput kBadInputs[] = {
     // Counts are capped: a valid but endless number is an error, not a run for ever.
     {"RouteRepeatHuge", "route --lengths 8,8 --cp 2 --all-ranks --repeat 9223372036854775807",
      "--repeat must be within [1, 10000]"},
+    // Unsigned seeds: CLI11 alone would wrap -1 and saturate 2^64.
+    {"SeedNegative", "plan --tokens 1024 --cp 4 --seed -1",
+     "--seed: must be a non-negative integer, got '-1'"},
+    {"SeedBeyond64Bits", "batch --tokens 8 --cp 1 --seed 18446744073709551616",
+     "--seed: must be at most 2^64 - 1, got 18446744073709551616"},
+    {"BenchSeedFraction", "bench select --seed 1.5", "--seed: must be a non-negative integer"},
+    {"RunModelSeedNegative", "run --lengths 8,8 --model-seed -3",
+     "--model-seed: must be a non-negative integer, got '-3'"},
     {"DispatchSeedsHuge", "dispatch --kind swa --tokens 1024 --sweep 4 --seeds 9223372036854775807",
      "--seeds must be within [1, 100000]"},
     {"BenchRepeatHuge", "bench select --repeat 9223372036854775807",

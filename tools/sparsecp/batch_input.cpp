@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "command.hpp"
 #include "sparsecp/error.hpp"
 
 namespace sparsecp::cli {
@@ -161,7 +162,9 @@ void BatchOptions::add_to(CLI::App& command) {
                   "Generated batch: typical document length (lognormal: the median); 0 = a "
                   "quarter of the local shard")
       ->capture_default_str();
-  command.add_option("--seed", seed, "Generated batch: random seed")->capture_default_str();
+  command.add_option("--seed", seed, "Generated batch: random seed")
+      ->check(unsigned_64_bit())
+      ->capture_default_str();
 }
 
 void add_cp_and_ratio(CLI::App& command, int64_t* cp, int64_t& ratio) {

@@ -304,7 +304,9 @@ const Registration registration("bench", [](CLI::App& app) {
       ->capture_default_str();
   bench->add_option("--verify-rows", b->verify_rows, "Rows checked against the reference")
       ->capture_default_str();
-  bench->add_option("--seed", b->seed, "Seed of the generated data")->capture_default_str();
+  bench->add_option("--seed", b->seed, "Seed of the generated data")
+      ->check(unsigned_64_bit())
+      ->capture_default_str();
   bench->add_flag("--json", b->json,
                   "Print one JSON object: seconds, gflops, sgemm_gflops, fraction_of_sgemm, "
                   "bf16_seconds, bf16_speedup, scratch_bytes, verified, ...");

@@ -345,7 +345,9 @@ const Registration registration("bench", [](CLI::App& app) {
       ->capture_default_str();
   bench->add_option("--sgemm-size", b->sgemm_size, "N of the reference N x N x N sgemm")
       ->capture_default_str();
-  bench->add_option("--seed", b->seed, "Seed of the generated data")->capture_default_str();
+  bench->add_option("--seed", b->seed, "Seed of the generated data")
+      ->check(unsigned_64_bit())
+      ->capture_default_str();
   bench->add_flag("--no-baseline{false}", b->baseline, "Skip the materialising baseline");
   bench->add_flag("--json", b->json,
                   "Print one JSON object: score_gflops, sgemm_gflops, seconds (+_min/_max), "

@@ -892,6 +892,7 @@ const Registration registration("run", [](CLI::App& app) {
                          "spill]");
   flags->model.add_to(*sub);
   sub->add_option("--model-seed", flags->model_seed, "Seed of the model tensors")
+      ->check(unsigned_64_bit())
       ->capture_default_str();
   sub->add_option("--threads", flags->threads,
                   "Selection threads per rank (OpenMP and OpenBLAS); CPU time is the thread's "

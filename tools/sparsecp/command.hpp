@@ -8,7 +8,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace sparsecp::cli {
@@ -29,5 +32,21 @@ struct Registration {
 struct ExitStatus {
   int status;
 };
+
+// For unsigned 64-bit flags (seeds): CLI11 would wrap "-1" to 2^64 - 1 and saturate values
+// past it, silently running with a seed the user did not give; accept decimal digits that
+// fit in 64 bits only.
+inline CLI::Validator unsigned_64_bit() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
+          return "must be a non-negative integer, got '" + text + "'";
+        }
+        errno = 0;
+        std::strtoull(text.c_str(), nullptr, 10);
+        return errno == ERANGE ? "must be at most 2^64 - 1, got " + text : std::string();
+      },
+      "", "unsigned 64-bit");
+}
 
 }  // namespace sparsecp::cli
