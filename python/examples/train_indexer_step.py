@@ -45,6 +45,7 @@ import dataclasses
 import datetime
 import json
 import os
+import queue
 import socket
 import statistics
 import sys
@@ -337,10 +338,23 @@ def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int, rep
     for process in processes:
         process.start()
     collected: dict[str, list] = {mode: [[] for _ in range(size)] for mode in modes}
+    deadline = time.monotonic() + timeout
     try:
-        for _ in range(size * len(modes) * repeat):
-            mode, rank, result = results.get(timeout=timeout)
+        pending = size * len(modes) * repeat
+        while pending:
+            try:
+                mode, rank, result = results.get(timeout=1.0)
+            except queue.Empty:  # a rank that raised has exited: report it now, not at the timeout
+                failed = {rank: process.exitcode for rank, process in enumerate(processes)
+                          if process.exitcode not in (None, 0)}
+                if failed:
+                    raise RuntimeError(f"rank(s) {sorted(failed)} exited with status(es) {list(failed.values())} "
+                                       "before finishing their steps (their tracebacks are above)") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the ranks returned no result within {timeout:.0f} s") from None
+                continue
             collected[mode][rank].append(result)
+            pending -= 1
     finally:
         done.set()
         for process in processes:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import sparsecp  # noqa: E402
 import sparsecp.torch as sct  # noqa: E402
 
 import rank_tasks  # noqa: E402
@@ -86,3 +88,34 @@ def test_owner_projection_matches_the_workers():
     theirs = sct.project_index_query(batch.query_residual[rows], layer.q_b_proj.weight.detach(), batch.cos[rows],
                                      batch.sin[rows], config.head_dim, config.rope_dim)
     torch.testing.assert_close(mine.detach(), theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_spill_balances_the_given_cost_model(tmp_path):
+    """--cost-model reaches the planner: with a per-row cost far above any row's keys, the
+    ranks are already balanced (equal row counts), so spill moves nothing, where balancing
+    causal pairs (the first test) moves rows; the gradients stay the unbalanced run's."""
+    seed = SEED + 103
+    print(f"seed {seed}")
+    model = tmp_path / "cost_model.txt"
+    sparsecp.save_cost_model(path=str(model), model=sparsecp.CostModel.linear(1e6, 1.0, 0.0, 512))
+    pool = pool_of(SIZE)
+    modelled = results_or_raise(pool.run(rank_tasks.train_indexer_step, "spill", seed,
+                                         dict(CONFIG, cost_model=str(model)), timeout=120))
+    none = results_or_raise(pool.run(rank_tasks.train_indexer_step, "none", seed, CONFIG, timeout=120))
+    local = sum(CONFIG["lengths"]) // SIZE
+    assert [r["rows_selected"] for r in modelled] == [local] * SIZE
+    for rank in range(SIZE):
+        assert np.array_equal(modelled[rank]["topk"], none[rank]["topk"])
+        for name, grad in none[rank]["grads"].items():
+            assert np.array_equal(modelled[rank]["grads"][name], grad), (name, rank)
+
+
+def test_a_failing_rank_is_reported_at_once():
+    """A rank that raises (here: a cost model file that does not exist) ends run_ranks with
+    an error naming the ranks, long before its timeout."""
+    module = example()
+    config = module.IndexerConfig(**CONFIG, cost_model="/nonexistent/cost_model.txt")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[0, 1, 2, 3\] exited"):
+        module.run_ranks(SIZE, config, ["spill"], SEED, timeout=300)
+    assert time.monotonic() - started < 120
