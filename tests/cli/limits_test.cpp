@@ -361,6 +361,8 @@ const BadInput kBadInputs[] = {
     {"CalibratePositionBeyond64Bits",
      "calibrate --visible 0,64,4096 --ratio 4611686018427387904 --out -",
      "--visible 64 at --ratio 4611686018427387904 puts rows beyond 64-bit positions"},
+    {"CalibrateWorkBeyond64Bits", "calibrate --visible 0,64,4096 --ratio 17592186044416 --out -",
+     "--visible 4096 at ratio 17592186044416: the point's causal work overflows 64 bits"},
     {"CalibrateProjectionBeyondMemory",
      "calibrate --heads 16384 --head-dim 1024 --q-rank 1048576 --out -", "GiB of memory"},
     {"CalibrateThreadsBeyondLimit", "calibrate --threads 100000 --out -",

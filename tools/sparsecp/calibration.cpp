@@ -124,6 +124,16 @@ void CalibrationSettings::validate() const {
     // The point's rows sit at document positions up to v * ratio + rows.
     SPARSECP_CHECK(v == 0 || v <= (INT64_MAX - 2 * rows) / ratio, "--visible ", v, " at --ratio ",
                    ratio, " puts rows beyond 64-bit positions");
+    // ... and the point's causal work (work_prefix of its last position, cost.hpp) must
+    // fit in 64 bits too: ratio * g * (g - 1) / 2 grows with the ratio for a fixed v.
+    if (v > 0) {
+      __extension__ using Wide = __int128;
+      const int64_t end = v * ratio + rows;
+      const Wide groups = end / ratio;
+      const Wide work = Wide{ratio} * (groups * (groups - 1) / 2) + groups * (end % ratio + 1);
+      SPARSECP_CHECK(work <= INT64_MAX, "calibrate: --visible ", v, " at ratio ", ratio,
+                     ": the point's causal work overflows 64 bits");
+    }
   }
 }
 
