@@ -235,4 +235,3 @@ TEST(Plans, SameInputsSamePlan) {
 
 }  // namespace
 }  // namespace sparsecp
-

@@ -4,6 +4,8 @@
 
 #include <memory>
 
+#include "batch_input.hpp"
+#include "command.hpp"
 #include "sparsecp/error.hpp"
 
 namespace sparsecp::cli {
@@ -16,6 +18,25 @@ CLI::App& bench_command(CLI::App& app) {
       "bench", "Time sparsecp's kernels on generated data (see 'sparsecp bench <kernel> --help')");
   bench->require_subcommand(1);
   return *bench;
+}
+
+void BenchRunFlags::add_to(CLI::App& bench) {
+  bench.add_option("--threads", threads, "Threads (0 = OpenMP default)")->capture_default_str();
+  bench
+      .add_option("--repeat", repeat,
+                  "Repetitions, interleaved (at most 10000); medians are reported")
+      ->capture_default_str();
+  bench.add_option("--sgemm-size", sgemm_size, "N of the reference N x N x N sgemm")
+      ->capture_default_str();
+  bench.add_option("--seed", seed, "Seed of the generated data")
+      ->check(unsigned_64_bit())
+      ->capture_default_str();
+}
+
+void BenchRunFlags::validate() const {
+  check_repeats(repeat, "--repeat");
+  SPARSECP_CHECK(sgemm_size >= 1 && sgemm_size <= 65536,
+                 "--sgemm-size must be within [1, 65536], got ", sgemm_size);
 }
 
 void time_interleaved(std::vector<TimedPath>& paths, int64_t repeats) {

@@ -23,6 +23,19 @@ namespace sparsecp::cli {
 // The parent `bench` command; every `bench <kernel>` registers under it.
 CLI::App& bench_command(CLI::App& app);
 
+// The run options every `bench <kernel>` shares, declared and checked in one place:
+// threads, interleaved repeats, the size of the yardstick sgemm, and the data seed.
+struct BenchRunFlags {
+  int threads = 0;
+  int64_t repeat = 3;
+  int64_t sgemm_size = 2048;
+  uint64_t seed = 1;
+
+  void add_to(CLI::App& bench);
+  // Throws Error naming a bad --repeat or --sgemm-size.
+  void validate() const;
+};
+
 // One timed path of a benchmark.
 struct TimedPath {
   TimedPath(std::string path_name, std::function<void()> work)

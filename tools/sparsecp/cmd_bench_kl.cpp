@@ -24,7 +24,7 @@
 namespace sparsecp::cli {
 namespace {
 
-struct BenchKlCommand {
+struct BenchKlCommand : BenchRunFlags {
   int64_t rows = 2048;
   int64_t doc_length = 8192;
   int64_t heads = 64;
@@ -34,12 +34,8 @@ struct BenchKlCommand {
   int64_t topk = 512;
   int64_t ratio = 4;
   std::string isa = "auto";
-  int threads = 0;
-  int64_t repeat = 3;
-  int64_t sgemm_size = 2048;
   int64_t verify_rows = 4;
   bool json = false;
-  uint64_t seed = 1;
 };
 
 // The bench's tensors: one document of doc_length tokens, its last `rows` rows, each
@@ -157,9 +153,7 @@ void run_bench_kl(const BenchKlCommand& c) {
   SPARSECP_CHECK(c.ratio >= 1 && c.doc_length >= 1 && c.rows >= 1 && c.rows <= c.doc_length,
                  "bench kl needs --ratio >= 1 and 1 <= --rows <= --doc-length, got ratio ", c.ratio,
                  ", rows ", c.rows, ", doc length ", c.doc_length);
-  check_repeats(c.repeat, "--repeat");
-  SPARSECP_CHECK(c.sgemm_size >= 1 && c.sgemm_size <= 65536,
-                 "--sgemm-size must be within [1, 65536], got ", c.sgemm_size);
+  c.validate();
   SPARSECP_CHECK(c.verify_rows >= 0 && c.verify_rows <= c.rows,
                  "--verify-rows must be within [0, --rows], got ", c.verify_rows);
   {
@@ -295,17 +289,8 @@ const Registration registration("bench", [](CLI::App& app) {
   bench->add_option("--att-dim", b->att_dim, "Attention head dim Dm")->capture_default_str();
   bench->add_option("--topk", b->topk, "Selected keys per row")->capture_default_str();
   bench->add_option("--isa", b->isa, "Kernel: auto, portable or avx512")->capture_default_str();
-  bench->add_option("--threads", b->threads, "Threads (0 = OpenMP default)")->capture_default_str();
-  bench
-      ->add_option("--repeat", b->repeat,
-                   "Repetitions, interleaved (at most 10000); medians are reported")
-      ->capture_default_str();
-  bench->add_option("--sgemm-size", b->sgemm_size, "N of the reference N x N x N sgemm")
-      ->capture_default_str();
+  b->add_to(*bench);
   bench->add_option("--verify-rows", b->verify_rows, "Rows checked against the reference")
-      ->capture_default_str();
-  bench->add_option("--seed", b->seed, "Seed of the generated data")
-      ->check(unsigned_64_bit())
       ->capture_default_str();
   bench->add_flag("--json", b->json,
                   "Print one JSON object: seconds, gflops, sgemm_gflops, fraction_of_sgemm, "

@@ -23,7 +23,7 @@
 namespace sparsecp::cli {
 namespace {
 
-struct BenchSelectFlags {
+struct BenchSelectFlags : BenchRunFlags {
   ModelFlags model;
   int64_t rows = 0;  // per document; 0 = the whole document
   int64_t doc_length = 8192;
@@ -31,12 +31,8 @@ struct BenchSelectFlags {
   int64_t ratio = 4;
   std::string dtype = "both";
   std::string isa = "auto";
-  int threads = 0;
-  int64_t repeat = 3;
-  int64_t sgemm_size = 2048;
   bool baseline = true;
   bool json = false;
-  uint64_t seed = 1;
 };
 
 // What a user would write without a fused kernel: per head, a BLAS GEMM of the
@@ -111,9 +107,7 @@ Problem make_problem(const BenchSelectFlags& c) {
   SPARSECP_CHECK(c.doc_length >= 1, "--doc-length must be positive, got ", c.doc_length);
   SPARSECP_CHECK(c.rows >= 0 && c.rows <= c.doc_length, "--rows must be within [0, --doc-length ",
                  c.doc_length, "], got ", c.rows);
-  check_repeats(c.repeat, "--repeat");
-  SPARSECP_CHECK(c.sgemm_size >= 1 && c.sgemm_size <= 65536,
-                 "--sgemm-size must be within [1, 65536], got ", c.sgemm_size);
+  c.validate();
   SPARSECP_CHECK(c.dtype == "fp32" || c.dtype == "bf16" || c.dtype == "both",
                  "--dtype must be fp32, bf16 or both, got '", c.dtype, "'");
   Problem p;
@@ -338,16 +332,7 @@ const Registration registration("bench", [](CLI::App& app) {
       ->capture_default_str();
   bench->add_option("--isa", b->isa, "Kernel: auto, portable, avx2 or avx512")
       ->capture_default_str();
-  bench->add_option("--threads", b->threads, "Threads (0 = OpenMP default)")->capture_default_str();
-  bench
-      ->add_option("--repeat", b->repeat,
-                   "Repetitions, interleaved (at most 10000); medians are reported")
-      ->capture_default_str();
-  bench->add_option("--sgemm-size", b->sgemm_size, "N of the reference N x N x N sgemm")
-      ->capture_default_str();
-  bench->add_option("--seed", b->seed, "Seed of the generated data")
-      ->check(unsigned_64_bit())
-      ->capture_default_str();
+  b->add_to(*bench);
   bench->add_flag("--no-baseline{false}", b->baseline, "Skip the materialising baseline");
   bench->add_flag("--json", b->json,
                   "Print one JSON object: score_gflops, sgemm_gflops, seconds (+_min/_max), "
