@@ -25,6 +25,7 @@
 
 #include "plan_invariants.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/planning/batch_plan.hpp"
 #include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/route.hpp"
 

@@ -150,12 +150,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!small) return 0;
   for (const Strategy* strategy : all_strategies()) {
     try {
-      const StrategyPlan planned = strategy->plan(lengths, cp, ratio, params);
+      const Plan planned = strategy->plan(lengths, cp, ratio, params);
       must_hold([&] {
-        check_plan(planned.plan, lengths, cp, ratio, promise_of(strategy->name()), routes);
+        check_plan(planned.tasks(), lengths, cp, ratio, promise_of(strategy->name()), routes);
       });
-      EXPECT(static_cast<int64_t>(planned.padding_rows.size()) == cp);
-      EXPECT(planned.largest_unit_work >= 0);
+      EXPECT(static_cast<int64_t>(planned.padding_rows().size()) == cp);
+      EXPECT(planned.largest_unit_work() >= 0);
     } catch (const Error&) {
       // A clear rejection.
     }

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "sparsecp/kernels/select.hpp"  // KernelIsa
-#include "sparsecp/planning/segment.hpp"
+#include "sparsecp/segment.hpp"
 #include "sparsecp/tensor.hpp"
 
 namespace sparsecp::python {

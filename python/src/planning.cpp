@@ -18,6 +18,7 @@
 
 #include "bindings.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/planning/compression_plan.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/dispatch.hpp"
@@ -36,59 +37,6 @@ static_assert(sizeof(Task) == 3 * sizeof(int64_t), "Task must be three packed in
 
 using Lengths = std::vector<int64_t>;
 using Option = std::optional<int64_t>;
-
-// A plan of one strategy on one batch, with its figures computed on first use.
-class Plan {
- public:
-  Plan(std::string strategy, Lengths lengths, int64_t cp, int64_t ratio, StrategyPlan planned)
-      : strategy_(std::move(strategy)),
-        lengths_(std::move(lengths)),
-        cp_(cp),
-        ratio_(ratio),
-        planned_(std::move(planned)) {}
-
-  const std::string& strategy() const { return strategy_; }
-  const Lengths& lengths() const { return lengths_; }
-  int64_t cp() const { return cp_; }
-  int64_t ratio() const { return ratio_; }
-  const StrategyPlan& planned() const { return planned_; }
-  const TaskPlan& tasks() const { return planned_.plan; }
-
-  const PlanStats& stats() {
-    if (!stats_) stats_ = plan_stats(planned_.plan, lengths_, ratio_);
-    return *stats_;
-  }
-  double imbalance_bound() {
-    if (!imbalance_bound_) imbalance_bound_ = balance_bound(lengths_, cp_, ratio_).bound;
-    return *imbalance_bound_;
-  }
-  int64_t rows_moved_bound() {
-    if (!rows_moved_bound_) {
-      const PlanStats& s = stats();
-      const int64_t busiest = s.work.empty() ? 0 : *std::max_element(s.work.begin(), s.work.end());
-      rows_moved_bound_ =
-          rows_moved_lower_bound_at(lengths_, cp_, ratio_, static_cast<double>(busiest)).total;
-    }
-    return *rows_moved_bound_;
-  }
-  // max(mean work, largest unit) / mean work; 1 without work.
-  double unit_bound() {
-    const PlanStats& s = stats();
-    if (s.total_work == 0) return 1.0;
-    const double mean = static_cast<double>(s.total_work) / static_cast<double>(cp_);
-    return std::max(mean, static_cast<double>(planned_.largest_unit_work)) / mean;
-  }
-
- private:
-  std::string strategy_;
-  Lengths lengths_;
-  int64_t cp_;
-  int64_t ratio_;
-  StrategyPlan planned_;
-  std::optional<PlanStats> stats_;
-  std::optional<double> imbalance_bound_;
-  std::optional<int64_t> rows_moved_bound_;
-};
 
 PlanOptions seed_options(std::string_view mode, Option block_size, Option zigzag_min_length) {
   return PlanOptions{
@@ -124,13 +72,6 @@ StrategyParams with_options(std::optional<StrategyParams> extra, Option block_si
   if (block_size) params.block_size = block_size;
   if (zigzag_min_length) params.zigzag_min_length = zigzag_min_length;
   return params;
-}
-
-StrategyPlan as_strategy_plan(TaskPlan plan) {
-  StrategyPlan planned;
-  planned.padding_rows.assign(static_cast<size_t>(plan.cp()), 0);
-  planned.plan = std::move(plan);
-  return planned;
 }
 
 nb::tuple expected_bytes(const IndexerRoute& route, int64_t input_row_bytes, int64_t topk) {
@@ -217,18 +158,23 @@ void bind_plans(nb::module_& m) {
       },
       "Every registered strategy as (name, source, summary, unit, listing order).");
 
-  nb::class_<Plan>(m, "Plan", "A strategy's plan of one batch (planning/strategy.hpp).",
+  nb::class_<Plan>(m, "Plan", "A strategy's plan of one batch (planning/batch_plan.hpp).",
                    nb::dynamic_attr())
-      .def_prop_ro("strategy", &Plan::strategy)
+      .def_prop_ro("strategy", [](const Plan& plan) { return std::string(plan.strategy()); })
       .def_prop_ro("cp", &Plan::cp)
       .def_prop_ro("ratio", &Plan::ratio)
       .def_prop_ro(
           "lengths",
-          [](nb::handle self) { return view_int64(nb::cast<Plan&>(self).lengths(), self); }, kView)
+          [](nb::handle self) {
+            const std::span<const int64_t> lengths = nb::cast<const Plan&>(self).lengths();
+            const size_t shape[1] = {lengths.size()};
+            return Int64Array(lengths.data(), 1, shape, self);
+          },
+          kView)
       .def(
           "tasks_array",
           [](nb::handle self, int64_t rank) {
-            Plan& plan = nb::cast<Plan&>(self);
+            const Plan& plan = nb::cast<const Plan&>(self);
             SPARSECP_CHECK(rank >= 0 && rank < plan.cp(),
                            "Indexer balance rank must be inside its CP group");
             const std::span<const Task> tasks = plan.tasks().tasks(rank);
@@ -250,35 +196,32 @@ void bind_plans(nb::module_& m) {
           nb::arg("rank"), "This rank's tasks as a list of (document, start, end).")
       .def_prop_ro("task_count", [](const Plan& plan) { return plan.tasks().task_count(); })
       .def_prop_ro(
-          "rows", [](Plan& plan) { return own_int64(std::vector<int64_t>(plan.stats().rows)); },
+          "rows",
+          [](const Plan& plan) { return own_int64(std::vector<int64_t>(plan.stats().rows)); },
           kView)
       .def_prop_ro(
-          "work", [](Plan& plan) { return own_int64(std::vector<int64_t>(plan.stats().work)); },
+          "work",
+          [](const Plan& plan) { return own_int64(std::vector<int64_t>(plan.stats().work)); },
           kView)
-      .def_prop_ro("total_work", [](Plan& plan) { return plan.stats().total_work; })
-      .def_prop_ro("imbalance", [](Plan& plan) { return plan.stats().imbalance; })
-      .def_prop_ro("rows_moved", [](Plan& plan) { return plan.stats().rows_moved; })
-      .def_prop_ro("imbalance_bound", &Plan::imbalance_bound)
-      .def_prop_ro("rows_moved_bound", &Plan::rows_moved_bound)
+      .def_prop_ro("total_work", [](const Plan& plan) { return plan.stats().total_work; })
+      .def_prop_ro("imbalance", [](const Plan& plan) { return plan.stats().imbalance; })
+      .def_prop_ro("rows_moved", [](const Plan& plan) { return plan.stats().rows_moved; })
+      .def_prop_ro("imbalance_bound", [](const Plan& plan) { return plan.balance_bound().bound; })
+      .def_prop_ro("rows_moved_bound",
+                   [](const Plan& plan) { return plan.rows_moved_bound().total; })
       .def_prop_ro("unit_bound", &Plan::unit_bound)
       .def_prop_ro(
           "padding_rows",
-          [](const Plan& plan) {
-            return own_int64(std::vector<int64_t>(plan.planned().padding_rows));
-          },
+          [](const Plan& plan) { return own_int64(std::vector<int64_t>(plan.padding_rows())); },
           kView)
-      .def_prop_ro("largest_unit_work",
-                   [](const Plan& plan) { return plan.planned().largest_unit_work; })
-      .def_prop_ro("note", [](const Plan& plan) { return plan.planned().note; });
+      .def_prop_ro("largest_unit_work", &Plan::largest_unit_work)
+      .def_prop_ro("note", [](const Plan& plan) { return plan.note(); });
 
   m.def(
       "plan_strategy",
       [](std::string_view name, Lengths lengths, int64_t cp, int64_t ratio,
          const StrategyParams& params) {
-        const Strategy& strategy = find_strategy(name);
-        StrategyPlan planned = strategy.plan(lengths, cp, ratio, params);
-        return Plan(std::string(strategy.name()), std::move(lengths), cp, ratio,
-                    std::move(planned));
+        return find_strategy(name).plan(lengths, cp, ratio, params);
       },
       nb::arg("name"), nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("params"),
       nb::call_guard<nb::gil_scoped_release>(),
@@ -291,16 +234,13 @@ void bind_plans(nb::module_& m) {
           const Strategy& strategy = seed_api_strategy(mode, lengths, cp, ratio);
           const StrategyParams params =
               with_options(std::move(extra), block_size, zigzag_min_length);
-          StrategyPlan planned = strategy.plan(lengths, cp, ratio, params);
-          return Plan(std::string(strategy.name()), std::move(lengths), cp, ratio,
-                      std::move(planned));
+          return strategy.plan(lengths, cp, ratio, params);
         }
         SPARSECP_CHECK(!extra, "the seed's mode '", mode,
                        "' takes only block_size and zigzag_min_length");
-        TaskPlan plan =
+        TaskPlan tasks =
             plan_tasks(lengths, cp, ratio, seed_options(mode, block_size, zigzag_min_length));
-        return Plan(std::string(mode), std::move(lengths), cp, ratio,
-                    as_strategy_plan(std::move(plan)));
+        return Plan(std::move(tasks), std::move(lengths), cp, ratio, std::string(mode));
       },
       nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("mode"),
       nb::arg("block_size").none(), nb::arg("zigzag_min_length").none(),
@@ -394,12 +334,7 @@ void bind_routes(nb::module_& m) {
       nb::arg("params"), nb::call_guard<nb::gil_scoped_release>(),
       "Strategy::route: any strategy's route of one rank.");
   m.def(
-      "route_from_plan",
-      [](const Plan& plan, int64_t rank) {
-        SPARSECP_CHECK(rank >= 0 && rank < plan.cp(),
-                       "Indexer balance rank must be inside its CP group");
-        return make_route(plan.tasks(), plan.lengths(), rank, plan.ratio());
-      },
+      "route_from_plan", [](const Plan& plan, int64_t rank) { return plan.route(rank); },
       nb::arg("plan"), nb::arg("rank"), nb::call_guard<nb::gil_scoped_release>(),
       "make_route: a rank's route under a plan made beforehand.");
 }

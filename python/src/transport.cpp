@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/strategy.hpp"
@@ -78,10 +79,10 @@ void bind_transport(nb::module_& m) {
           "seed",
           [](const std::vector<int64_t>& lengths, int64_t cp, int64_t ratio, std::string_view mode,
              std::optional<int64_t> block_size, std::optional<int64_t> zigzag_min_length) {
-            return PlanningFingerprint(lengths, cp, ratio,
-                                       PlanOptions{.mode = parse_mode(mode),
-                                                   .block_size = block_size,
-                                                   .zigzag_min_length = zigzag_min_length});
+            return planning_fingerprint(lengths, cp, ratio,
+                                        PlanOptions{.mode = parse_mode(mode),
+                                                    .block_size = block_size,
+                                                    .zigzag_min_length = zigzag_min_length});
           },
           nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("mode"),
           nb::arg("block_size").none(), nb::arg("zigzag_min_length").none(),
@@ -90,7 +91,7 @@ void bind_transport(nb::module_& m) {
           "strategy",
           [](const std::vector<int64_t>& lengths, int64_t cp, int64_t ratio, std::string_view name,
              const StrategyParams& params) {
-            return PlanningFingerprint(lengths, cp, ratio, find_strategy(name), params);
+            return planning_fingerprint(lengths, cp, ratio, find_strategy(name), params);
           },
           nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("name"), nb::arg("params"),
           "Any registered strategy and every parameter.")

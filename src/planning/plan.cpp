@@ -393,32 +393,4 @@ void check_plan_covers(const TaskPlan& plan, std::span<const int64_t> lengths) {
   }
 }
 
-PlanStats plan_stats(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t ratio) {
-  PlanStats stats;
-  const int64_t cp = plan.cp();
-  std::vector<int64_t> boundaries(lengths.size() + 1, 0);
-  std::partial_sum(lengths.begin(), lengths.end(), boundaries.begin() + 1);
-  const int64_t local = cp > 0 ? boundaries.back() / cp : 0;
-  stats.rows.assign(static_cast<size_t>(cp), 0);
-  stats.work.assign(static_cast<size_t>(cp), 0);
-  for (int64_t rank = 0; rank < cp; ++rank) {
-    for (const Task& task : plan.tasks(rank)) {
-      stats.rows[static_cast<size_t>(rank)] += task.length();
-      stats.work[static_cast<size_t>(rank)] += task_work(task, ratio);
-      const int64_t begin = boundaries[static_cast<size_t>(task.document)] + task.start;
-      const int64_t end = begin + task.length();
-      const int64_t kept =
-          std::max<int64_t>(0, std::min(end, (rank + 1) * local) - std::max(begin, rank * local));
-      stats.rows_moved += task.length() - kept;
-    }
-  }
-  stats.total_work = std::accumulate(stats.work.begin(), stats.work.end(), int64_t{0});
-  if (stats.total_work > 0) {
-    const int64_t most = *std::max_element(stats.work.begin(), stats.work.end());
-    stats.imbalance =
-        static_cast<double>(most) * static_cast<double>(cp) / static_cast<double>(stats.total_work);
-  }
-  return stats;
-}
-
 }  // namespace sparsecp

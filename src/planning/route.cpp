@@ -297,4 +297,19 @@ IndexerRoute indexer_route(std::span<const int64_t> lengths, int64_t cp, int64_t
   return make_route(plan_tasks(lengths, cp, ratio, options), lengths, rank, ratio);
 }
 
+ExchangeBytes expected_exchange_bytes(const IndexerRoute& route, int64_t input_row_bytes,
+                                      int64_t topk) {
+  const auto product = [](int64_t a, int64_t b) {
+    int64_t value = 0;
+    SPARSECP_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &value),
+                   "Indexer exchange bytes of ", a, " x ", b, " overflows 64 bits");
+    return value;
+  };
+  const int64_t sent = static_cast<int64_t>(route.send_rows.size());
+  const int64_t received = static_cast<int64_t>(route.receive_rows.size());
+  const int64_t result_row = product(topk, static_cast<int64_t>(sizeof(int32_t)));
+  return {product(sent, input_row_bytes), product(received, input_row_bytes),
+          product(received, result_row), product(sent, result_row)};
+}
+
 }  // namespace sparsecp

@@ -120,7 +120,7 @@ void validate_strategy_params(const StrategyParams& params) {
 IndexerRoute Strategy::route(std::span<const int64_t> lengths, int64_t cp, int64_t rank,
                              int64_t ratio, const StrategyParams& params) const {
   SPARSECP_CHECK(rank >= 0 && rank < cp, "Indexer balance rank must be inside its CP group");
-  return make_route(plan(lengths, cp, ratio, params).plan, lengths, rank, ratio);
+  return plan(lengths, cp, ratio, params).route(rank);
 }
 
 std::string Strategy::describe(std::span<const int64_t>, int64_t, const StrategyParams&) const {
@@ -165,6 +165,20 @@ std::vector<const Strategy*> parse_strategy_list(std::string_view list) {
     begin = comma + 1;
   }
   return chosen;
+}
+
+Plan Strategy::plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                    const StrategyParams& params) const {
+  Assignment decided = assign(lengths, cp, ratio, params);
+  return Plan(std::move(decided.plan), {lengths.begin(), lengths.end()}, cp, ratio,
+              std::string(name()),
+              PlanLayout{std::move(decided.padding_rows), decided.largest_unit_work,
+                         std::move(decided.note)},
+              params.cost_model.value_or(CostModel{}), params.row_bytes);
+}
+
+Strategy::Assignment Strategy::assignment_of(const Plan& plan) {
+  return {plan.tasks(), plan.padding_rows(), plan.largest_unit_work(), plan.note()};
 }
 
 }  // namespace sparsecp

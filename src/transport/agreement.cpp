@@ -50,22 +50,6 @@ std::string hex(int64_t value) {
   return text;
 }
 
-// Strategies (other than through PlanOptions) are fingerprinted by their position in
-// the registry, offset so that they never equal a Mode.
-constexpr int64_t kStrategyId = 1000;
-
-std::string mode_text(int64_t mode) {
-  const auto quoted = [](std::string_view name) { return "'" + std::string(name) + "'"; };
-  if (mode >= 0 && mode <= static_cast<int64_t>(Mode::kHybrid)) {
-    return quoted(mode_name(static_cast<Mode>(mode)));
-  }
-  const auto strategies = all_strategies();
-  if (mode >= kStrategyId && mode < kStrategyId + static_cast<int64_t>(strategies.size())) {
-    return quoted(strategies[static_cast<size_t>(mode - kStrategyId)]->name());
-  }
-  return std::to_string(mode);
-}
-
 std::string optional_text(int64_t value) { return value < 0 ? "omitted" : std::to_string(value); }
 
 // What differs between rank `a` and rank `b`, from their components. Setting names
@@ -73,6 +57,13 @@ std::string optional_text(int64_t value) { return value < 0 ? "omitted" : std::t
 std::string describe_difference(std::span<const int64_t> a, int64_t rank_a,
                                 std::span<const int64_t> b, int64_t rank_b,
                                 const PlanningFingerprint& mine) {
+  const auto mode_text = [&](int64_t mode) -> std::string {
+    const std::vector<std::string>& names = mine.strategy_names();
+    if (mode >= 0 && mode < static_cast<int64_t>(names.size())) {
+      return "'" + names[static_cast<size_t>(mode)] + "'";
+    }
+    return mode < 0 ? std::string("none given") : std::to_string(mode);
+  };
   std::vector<std::string> parts;
   const auto pair = [&](const std::string& what, const std::string& x, const std::string& y) {
     parts.push_back(what + ": rank " + std::to_string(rank_a) + " has " + x + ", rank " +
@@ -125,13 +116,8 @@ std::string describe_difference(std::span<const int64_t> a, int64_t rank_a,
 }  // namespace
 
 PlanningFingerprint::PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp,
-                                         int64_t ratio, const PlanOptions& options)
-    : documents_(static_cast<int64_t>(lengths.size())),
-      cp_(cp),
-      ratio_(ratio),
-      mode_(static_cast<int64_t>(options.mode)),
-      block_size_(options.block_size.value_or(-1)),
-      zigzag_min_length_(options.zigzag_min_length.value_or(-1)) {
+                                         int64_t ratio)
+    : documents_(static_cast<int64_t>(lengths.size())), cp_(cp), ratio_(ratio) {
   uint64_t tokens = 0;  // wrapping: only compared, never used as a size
   uint64_t hash = mix(0x5EED, lengths.size());
   for (const int64_t length : lengths) {
@@ -142,33 +128,18 @@ PlanningFingerprint::PlanningFingerprint(std::span<const int64_t> lengths, int64
   lengths_hash_ = hash;
 }
 
-PlanningFingerprint::PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp,
-                                         int64_t ratio, const Strategy& strategy,
-                                         const StrategyParams& params)
-    : PlanningFingerprint(lengths, cp, ratio, PlanOptions{}) {
-  const auto strategies = all_strategies();
-  mode_ = kStrategyId +
-          (std::find(strategies.begin(), strategies.end(), &strategy) - strategies.begin());
-  block_size_ = params.block_size.value_or(-1);
-  zigzag_min_length_ = params.zigzag_min_length.value_or(-1);
-  add_real("target_imbalance", params.target_imbalance);
-  add("max_received_fragments", params.max_received_fragments);
-  const CostModel cost = params.cost_model.value_or(CostModel{});
-  add("cost_model", params.cost_model ? 1 : 0);
-  add_real("cost a", cost.a).add_real("cost b", cost.b).add_real("cost c", cost.c);
-  add("cost topk", cost.topk);
-  add_real("bandwidth_gbps", params.bandwidth_gbps);
-  add("row input bytes", params.row_bytes.input_bytes());
-  add("row result bytes", params.row_bytes.result_bytes());
-  add("wlb_split_length", params.wlb_split_length.value_or(-1));
-  add("snake_block", params.snake_block);
-  add("lpt_align", params.lpt_align);
-  add_real("lpt_row_cap", params.lpt_row_cap);
-  add("lpt_search_steps", params.lpt_search_steps);
-  add("lpt_fragment_cap", params.lpt_fragment_cap);
-  add("lpt_cost", static_cast<int64_t>(params.lpt_cost));
-  add("window", params.window);
-  add("topk", params.topk);
+PlanningFingerprint& PlanningFingerprint::set_strategy(int64_t index,
+                                                       std::vector<std::string> names) {
+  mode_ = index;
+  strategy_names_ = std::move(names);
+  return *this;
+}
+
+PlanningFingerprint& PlanningFingerprint::set_seed_options(
+    std::optional<int64_t> block_size, std::optional<int64_t> zigzag_min_length) {
+  block_size_ = block_size.value_or(-1);
+  zigzag_min_length_ = zigzag_min_length.value_or(-1);
+  return *this;
 }
 
 PlanningFingerprint& PlanningFingerprint::add_real(std::string_view name, double value) {

@@ -398,18 +398,6 @@ RowMatrix::RowMatrix(DType type, int64_t row_count, int64_t col_count)
   allocate(bytes, size, "Indexer worker field");
 }
 
-ExchangeBytes expected_exchange_bytes(const IndexerRoute& route, int64_t input_row_bytes,
-                                      int64_t topk) {
-  const int64_t sent = static_cast<int64_t>(route.send_rows.size());
-  const int64_t received = static_cast<int64_t>(route.receive_rows.size());
-  const int64_t result_row =
-      checked_product(topk, static_cast<int64_t>(sizeof(int32_t)), "Indexer result row");
-  const char* what = "Indexer exchange bytes";
-  return {checked_product(sent, input_row_bytes, what),
-          checked_product(received, input_row_bytes, what),
-          checked_product(received, result_row, what), checked_product(sent, result_row, what)};
-}
-
 int64_t input_row_bytes(const IndexerInputs& inputs) {
   int64_t bytes = 0;
   for (const TensorView* tensor :
@@ -581,21 +569,24 @@ IndexerInputExchange launch_agreed(FieldLaunch launch, std::shared_ptr<const Ind
   return ExchangeAccess::make(std::move(state));
 }
 
-// The launch of both planning vocabularies: `make_route` builds this rank's route
-// (seed options or any strategy), `planning` fingerprints what every rank must agree
-// on.
-IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
-                                         const std::function<IndexerRoute()>& make_route,
-                                         std::span<const int64_t> lengths,
-                                         const PlanningFingerprint& planning, Communicator& comm,
-                                         const char* axes_text) {
+// Seed texts for mismatched axes: the launch path and the synchronous path differ.
+constexpr const char* kLaunchAxesText =
+    "Indexer qr, weights and rotary embeddings must share token axes and device";
+constexpr const char* kSelectAxesText =
+    "Indexer qr, weights and rotary embeddings must have matching batch/token axes and device";
+
+}  // namespace
+
+IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs, const RouteRequest& request,
+                                           Communicator& comm) {
+  const char* axes_text = request.synchronous ? kSelectAxesText : kLaunchAxesText;
   std::vector<MatrixView> fields;
   std::shared_ptr<const IndexerRoute> route;
   FieldLaunch launch;
   const LocalFailure error = capture([&] {
     check_batch_one(inputs);
     int64_t total = 0;
-    for (const int64_t length : lengths) {
+    for (const int64_t length : request.lengths) {
       SPARSECP_CHECK(!__builtin_add_overflow(total, length, &total),
                      "Indexer balance document lengths overflow 64 bits");
     }
@@ -604,72 +595,19 @@ IndexerInputExchange launch_with_lengths(const IndexerInputs& inputs,
                        shards == total,
                    "Indexer balance requires batch one and equal contiguous source query shards");
     fields = owner_fields(inputs, axes_text);
-    route = std::make_shared<const IndexerRoute>(make_route());
+    SPARSECP_CHECK(request.build != nullptr, "Indexer input exchange needs a route, got none");
+    route = std::make_shared<const IndexerRoute>(request.build());
     check_route(*route, comm.size(), comm.rank());
     SPARSECP_CHECK(fields[0].rows == owner_rows(*route), "Indexer route sends or keeps ",
                    owner_rows(*route), " owner rows of ", fields[0].rows);
     launch = prepare_fields(fields, *route);
   });
   Fingerprint fingerprint;
-  fingerprint.add(static_cast<int64_t>(planning.value() >> 2));
+  fingerprint.add(static_cast<int64_t>(request.planning.value() >> 2));
   add_fields(fingerprint, fields);
-  agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange", &planning);
+  agree(comm, error, true, route.get(), fingerprint.value(), "Indexer input exchange",
+        &request.planning);
   return launch_agreed(std::move(launch), std::move(route), comm);
-}
-
-// Seed texts for mismatched axes: the launch path and the synchronous path differ.
-constexpr const char* kLaunchAxesText =
-    "Indexer qr, weights and rotary embeddings must share token axes and device";
-constexpr const char* kSelectAxesText =
-    "Indexer qr, weights and rotary embeddings must have matching batch/token axes and device";
-
-IndexerInputExchange launch_seed(const IndexerInputs& inputs, std::span<const int64_t> lengths,
-                                 int64_t ratio, const PlanOptions& options, Communicator& comm,
-                                 const char* axes_text) {
-  return launch_with_lengths(
-      inputs, [&] { return indexer_route(lengths, comm.size(), comm.rank(), ratio, options); },
-      lengths, PlanningFingerprint(lengths, comm.size(), ratio, options), comm, axes_text);
-}
-
-IndexerInputExchange launch_strategy(const IndexerInputs& inputs, std::span<const int64_t> lengths,
-                                     int64_t ratio, const Strategy& strategy,
-                                     const StrategyParams& params, Communicator& comm,
-                                     const char* axes_text) {
-  return launch_with_lengths(
-      inputs, [&] { return strategy.route(lengths, comm.size(), comm.rank(), ratio, params); },
-      lengths, PlanningFingerprint(lengths, comm.size(), ratio, strategy, params), comm, axes_text);
-}
-
-// Seed `balanced_indexer_select` after the launch: select this rank's worker rows and
-// return the results to their owners.
-SelectedKeys select_and_return(IndexerInputExchange exchange, const Selector& selector,
-                               Communicator& comm) {
-  const WorkerInputs worker = exchange.wait();
-  SelectedKeys selected;
-  // A selector failing on one rank must not leave its peers in the result
-  // exchange: report through the result agreement instead of returning early (the
-  // failing rank rethrows the selector's own exception).
-  const LocalFailure failure =
-      capture([&] { selected = selector(worker, exchange.route().segments); });
-  if (failure) {
-    agree(comm, failure, false, nullptr, 0, "Indexer result exchange");
-  }
-  return exchange.launch_result(selected).wait();
-}
-
-}  // namespace
-
-IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
-                                           std::span<const int64_t> lengths, int64_t ratio,
-                                           const PlanOptions& options, Communicator& comm) {
-  return launch_seed(inputs, lengths, ratio, options, comm, kLaunchAxesText);
-}
-
-IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
-                                           std::span<const int64_t> lengths, int64_t ratio,
-                                           const Strategy& strategy, const StrategyParams& params,
-                                           Communicator& comm) {
-  return launch_strategy(inputs, lengths, ratio, strategy, params, comm, kLaunchAxesText);
 }
 
 IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
@@ -728,20 +666,19 @@ SelectedKeys return_rows(const SelectedKeys& selected, const IndexerRoute& route
   return exchange.launch_result(selected).wait();
 }
 
-SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
-                             std::span<const int64_t> lengths, int64_t ratio,
-                             const PlanOptions& options, Communicator& comm) {
-  return select_and_return(launch_seed(inputs, lengths, ratio, options, comm, kSelectAxesText),
-                           selector, comm);
-}
-
-SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
-                             std::span<const int64_t> lengths, int64_t ratio,
-                             const Strategy& strategy, const StrategyParams& params,
-                             Communicator& comm) {
-  return select_and_return(
-      launch_strategy(inputs, lengths, ratio, strategy, params, comm, kSelectAxesText), selector,
-      comm);
+SelectedKeys select_and_return(IndexerInputExchange exchange, const Selector& selector,
+                               Communicator& comm) {
+  const WorkerInputs worker = exchange.wait();
+  SelectedKeys selected;
+  // A selector failing on one rank must not leave its peers in the result
+  // exchange: report through the result agreement instead of returning early (the
+  // failing rank rethrows the selector's own exception).
+  const LocalFailure failure =
+      capture([&] { selected = selector(worker, exchange.route().segments); });
+  if (failure) {
+    agree(comm, failure, false, nullptr, 0, "Indexer result exchange");
+  }
+  return exchange.launch_result(selected).wait();
 }
 
 }  // namespace sparsecp

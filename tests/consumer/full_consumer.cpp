@@ -16,9 +16,9 @@ int main(int argc, char** argv) {
   {
     sparsecp::MpiCommunicator comm(MPI_COMM_WORLD);
     const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
-    const sparsecp::StrategyPlan planned =
+    const sparsecp::Plan planned =
         sparsecp::find_strategy("spill").plan(lengths, 4, 4, sparsecp::StrategyParams{});
-    const sparsecp::IndexerRoute route = sparsecp::make_route(planned.plan, lengths, 0, 4);
+    const sparsecp::IndexerRoute route = sparsecp::make_route(planned.tasks(), lengths, 0, 4);
     // One row at document position 7 sees two keys; select the best one.
     const std::vector<float> q = {1, 0}, weights = {1}, keys = {1, 0, 2, 0};
     const std::vector<sparsecp::Segment> segments = {{0, 1, 0, 2, 0}};

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "support/error_of.hpp"
 #include "support/random_batch.hpp"

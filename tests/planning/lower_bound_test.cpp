@@ -176,8 +176,8 @@ TEST(LowerBound, NoStrategyMovesFewerRowsThanTheBoundAtItsOwnLoad) {
     params.snake_block = 8;
     params.lpt_align = 8;
     for (const Strategy* strategy : all_strategies()) {
-      const StrategyPlan planned = strategy->plan(lengths, cp, ratio, params);
-      const PlanStats stats = plan_stats(planned.plan, lengths, ratio);
+      const Plan planned = strategy->plan(lengths, cp, ratio, params);
+      const PlanStats stats = plan_stats(planned.tasks(), lengths, ratio);
       const int64_t busiest = *std::max_element(stats.work.begin(), stats.work.end());
       const RowsMovedBound bound =
           rows_moved_lower_bound_at(lengths, cp, ratio, static_cast<double>(busiest));

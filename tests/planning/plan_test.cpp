@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "sparsecp/error.hpp"
+#include "sparsecp/planning/batch_plan.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "support/error_of.hpp"
 #include "support/random_batch.hpp"

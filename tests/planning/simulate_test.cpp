@@ -18,6 +18,7 @@
 
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/report_svg.hpp"
+#include "sparsecp/io/simulate_report.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "support/random_batch.hpp"
 

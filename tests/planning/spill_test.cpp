@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/lower_bound.hpp"
 #include "sparsecp/planning/route.hpp"
@@ -232,14 +233,14 @@ TEST(Spill, RowCapSaturatesForShardsBeyond2To62) {
 TEST(SpillStrategy, RegisteredAndRoutable) {
   const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
   const Strategy& spill = find_strategy("spill");
-  const StrategyPlan planned = spill.plan(lengths, 4, 4, StrategyParams{});
-  check_plan_covers(planned.plan, lengths);
-  EXPECT_EQ(planned.largest_unit_work, 1250);
-  EXPECT_EQ(planned.note, "");
+  const Plan planned = spill.plan(lengths, 4, 4, StrategyParams{});
+  check_plan_covers(planned.tasks(), lengths);
+  EXPECT_EQ(planned.largest_unit_work(), 1250);
+  EXPECT_EQ(planned.note(), "");
   // Every rank's route is consistent with the plan's rows.
   for (int64_t r = 0; r < 4; ++r) {
-    const IndexerRoute route = make_route(planned.plan, lengths, r, 4);
-    EXPECT_EQ(route.query_count, planned.plan.rows(r));
+    const IndexerRoute route = make_route(planned.tasks(), lengths, r, 4);
+    EXPECT_EQ(route.query_count, planned.tasks().rows(r));
     EXPECT_EQ(static_cast<int64_t>(route.local_sources.size() + route.send_rows.size()), 2000);
   }
 }
@@ -285,8 +286,8 @@ TEST(Auto, BandwidthDecides) {
                 ;
               }),
               HasSubstr("bandwidth must be positive"));
-  const StrategyPlan registered = find_strategy("auto").plan(lengths, 4, 4, StrategyParams{});
-  EXPECT_THAT(registered.note, HasSubstr("chose "));
+  const Plan registered = find_strategy("auto").plan(lengths, 4, 4, StrategyParams{});
+  EXPECT_THAT(registered.note(), HasSubstr("chose "));
 }
 
 // --- the commands `sparsecp spill` and `sparsecp calibrate` ---------------------------

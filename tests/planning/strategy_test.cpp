@@ -30,8 +30,8 @@ std::vector<std::vector<Task>> ranks_of(const TaskPlan& plan) {
   return ranks;
 }
 
-StrategyPlan plan_with(std::string_view name, std::vector<int64_t> lengths, int64_t cp,
-                       int64_t ratio, const StrategyParams& params = {}) {
+Plan plan_with(std::string_view name, std::vector<int64_t> lengths, int64_t cp, int64_t ratio,
+               const StrategyParams& params = {}) {
   return find_strategy(name).plan(lengths, cp, ratio, params);
 }
 
@@ -173,8 +173,8 @@ TEST(SeedModes, AreBitExactAdaptersOverPlanTasks) {
       if (mode == Mode::kHybrid) options.zigzag_min_length = total / cp;
       const auto expected = ranks_of(plan_tasks(lengths, cp, ratio, options));
       const auto got = find_strategy(mode_name(mode)).plan(lengths, cp, ratio, params);
-      EXPECT_EQ(ranks_of(got.plan), expected) << mode_name(mode);
-      EXPECT_EQ(got.padding_rows, std::vector<int64_t>(static_cast<size_t>(cp), 0));
+      EXPECT_EQ(ranks_of(got.tasks()), expected) << mode_name(mode);
+      EXPECT_EQ(got.padding_rows(), std::vector<int64_t>(static_cast<size_t>(cp), 0));
     }
     // An explicit hybrid threshold is passed through unchanged.
     params.zigzag_min_length = 5;
@@ -182,7 +182,7 @@ TEST(SeedModes, AreBitExactAdaptersOverPlanTasks) {
     const auto expected = ranks_of(plan_tasks(
         lengths, cp, ratio,
         {.mode = Mode::kHybrid, .block_size = params.block_size, .zigzag_min_length = 5}));
-    EXPECT_EQ(ranks_of(got.plan), expected);
+    EXPECT_EQ(ranks_of(got.tasks()), expected);
   }
 }
 
@@ -228,10 +228,10 @@ TEST(SeedModes, RoutesAreTheSeedsIndexerRoute) {
 TEST(Strategies, EveryRouteMatchesTheGenericRouteOfItsPlan) {
   const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
   for (const Strategy* strategy : all_strategies()) {
-    const StrategyPlan planned = strategy->plan(lengths, 4, 4, {});
+    const Plan planned = strategy->plan(lengths, 4, 4, {});
     for (int64_t rank = 0; rank < 4; ++rank) {
       EXPECT_EQ(strategy->route(lengths, 4, rank, 4, {}),
-                make_route(planned.plan, lengths, rank, 4))
+                make_route(planned.tasks(), lengths, rank, 4))
           << strategy->name() << " rank " << rank;
     }
   }
@@ -241,9 +241,9 @@ TEST(Strategies, EveryRouteMatchesTheGenericRouteOfItsPlan) {
 TEST(SeedModes, NoneUnitIsTheBusiestShard) {
   // SYSTEM.md: contiguous work (499500, 1499500, 1197000, 848825).
   const auto planned = plan_with("none", {5000, 300, 2699, 1}, 4, 4);
-  EXPECT_EQ(planned.largest_unit_work, 1499500);
+  EXPECT_EQ(planned.largest_unit_work(), 1499500);
   // Zigzag is row-granular: the costliest row is the last of the 5000-row document.
-  EXPECT_EQ(plan_with("zigzag", {5000, 300, 2699, 1}, 4, 4).largest_unit_work, 1250);
+  EXPECT_EQ(plan_with("zigzag", {5000, 300, 2699, 1}, 4, 4).largest_unit_work(), 1250);
 }
 
 TEST(PerDocumentZigzag, HandComputedCaseWithPadding) {
@@ -252,16 +252,16 @@ TEST(PerDocumentZigzag, HandComputedCaseWithPadding) {
   // rank 1 gets [2,4) and [4,5) (1 padding). Length 3 -> chunk 1: rank 0 gets [0,1)
   // and [3,4) = padding, rank 1 gets [1,2) and [2,3).
   const auto planned = plan_with("per-doc-zigzag", {5, 3}, 2, 1);
-  EXPECT_THAT(ranks_of(planned.plan), ElementsAre(ElementsAre(Task{0, 0, 2}, Task{1, 0, 1}),
-                                                  ElementsAre(Task{0, 2, 5}, Task{1, 1, 3})));
-  EXPECT_THAT(planned.padding_rows, ElementsAre(3, 1));
-  EXPECT_EQ(planned.largest_unit_work, 5);  // ratio 1: the last row of 5 sees 5 keys
+  EXPECT_THAT(ranks_of(planned.tasks()), ElementsAre(ElementsAre(Task{0, 0, 2}, Task{1, 0, 1}),
+                                                     ElementsAre(Task{0, 2, 5}, Task{1, 1, 3})));
+  EXPECT_THAT(planned.padding_rows(), ElementsAre(3, 1));
+  EXPECT_EQ(planned.largest_unit_work(), 5);  // ratio 1: the last row of 5 sees 5 keys
 }
 
 TEST(PerDocumentZigzag, MultiplesOfTwoCpNeedNoPadding) {
   const auto planned = plan_with("per-doc-zigzag", {8, 4}, 2, 4);
-  EXPECT_THAT(planned.padding_rows, ElementsAre(0, 0));
-  EXPECT_THAT(ranks_of(planned.plan),
+  EXPECT_THAT(planned.padding_rows(), ElementsAre(0, 0));
+  EXPECT_THAT(ranks_of(planned.tasks()),
               ElementsAre(ElementsAre(Task{0, 0, 2}, Task{0, 6, 8}, Task{1, 0, 1}, Task{1, 3, 4}),
                           ElementsAre(Task{0, 2, 6}, Task{1, 1, 3})));
 }
@@ -269,11 +269,11 @@ TEST(PerDocumentZigzag, MultiplesOfTwoCpNeedNoPadding) {
 TEST(RoundRobin, HandComputedCase) {
   // Packed rows 0..5; even rows to rank 0: doc 0 rows 0 and 2, doc 1 row 1 (packed 4).
   const auto planned = plan_with("round-robin", {3, 3}, 2, 1);
-  EXPECT_THAT(ranks_of(planned.plan),
+  EXPECT_THAT(ranks_of(planned.tasks()),
               ElementsAre(ElementsAre(Task{0, 0, 1}, Task{0, 2, 3}, Task{1, 1, 2}),
                           ElementsAre(Task{0, 1, 2}, Task{1, 0, 1}, Task{1, 2, 3})));
   // cp 1 keeps whole documents.
-  EXPECT_THAT(ranks_of(plan_with("round-robin", {3, 3}, 1, 1).plan),
+  EXPECT_THAT(ranks_of(plan_with("round-robin", {3, 3}, 1, 1).tasks()),
               ElementsAre(ElementsAre(Task{0, 0, 3}, Task{1, 0, 3})));
 }
 
@@ -283,16 +283,16 @@ TEST(Snake, HandComputedCase) {
   StrategyParams params;
   params.snake_block = 2;
   const auto planned = plan_with("snake", {8}, 2, 1, params);
-  EXPECT_THAT(ranks_of(planned.plan),
+  EXPECT_THAT(ranks_of(planned.tasks()),
               ElementsAre(ElementsAre(Task{0, 0, 2}, Task{0, 6, 8}), ElementsAre(Task{0, 2, 6})));
-  EXPECT_EQ(planned.largest_unit_work, 15);
+  EXPECT_EQ(planned.largest_unit_work(), 15);
   // Blocks that span documents become one task per document piece.
   params.snake_block = 3;
   const auto spanning = plan_with("snake", {2, 4}, 2, 1, params);
   // Blocks [0,3) = doc0 [0,2) + doc1 [0,1): work 3 + 1 = 4; [3,6) = doc1 [1,4): 2+3+4 = 9.
-  EXPECT_THAT(ranks_of(spanning.plan),
+  EXPECT_THAT(ranks_of(spanning.tasks()),
               ElementsAre(ElementsAre(Task{1, 1, 4}), ElementsAre(Task{0, 0, 2}, Task{1, 0, 1})));
-  EXPECT_EQ(spanning.largest_unit_work, 9);
+  EXPECT_EQ(spanning.largest_unit_work(), 9);
 }
 
 TEST(Snake, PartialLastRoundKeepsTheSnakeDirection) {
@@ -300,7 +300,7 @@ TEST(Snake, PartialLastRoundKeepsTheSnakeDirection) {
   // round 1 (odd, partial) starts from the last rank: b0 -> rank 1.
   StrategyParams params;
   params.snake_block = 2;
-  EXPECT_THAT(ranks_of(plan_with("snake", {6}, 2, 1, params).plan),
+  EXPECT_THAT(ranks_of(plan_with("snake", {6}, 2, 1, params).tasks()),
               ElementsAre(ElementsAre(Task{0, 4, 6}), ElementsAre(Task{0, 0, 4})));
 }
 
@@ -312,15 +312,15 @@ TEST(LptSearch, HandComputedCase) {
   params.lpt_align = 2;
   params.lpt_cost = RowCost::kCausal;
   const auto planned = plan_with("lpt-search", {8}, 2, 1, params);
-  EXPECT_THAT(ranks_of(planned.plan),
+  EXPECT_THAT(ranks_of(planned.tasks()),
               ElementsAre(ElementsAre(Task{0, 0, 2}, Task{0, 6, 8}), ElementsAre(Task{0, 2, 6})));
-  EXPECT_EQ(planned.largest_unit_work, 15);
+  EXPECT_EQ(planned.largest_unit_work(), 15);
   // A fragment cap of 1 cannot hold rank 0's two fragments: contiguous fallback.
   params.lpt_fragment_cap = 1;
   const auto fallback = plan_with("lpt-search", {8}, 2, 1, params);
-  EXPECT_THAT(ranks_of(fallback.plan),
+  EXPECT_THAT(ranks_of(fallback.tasks()),
               ElementsAre(ElementsAre(Task{0, 0, 4}), ElementsAre(Task{0, 4, 8})));
-  EXPECT_THAT(fallback.note, HasSubstr("contiguous fallback"));
+  EXPECT_THAT(fallback.note(), HasSubstr("contiguous fallback"));
 }
 
 TEST(LptSearch, MagiRowCostByHand) {
@@ -336,11 +336,11 @@ TEST(LptSearch, BalancesAHeavyTailBetterThanContiguous) {
   const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
   const auto lpt = plan_with("lpt-search", lengths, 4, 4, params);
   const auto none = plan_with("none", lengths, 4, 4, params);
-  EXPECT_LT(plan_stats(lpt.plan, lengths, 4).imbalance, 1.05);
-  EXPECT_GT(plan_stats(none.plan, lengths, 4).imbalance, 1.48);
+  EXPECT_LT(plan_stats(lpt.tasks(), lengths, 4).imbalance, 1.05);
+  EXPECT_GT(plan_stats(none.tasks(), lengths, 4).imbalance, 1.48);
   // The row cap (the local 2000 rows) holds up to one fragment: 2000 is not a multiple
   // of 128, so two of the 62 full fragments cannot fit under it.
-  for (int64_t r = 0; r < 4; ++r) EXPECT_LE(lpt.plan.rows(r), 2000 + 128);
+  for (int64_t r = 0; r < 4; ++r) EXPECT_LE(lpt.tasks().rows(r), 2000 + 128);
 }
 
 TEST(Strategies, RejectBadParameters) {
@@ -377,14 +377,14 @@ TEST(Strategies, CoverEveryRowOnceAndRouteConsistently) {
       SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial) + " cp " +
                    std::to_string(cp) + " ratio " + std::to_string(ratio) + " strategy " +
                    std::string(strategy->name()));
-      const StrategyPlan planned = strategy->plan(lengths, cp, ratio, params);
-      ASSERT_EQ(planned.plan.cp(), cp);
-      EXPECT_NO_THROW(check_plan_covers(planned.plan, lengths));
-      ASSERT_EQ(planned.padding_rows.size(), static_cast<size_t>(cp));
-      const PlanStats stats = plan_stats(planned.plan, lengths, ratio);
+      const Plan planned = strategy->plan(lengths, cp, ratio, params);
+      ASSERT_EQ(planned.tasks().cp(), cp);
+      EXPECT_NO_THROW(check_plan_covers(planned.tasks(), lengths));
+      ASSERT_EQ(planned.padding_rows().size(), static_cast<size_t>(cp));
+      const PlanStats stats = plan_stats(planned.tasks(), lengths, ratio);
       const int64_t busiest = *std::max_element(stats.work.begin(), stats.work.end());
-      EXPECT_LE(planned.largest_unit_work, busiest);
-      expect_routes_consistent(planned.plan, lengths, ratio);
+      EXPECT_LE(planned.largest_unit_work(), busiest);
+      expect_routes_consistent(planned.tasks(), lengths, ratio);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/transport/agreement.hpp"
 #include "sparsecp/transport/exchange.hpp"
@@ -51,7 +52,7 @@ PlanOptions greedy() { return {Mode::kGreedy, 64, std::nullopt}; }
 
 TEST(Agreement, EqualInputsPass) {
   Group g;
-  PlanningFingerprint fingerprint(kLengths, g.size, 4, greedy());
+  PlanningFingerprint fingerprint = planning_fingerprint(kLengths, g.size, 4, greedy());
   fingerprint.add("topk", 512).add("qr width", 1536);
   EXPECT_EQ(outcome(g.comm, fingerprint), "");
 }
@@ -63,7 +64,7 @@ TEST(Agreement, LastRankWithOtherLengthsFailsEveryRank) {
   std::vector<int64_t> lengths = kLengths;
   if (g.rank == g.size - 1) lengths = {600, 300, 100, 200};
   const std::string message =
-      outcome(g.comm, PlanningFingerprint(lengths, g.size, 4, greedy()).add("topk", 512));
+      outcome(g.comm, planning_fingerprint(lengths, g.size, 4, greedy()).add("topk", 512));
   EXPECT_THAT(message, HasSubstr("CP ranks disagree on the planning inputs: rank " +
                                  std::to_string(g.size - 1) + " has fingerprint "));
   EXPECT_THAT(message, HasSubstr(", rank 0 has "));
@@ -79,7 +80,7 @@ TEST(Agreement, RankZeroDifferentNamesTheFirstOtherRank) {
   if (g.size < 2) GTEST_SKIP() << "needs two ranks";
   std::vector<int64_t> lengths = kLengths;
   if (g.rank == 0) lengths.push_back(g.size);  // one more document on rank 0
-  const std::string message = outcome(g.comm, PlanningFingerprint(lengths, g.size, 4, greedy()));
+  const std::string message = outcome(g.comm, planning_fingerprint(lengths, g.size, 4, greedy()));
   EXPECT_THAT(message, HasSubstr("rank 1 has fingerprint"));
   EXPECT_THAT(message, HasSubstr("rank 1 has 4 documents, 1200 tokens, rank 0 has 5 documents"));
   EXPECT_THAT(message, HasSubstr(std::to_string(g.size - 1) + " of " + std::to_string(g.size) +
@@ -92,7 +93,7 @@ TEST(Agreement, OptionsAndSettingsAreNamed) {
   if (g.size < 2) GTEST_SKIP() << "needs two ranks";
   const bool odd = g.rank == 1;
   PlanOptions options = odd ? PlanOptions{Mode::kHybrid, 32, 300} : greedy();
-  PlanningFingerprint fingerprint(kLengths, g.size, odd ? 2 : 4, options);
+  PlanningFingerprint fingerprint = planning_fingerprint(kLengths, g.size, odd ? 2 : 4, options);
   fingerprint.add("topk", odd ? 10 : 9).add("repeats", 3);
   const std::string message = outcome(g.comm, fingerprint);
   EXPECT_THAT(message, HasSubstr("ratio differs: rank 1 has 2, rank 0 has 4"));
@@ -108,7 +109,7 @@ TEST(Agreement, OptionsAndSettingsAreNamed) {
 TEST(Agreement, DifferentSettingNamesAreReported) {
   Group g;
   if (g.size < 2) GTEST_SKIP() << "needs two ranks";
-  PlanningFingerprint fingerprint(kLengths, g.size, 4, greedy());
+  PlanningFingerprint fingerprint = planning_fingerprint(kLengths, g.size, 4, greedy());
   fingerprint.add(g.rank == 0 ? "topk" : "top_k", 9);
   const std::string message = outcome(g.comm, fingerprint);
   EXPECT_THAT(message, HasSubstr("settings differ"));
@@ -122,7 +123,7 @@ TEST(Agreement, GroupStaysUsableAfterAMismatch) {
   for (int round = 0; round < 3; ++round) {
     std::vector<int64_t> lengths = kLengths;
     if (round == 1 && g.rank == g.size - 1) lengths[0] += 1;
-    const std::string message = outcome(g.comm, PlanningFingerprint(lengths, g.size, 4, greedy()));
+    const std::string message = outcome(g.comm, planning_fingerprint(lengths, g.size, 4, greedy()));
     if (round == 1 && g.size > 1) {
       EXPECT_THAT(message, HasSubstr("document lengths differ"));
     } else {
@@ -170,21 +171,21 @@ TEST(Agreement, InputExchangeNamesDifferentLengths) {
 }
 
 TEST(Agreement, FingerprintSeesEveryInput) {
-  const PlanningFingerprint base(kLengths, 4, 4, greedy());
+  const PlanningFingerprint base = planning_fingerprint(kLengths, 4, 4, greedy());
   const auto differs = [&](const PlanningFingerprint& other) {
     return other.value() != base.value();
   };
-  EXPECT_EQ(PlanningFingerprint(kLengths, 4, 4, greedy()).value(), base.value());
+  EXPECT_EQ(planning_fingerprint(kLengths, 4, 4, greedy()).value(), base.value());
   const std::vector<int64_t> swapped = {600, 300, 201, 99};
-  EXPECT_TRUE(differs(PlanningFingerprint(swapped, 4, 4, greedy())));
-  EXPECT_TRUE(differs(PlanningFingerprint(kLengths, 2, 4, greedy())));
-  EXPECT_TRUE(differs(PlanningFingerprint(kLengths, 4, 1, greedy())));
-  EXPECT_TRUE(differs(PlanningFingerprint(kLengths, 4, 4, {Mode::kGreedy, 65, std::nullopt})));
-  EXPECT_TRUE(differs(PlanningFingerprint(kLengths, 4, 4, {Mode::kGreedy, std::nullopt, {}})));
-  EXPECT_TRUE(differs(PlanningFingerprint(kLengths, 4, 4, {Mode::kHybrid, 64, 100})));
-  EXPECT_TRUE(differs(PlanningFingerprint(kLengths, 4, 4, greedy()).add("topk", 0)));
-  PlanningFingerprint a(kLengths, 4, 4, greedy());
-  PlanningFingerprint b(kLengths, 4, 4, greedy());
+  EXPECT_TRUE(differs(planning_fingerprint(swapped, 4, 4, greedy())));
+  EXPECT_TRUE(differs(planning_fingerprint(kLengths, 2, 4, greedy())));
+  EXPECT_TRUE(differs(planning_fingerprint(kLengths, 4, 1, greedy())));
+  EXPECT_TRUE(differs(planning_fingerprint(kLengths, 4, 4, {Mode::kGreedy, 65, std::nullopt})));
+  EXPECT_TRUE(differs(planning_fingerprint(kLengths, 4, 4, {Mode::kGreedy, std::nullopt, {}})));
+  EXPECT_TRUE(differs(planning_fingerprint(kLengths, 4, 4, {Mode::kHybrid, 64, 100})));
+  EXPECT_TRUE(differs(planning_fingerprint(kLengths, 4, 4, greedy()).add("topk", 0)));
+  PlanningFingerprint a = planning_fingerprint(kLengths, 4, 4, greedy());
+  PlanningFingerprint b = planning_fingerprint(kLengths, 4, 4, greedy());
   a.add("x", 1).add("y", 2);
   b.add("y", 2).add("x", 1);
   EXPECT_NE(a.value(), b.value());  // order matters

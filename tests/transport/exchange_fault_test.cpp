@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/route.hpp"
 #include "sparsecp/transport/exchange.hpp"

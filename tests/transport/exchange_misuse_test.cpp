@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/transport/exchange.hpp"
 #include "sparsecp/transport/mpi_communicator.hpp"

@@ -16,6 +16,7 @@
 #include <numeric>
 #include <vector>
 
+#include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/workload.hpp"
 #include "sparsecp/transport/exchange.hpp"

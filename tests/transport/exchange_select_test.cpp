@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "sparsecp/balanced_select.hpp"
 #include "sparsecp/kernels/select.hpp"
 #include "sparsecp/planning/workload.hpp"
 #include "sparsecp/transport/exchange.hpp"

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "sparsecp/balanced_select.hpp"
 #include "sparsecp/kernels/select.hpp"
 #include "sparsecp/planning/spill.hpp"
 #include "sparsecp/planning/workload.hpp"

@@ -9,6 +9,7 @@
 #include "batch_input.hpp"
 #include "calibration.hpp"
 #include "command.hpp"
+#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/error.hpp"
 
 namespace sparsecp::cli {

@@ -30,7 +30,7 @@ struct PlanCommand {
 struct PlanReport {
   const Strategy* strategy = nullptr;
   std::string parameters;
-  StrategyPlan planned;
+  Plan planned;
   PlanStats stats;
   int64_t busiest_work = 0;
   // The fewest rows any plan whose busiest rank does at most this plan's busiest work
@@ -41,18 +41,13 @@ struct PlanReport {
 
 PlanReport report(const Strategy& strategy, std::span<const int64_t> lengths,
                   const PlanCommand& command, const StrategyParams& params) {
-  PlanReport r;
-  r.strategy = &strategy;
-  r.parameters = strategy.describe(lengths, command.cp, params);
-  r.planned = strategy.plan(lengths, command.cp, command.ratio, params);
-  r.stats = plan_stats(r.planned.plan, lengths, command.ratio);
+  Plan planned = strategy.plan(lengths, command.cp, command.ratio, params);
+  PlanReport r{&strategy, strategy.describe(lengths, command.cp, params), planned, planned.stats()};
   for (int64_t rank = 0; rank < command.cp; ++rank) {
     r.busiest_work = std::max(r.busiest_work, r.stats.work[static_cast<size_t>(rank)]);
-    r.most_tasks = std::max(r.most_tasks, r.planned.plan.tasks(rank).size());
+    r.most_tasks = std::max(r.most_tasks, planned.tasks(rank).size());
   }
-  r.rows_moved_bound = rows_moved_lower_bound_at(lengths, command.cp, command.ratio,
-                                                 static_cast<double>(r.busiest_work))
-                           .total;
+  r.rows_moved_bound = planned.rows_moved_bound().total;
   return r;
 }
 
@@ -67,18 +62,18 @@ nlohmann::ordered_json report_json(const PlanReport& r, int64_t total_rows, bool
   out["moved_fraction"] = static_cast<double>(r.stats.rows_moved) /
                           static_cast<double>(std::max<int64_t>(total_rows, 1));
   out["rows_moved_lower_bound"] = r.rows_moved_bound;
-  out["largest_unit_work"] = r.planned.largest_unit_work;
+  out["largest_unit_work"] = r.planned.largest_unit_work();
   out["max_tasks_per_rank"] = r.most_tasks;
-  if (!r.planned.note.empty()) out["note"] = r.planned.note;
+  if (!r.planned.note().empty()) out["note"] = r.planned.note();
   out["ranks"] = nlohmann::ordered_json::array();
-  for (int64_t rank = 0; rank < r.planned.plan.cp(); ++rank) {
+  for (int64_t rank = 0; rank < r.planned.tasks().cp(); ++rank) {
     nlohmann::ordered_json entry;
     entry["rank"] = rank;
     entry["rows"] = r.stats.rows[static_cast<size_t>(rank)];
     entry["work"] = r.stats.work[static_cast<size_t>(rank)];
     if (tasks) {
       entry["tasks"] = nlohmann::ordered_json::array();
-      for (const Task& task : r.planned.plan.tasks(rank)) {
+      for (const Task& task : r.planned.tasks().tasks(rank)) {
         entry["tasks"].push_back({task.document, task.start, task.end});
       }
     }
@@ -89,14 +84,14 @@ nlohmann::ordered_json report_json(const PlanReport& r, int64_t total_rows, bool
 
 void print_rank_table(const PlanReport& r) {
   std::printf("%6s %12s %18s %8s %7s\n", "rank", "rows", "work (pairs)", "share", "tasks");
-  for (int64_t rank = 0; rank < r.planned.plan.cp(); ++rank) {
+  for (int64_t rank = 0; rank < r.planned.tasks().cp(); ++rank) {
     const auto i = static_cast<size_t>(rank);
     const double share = r.stats.total_work ? 100.0 * static_cast<double>(r.stats.work[i]) /
                                                   static_cast<double>(r.stats.total_work)
                                             : 0.0;
     std::printf("%6lld %12lld %18lld %7.2f%% %7zu\n", static_cast<long long>(rank),
                 static_cast<long long>(r.stats.rows[i]), static_cast<long long>(r.stats.work[i]),
-                share, r.planned.plan.tasks(rank).size());
+                share, r.planned.tasks().tasks(rank).size());
   }
 }
 
@@ -155,7 +150,7 @@ void run_plan(const PlanCommand& command) {
         r.stats.imbalance, bound.bound, static_cast<long long>(r.stats.rows_moved),
         pct * static_cast<double>(r.stats.rows_moved), static_cast<long long>(r.rows_moved_bound),
         pct * static_cast<double>(r.rows_moved_bound));
-    if (!r.planned.note.empty()) std::printf("note: %s\n", r.planned.note.c_str());
+    if (!r.planned.note().empty()) std::printf("note: %s\n", r.planned.note().c_str());
     return;
   }
   std::printf("balance bound (the best imbalance any row-granular plan can reach): %.4f\n\n",
@@ -164,7 +159,7 @@ void run_plan(const PlanCommand& command) {
               "max tasks", "parameters / note");
   for (const PlanReport& r : reports) {
     std::string remark = r.parameters;
-    if (!r.planned.note.empty()) remark += (remark.empty() ? "" : "; ") + r.planned.note;
+    if (!r.planned.note().empty()) remark += (remark.empty() ? "" : "; ") + r.planned.note();
     std::printf("%-15s %10.4f %10.2f%% %10.2f%% %10zu  %s\n",
                 std::string(r.strategy->name()).c_str(), r.stats.imbalance,
                 pct * static_cast<double>(r.stats.rows_moved),

@@ -68,9 +68,9 @@ void for_each_route(std::span<const int64_t> lengths, const RouteCommand& comman
     }
     return;
   }
-  const StrategyPlan planned = strategy.plan(lengths, command.cp, command.ratio, params);
+  const Plan planned = strategy.plan(lengths, command.cp, command.ratio, params);
   for (int64_t rank = 0; rank < command.cp; ++rank) {
-    visit(make_route(planned.plan, lengths, rank, command.ratio));
+    visit(planned.route(rank));
   }
 }
 

@@ -30,6 +30,8 @@
 #include "command.hpp"
 #include "model_flags.hpp"
 #include "run_model.hpp"
+#include "sparsecp/io/cost_model_file.hpp"
+#include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/cost_model.hpp"
@@ -306,11 +308,12 @@ void add_cost_model(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
 // covers every strategy, so that ranks with different strategy lists cannot fall out of
 // step in the check itself.
 void agree(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
-  PlanningFingerprint fingerprint(job.lengths, job.cp, flags.ratio, *job.strategies.back(),
-                                  job.params);
+  PlanningFingerprint fingerprint =
+      planning_fingerprint(job.lengths, job.cp, flags.ratio, *job.strategies.back(), job.params);
   fingerprint.add("strategies", static_cast<int64_t>(job.strategies.size()));
   for (const Strategy* strategy : job.strategies) {
-    const PlanningFingerprint one(job.lengths, job.cp, flags.ratio, *strategy, job.params);
+    const PlanningFingerprint one =
+        planning_fingerprint(job.lengths, job.cp, flags.ratio, *strategy, job.params);
     fingerprint.add("strategy " + std::string(strategy->name()),
                     static_cast<int64_t>(one.value() >> 1));
   }

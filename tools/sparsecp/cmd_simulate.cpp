@@ -16,10 +16,12 @@
 #include "model_flags.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/report_svg.hpp"
+#include "sparsecp/io/simulate_report.hpp"
 #include "sparsecp/planning/simulate.hpp"
 #include "sparsecp/planning/strategy.hpp"
 #include "strategy_flags.hpp"
 #include "sweep_input.hpp"
+#include "timing.hpp"
 
 namespace sparsecp::cli {
 namespace {
@@ -74,6 +76,7 @@ void run_simulate(const SimulateCommand& command) {
   spec.ratio = command.ratio;
   command.model.validate();
   spec.params = command.strategy.params(command.model);
+  spec.clock = [] { return wall_seconds() * 1e3; };
   const StrategyParams& params = spec.params;
 
   const ProgressBar progress(isatty(STDERR_FILENO) == 1);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,27 +38,9 @@ struct SpillFlags {
 
 // Rows each rank sends away as owner plus rows it selects for other owners.
 std::vector<int64_t> rows_sent_received(const TaskPlan& plan, std::span<const int64_t> lengths) {
-  const int64_t cp = plan.cp();
-  std::vector<int64_t> starts(lengths.size() + 1, 0);
-  for (size_t d = 0; d < lengths.size(); ++d) starts[d + 1] = starts[d] + lengths[d];
-  const int64_t local = starts.back() / cp;
-  std::vector<int64_t> traffic(static_cast<size_t>(cp), 0);
-  for (int64_t worker = 0; worker < cp; ++worker) {
-    for (const Task& task : plan.tasks(worker)) {
-      int64_t begin = starts[static_cast<size_t>(task.document)] + task.start;
-      const int64_t end = starts[static_cast<size_t>(task.document)] + task.end;
-      while (begin < end) {
-        const int64_t owner = begin / local;
-        const int64_t stop = std::min(end, (owner + 1) * local);
-        if (owner != worker) {
-          traffic[static_cast<size_t>(owner)] += stop - begin;
-          traffic[static_cast<size_t>(worker)] += stop - begin;
-        }
-        begin = stop;
-      }
-    }
-  }
-  return traffic;
+  RowTraffic traffic = row_traffic(plan, lengths);
+  for (size_t r = 0; r < traffic.sent.size(); ++r) traffic.sent[r] += traffic.received[r];
+  return traffic.sent;
 }
 
 int64_t max_of(const std::vector<int64_t>& values) {
@@ -114,16 +97,16 @@ BatchReport report_batch(std::span<const int64_t> lengths, int64_t cp, const Spi
   report.bound = balance_bound(lengths, cp, flags.ratio);
   report.rows_moved_bound_1 = rows_moved_lower_bound(lengths, cp, flags.ratio, 1.0).total;
   for (const char* name : {"zigzag", "greedy", "hybrid"}) {
-    StrategyPlan planned;
+    std::optional<Plan> planned;
     try {
-      planned = find_strategy(name).plan(lengths, cp, flags.ratio, params);
+      planned.emplace(find_strategy(name).plan(lengths, cp, flags.ratio, params));
     } catch (const Error& error) {  // say which part failed: not spill itself
       SPARSECP_FAIL_AS(error.kind(), "spill's comparison with hyper_parallel's mode ", name,
                        " failed: ", error.what());
     }
-    const PlanStats stats = plan_stats(planned.plan, lengths, flags.ratio);
+    const PlanStats& stats = planned->stats();
     report.modes.push_back({name, stats.imbalance, stats.rows_moved,
-                            max_of(rows_sent_received(planned.plan, lengths))});
+                            max_of(rows_sent_received(planned->tasks(), lengths))});
   }
   return report;
 }

@@ -1,5 +1,6 @@
 #include "strategy_flags.hpp"
 
+#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 

@@ -58,7 +58,7 @@
 #include <span>
 #include <vector>
 
-#include "sparsecp/planning/segment.hpp"
+#include "sparsecp/segment.hpp"
 #include "sparsecp/tensor.hpp"
 
 namespace sparsecp {

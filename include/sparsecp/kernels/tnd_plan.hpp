@@ -21,7 +21,7 @@
 #include <span>
 #include <vector>
 
-#include "sparsecp/planning/segment.hpp"
+#include "sparsecp/segment.hpp"
 
 namespace sparsecp {
 

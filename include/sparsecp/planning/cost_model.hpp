@@ -12,8 +12,8 @@
 //      fewer than topk keys keeps every one of them).
 //
 // `sparsecp calibrate` fits a, b, c (nanoseconds) from timed selection runs on the
-// machine at hand and saves them with `save_cost_model`; planners that accept a model
-// (spill, auto, simulate's new modes) load it with `load_cost_model`. The default
+// machine at hand and saves them with `save_cost_model` (io/cost_model_file.hpp); planners
+// that accept a model (spill, auto, simulate's new modes) take it as a value. The default
 // model, a = 0, b = 1, c = 0, is exactly the seed's causal pair count: the seed's
 // modes always use it, so their plans keep bit-exact parity.
 //
@@ -82,8 +82,6 @@ std::string format_cost_model(const CostModel& model);
 // Parses the text form; `origin` (e.g. a file name) prefixes error messages.
 CostModel parse_cost_model(std::string_view text, std::string_view origin);
 
-// Reads / writes a cost model file. Errors name the path.
-CostModel load_cost_model(const std::string& path);
-void save_cost_model(const std::string& path, const CostModel& model);
+// Reading and writing cost model files: io/cost_model_file.hpp (planning opens no file).
 
 }  // namespace sparsecp

@@ -144,14 +144,7 @@ TaskPlan plan_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
 // rank. Used by tests and by strategies that build plans themselves.
 void check_plan_covers(const TaskPlan& plan, std::span<const int64_t> lengths);
 
-// Summary figures of a plan, for reports.
-struct PlanStats {
-  std::vector<int64_t> rows;  // per rank
-  std::vector<int64_t> work;  // per rank, causal pairs
-  int64_t total_work = 0;
-  double imbalance = 1.0;  // max(work) / mean(work); 1.0 when total work is 0
-  int64_t rows_moved = 0;  // rows selected on a rank other than their owner
-};
-PlanStats plan_stats(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t ratio);
+// Figures of a plan (rows, work, cost, moved rows and bytes): plan_stats and Plan::stats
+// in batch_plan.hpp.
 
 }  // namespace sparsecp

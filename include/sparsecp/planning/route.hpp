@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "sparsecp/planning/plan.hpp"
-#include "sparsecp/planning/segment.hpp"
+#include "sparsecp/segment.hpp"
 
 namespace sparsecp {
 
@@ -66,6 +66,21 @@ IndexerRoute make_route(const TaskPlan& plan, std::span<const int64_t> lengths, 
 // `_zigzag_send_ranges`); its result equals make_route(plan_tasks(...)).
 IndexerRoute indexer_route(std::span<const int64_t> lengths, int64_t cp, int64_t rank,
                            int64_t ratio, const PlanOptions& options);
+
+// Bytes a rank moves to/from *other* ranks for one balanced selection under `route`:
+// input rows of `input_row_bytes` bytes (the sum over dtype groups of the packed row
+// sizes) and result rows of `topk` int32 ids. A pure function of the route: the
+// prediction that transport's CommStats (comm.hpp) measures against.
+struct ExchangeBytes {
+  int64_t inputs_sent = 0;
+  int64_t inputs_received = 0;
+  int64_t results_sent = 0;
+  int64_t results_received = 0;
+  int64_t sent() const { return inputs_sent + results_sent; }
+  int64_t received() const { return inputs_received + results_received; }
+};
+ExchangeBytes expected_exchange_bytes(const IndexerRoute& route, int64_t input_row_bytes,
+                                      int64_t topk);
 
 // The zigzag tasks of one rank only (seed `_zigzag_rank_tasks`); equal to
 // plan_tasks(..zigzag..).tasks(rank). Inputs must already be validated.

@@ -32,13 +32,12 @@
 //                   a separate segment for the selector.
 //   rows[r]         query rows rank r selects (memory for its inputs and results).
 //   padding_rows    synthetic rows the strategy's layout computes for nothing.
-//   plan_ms         wall-clock milliseconds of Strategy::plan on this machine.
+//   plan_ms         milliseconds of Strategy::plan on the caller's clock (0 without one).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,6 +46,10 @@
 #include "sparsecp/planning/strategy.hpp"
 
 namespace sparsecp {
+
+// Milliseconds since any fixed origin. Planning reads no clock: a caller that wants
+// plan_ms passes one (the CLI passes std::chrono::steady_clock); unset, plan_ms is 0.
+using MillisecondClock = std::function<double()>;
 
 // One strategy on one batch.
 struct SimulationResult {
@@ -87,7 +90,8 @@ int64_t min_rows_to_balance(std::span<const int64_t> lengths, int64_t cp, int64_
 // invalid batches (which every strategy rejects) are still reported that way. Bytes
 // are counted with params.row_bytes.
 SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t> lengths,
-                               int64_t cp, int64_t ratio, const StrategyParams& params);
+                               int64_t cp, int64_t ratio, const StrategyParams& params,
+                               const MillisecondClock& clock = {});
 
 // What to sweep. Generated batches use WorkloadSpec{distribution, tokens, doc_scale,
 // cp, seed} (workload.hpp), so with doc_scale 0 document lengths scale with the shard
@@ -103,7 +107,8 @@ struct SweepSpec {
   std::vector<std::vector<int64_t>> file_batches;  // when non-empty, replaces generators
   std::vector<std::string> file_batch_names;       // their workload names [default "file"]
   int64_t ratio = 4;
-  StrategyParams params;  // unset defaults resolve per batch (resolve_seed_options)
+  StrategyParams params;   // unset defaults resolve per batch (resolve_seed_options)
+  MillisecondClock clock;  // times Strategy::plan for plan_ms (unset: plan_ms 0)
 };
 
 // Batches a sweep will plan: |cps| * (|distributions| * |seeds| or |file_batches|).
@@ -167,19 +172,6 @@ std::vector<SummaryRow> per_batch_rows(std::span<const SimulationResult> results
 // Median of `values` (mean of the middle two for an even count); NaN when empty.
 double median(std::vector<double> values);
 
-// {"results":[{"strategy":..,"cp":..,"workload":..,"imbalance":..,"lower_bound":..,
-//   "rows_moved":..,"max_rows_moved_per_rank":..,"bytes_moved":..,"fragments_max":..,
-//   "rows_max":..,"padding_rows":..,"plan_ms":.., <extra keys>},...]}
-// Extra keys: batch (per-batch rows), batches, failures, row_lower_bound,
-// moved_fraction, rows_moved_bound, moved_bound_fraction, bytes_moved_bound,
-// max_bytes_sent_per_rank, note. Non-finite
-// numbers are null.
-void write_json(std::ostream& out, std::span<const SummaryRow> rows);
-
-// The same fields as CSV with a header line (RFC 4180 quoting).
-void write_csv(std::ostream& out, std::span<const SummaryRow> rows);
-
-// A readable table, one block per (workload, cp).
-void write_table(std::ostream& out, std::span<const SummaryRow> rows);
+// The reports of these rows (JSON, CSV, a table): io/simulate_report.hpp.
 
 }  // namespace sparsecp

@@ -1,9 +1,10 @@
 // sparsecp: balancing strategies behind one interface, and the registry that names them.
 //
 // A strategy decides which CP rank runs the Lightning Indexer selection for which query
-// rows of a packed batch. Every strategy returns a TaskPlan (plan.hpp), so the generic
-// route builder `make_route` (route.hpp) turns any of them into a working route for the
-// executor, and `simulate` (simulate.hpp) can measure all of them side by side.
+// rows of a packed batch. Every strategy returns the one result type of planning, a
+// Plan (batch_plan.hpp): its task lists, the batch, its figures and bounds, and each
+// rank's route for transport; so `simulate` (simulate.hpp) can measure all of them side
+// by side and transport runs any of them.
 //
 // The built-in strategies, in listing order (each file in include/sparsecp/planning/strategies/
 // documents its source):
@@ -19,7 +20,9 @@
 //   auto                           sparsecp's own: the candidate with the lowest predicted
 //                                  step time (strategies/auto.hpp)
 //
-// Adding a strategy: one file src/planning/strategies/<stem>.cpp that defines
+// Adding a strategy: implement Strategy::assign (the task lists and layout facts; the
+// base class wraps them into a Plan) in one file src/planning/strategies/<stem>.cpp that
+// defines
 //   std::vector<std::unique_ptr<const Strategy>> make_<stem>_strategies();
 // in namespace sparsecp (plus its documented header under
 // include/sparsecp/planning/strategies/), its factory in the registry list of
@@ -34,6 +37,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sparsecp/planning/batch_plan.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/route.hpp"
@@ -120,21 +124,6 @@ void check_seed_options_used(Mode mode, const StrategyParams& params);
 // Strategies call it; so can callers that want to fail before planning.
 void validate_strategy_params(const StrategyParams& params);
 
-// What a strategy returns.
-struct StrategyPlan {
-  TaskPlan plan;
-  // Per rank: synthetic padding rows the peer's layout adds and computes for nothing
-  // (per-doc-zigzag pads every document to a multiple of 2 * cp). Zeros otherwise;
-  // always `cp` entries.
-  std::vector<int64_t> padding_rows;
-  // Causal work of the largest unit the strategy never splits (a block, a fragment, a
-  // shard, or a single row for row-granular strategies). No plan at this granularity
-  // can have a busiest rank below max(mean work, this).
-  int64_t largest_unit_work = 0;
-  // Human-readable remark, e.g. "fragment cap exceeded: contiguous fallback".
-  std::string note;
-};
-
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -150,14 +139,16 @@ class Strategy {
   virtual int listing_order() const = 0;
   // Plans `lengths` for `cp` ranks at compression `ratio`. Validates like plan_tasks
   // (positive lengths, ratio and cp, sum divisible by cp) and throws Error otherwise.
-  // The plan covers every row exactly once (see check_plan_covers).
-  virtual StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
-                            const StrategyParams& params) const = 0;
+  // The plan covers every row exactly once (see check_plan_covers); its figures price
+  // rows with params.cost_model (causal pairs when unset) and size them with
+  // params.row_bytes.
+  Plan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+            const StrategyParams& params) const;
   // The route of `rank` under this strategy (route.hpp): what it sends as an owner and
-  // selects as a worker. Default: make_route(plan(...).plan, ...), which plans every
-  // rank. The seed modes return indexer_route(...) instead, identical to the seed's
-  // (zigzag takes its fast path that builds only this rank's tasks). Throws Error for
-  // a rank outside [0, cp) and for everything plan() rejects.
+  // selects as a worker. Default: plan(...).route(rank), which plans every rank. The seed modes
+  // return indexer_route(...) instead, identical to the seed's (zigzag takes its fast path that
+  // builds only this rank's tasks). Throws Error for a rank outside [0, cp) and for everything
+  // plan() rejects.
   virtual IndexerRoute route(std::span<const int64_t> lengths, int64_t cp, int64_t rank,
                              int64_t ratio, const StrategyParams& params) const;
   // The parameters this strategy uses on this batch, resolved and in words, for report
@@ -165,6 +156,22 @@ class Strategy {
   // rank)" for hybrid. Empty when it takes none. Throws like plan() on a bad batch.
   virtual std::string describe(std::span<const int64_t> lengths, int64_t cp,
                                const StrategyParams& params) const;
+
+  // What a strategy decides; plan() wraps it, with the batch, into a Plan.
+  struct Assignment {
+    TaskPlan plan;
+    // Per rank: synthetic padding rows (PlanLayout::padding_rows); empty means zeros.
+    std::vector<int64_t> padding_rows;
+    int64_t largest_unit_work = 0;  // PlanLayout::largest_unit_work
+    std::string note;               // PlanLayout::note
+  };
+  // The assignment of `plan` (for strategies that choose among other strategies' plans).
+  static Assignment assignment_of(const Plan& plan);
+
+ protected:
+  // Validates and decides, as plan() documents.
+  virtual Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                            const StrategyParams& params) const = 0;
 };
 
 // "a=61.5 b=0.0412 c=0.0031 ns/row", or `fallback` when `model` is unset.

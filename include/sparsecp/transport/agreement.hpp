@@ -8,11 +8,10 @@
 // different collectives or different row counts) or silently mixes up rows.
 //
 // A PlanningFingerprint summarises the inputs that must be identical on every rank:
-// document lengths, CP size, ratio, the strategy (a seed mode or any registered one)
-// and its parameters (block size, hybrid threshold, spill target, ...), plus any
-// named settings the caller adds (tensor widths, topk, repeat counts: anything that
-// decides the shape or number of the collectives that follow). check_agreement()
-// compares it across the group *before* anything is exchanged:
+// document lengths, CP size, ratio, the strategy and its parameters (block size, hybrid
+// threshold, spill target, ...), plus any named settings the caller adds (tensor widths, topk,
+// repeat counts: anything that decides the shape or number of the collectives that follow).
+// check_agreement() compares it across the group *before* anything is exchanged:
 //
 //   * when all ranks agree it costs one allreduce of two 64-bit values (the minimum
 //     and maximum of the fingerprint);
@@ -35,17 +34,20 @@
 // agreement finds differing inputs, launch_indexer_inputs runs this check to name
 // them (no extra collective while the ranks agree).
 //
+// Transport knows no strategies: it compares whatever the fingerprint holds. Building
+// one from a strategy and its parameters is balanced_select.hpp's
+// `planning_fingerprint`, one level above.
+//
 // Not in the seed: the Python module trusts its callers to pass identical inputs.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "sparsecp/planning/plan.hpp"
-#include "sparsecp/planning/strategy.hpp"
 #include "sparsecp/transport/comm.hpp"
 
 namespace sparsecp {
@@ -60,14 +62,15 @@ class PlanningFingerprint {
   // kMaxNamedSettings added; any further ones still enter the fingerprint).
   static constexpr int kMaxNamedSettings = 64;
 
-  // The seed-mode inputs (plan_tasks / indexer_route).
-  PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
-                      const PlanOptions& options);
-  // Any registered strategy: its name and every StrategyParams field (named in a
-  // mismatch message: block, zigzag_min_length, target_imbalance, ...). Real values
-  // are shown in millionths and compared bit for bit.
-  PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
-                      const Strategy& strategy, const StrategyParams& params);
+  // The batch every plan is made from: document lengths, CP size and ratio.
+  PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp, int64_t ratio);
+
+  // The strategy: `index` into `names` (the registry's listing, used only to name the
+  // strategies in a mismatch message; any index outside it is shown as a number).
+  PlanningFingerprint& set_strategy(int64_t index, std::vector<std::string> names);
+  // hyper_parallel's block size and hybrid threshold (unset: "omitted").
+  PlanningFingerprint& set_seed_options(std::optional<int64_t> block_size,
+                                        std::optional<int64_t> zigzag_min_length);
 
   // Adds a named value that must also agree (e.g. "topk", "qr width"). Names should be
   // short; they appear in the error message. Returns *this for chaining.
@@ -87,6 +90,8 @@ class PlanningFingerprint {
   std::vector<int64_t> components() const;
   // The names given to add(), in order (at most kMaxNamedSettings).
   const std::vector<std::string>& setting_names() const { return names_; }
+  // The names set_strategy() was given (empty when it was not called).
+  const std::vector<std::string>& strategy_names() const { return strategy_names_; }
 
  private:
   int64_t documents_ = 0;
@@ -94,8 +99,9 @@ class PlanningFingerprint {
   uint64_t lengths_hash_ = 0;
   int64_t cp_ = 0;
   int64_t ratio_ = 0;
-  int64_t mode_ = 0;         // Mode for seed options; kStrategyId + registry position otherwise
-  int64_t block_size_ = -1;  // -1: omitted
+  int64_t mode_ = -1;  // the strategy's index in strategy_names_; -1: not set
+  std::vector<std::string> strategy_names_;
+  int64_t block_size_ = -1;         // -1: omitted
   int64_t zigzag_min_length_ = -1;  // -1: omitted
   std::vector<std::string> names_;  // first kMaxNamedSettings names
   std::vector<int64_t> settings_;   // their values

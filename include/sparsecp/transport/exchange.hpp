@@ -32,7 +32,7 @@
 // Overlapped path (seed `launch_indexer_inputs` -> `IndexerInputExchange.wait()` ->
 // `launch_result(selected)` -> `_PendingRows.wait()`):
 //
-//     auto exchange = launch_indexer_inputs(inputs, lengths, ratio, options, comm);
+//     auto exchange = launch_indexer_inputs(inputs, route, comm);  // or balanced_select.hpp
 //     ... owner work (e.g. project the compressed Index K bank) ...
 //     WorkerInputs worker = exchange.wait();          // single use
 //     SelectedKeys mine = select(worker, exchange.route().segments);
@@ -50,6 +50,10 @@
 // TransportError), its buffers are kept until the process exits (comm.hpp, rule 3).
 // Handles keep a pointer to the Communicator, which must outlive them.
 //
+// Transport consumes routes; it never plans. The entry points that take document
+// lengths and a strategy (hyper_parallel's signatures) are in balanced_select.hpp, one
+// level above: they hand this layer a RouteRequest.
+//
 // Host memory only (MPI backend): `device` checks of the seed have no analogue.
 #pragma once
 
@@ -60,11 +64,10 @@
 #include <span>
 #include <vector>
 
-#include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/route.hpp"
-#include "sparsecp/planning/segment.hpp"
-#include "sparsecp/planning/strategy.hpp"
+#include "sparsecp/segment.hpp"
 #include "sparsecp/tensor.hpp"
+#include "sparsecp/transport/agreement.hpp"
 #include "sparsecp/transport/comm.hpp"
 
 namespace sparsecp {
@@ -123,20 +126,8 @@ struct WorkerInputs {
 // bank. Must return [worker rows, topk] with the same topk on every rank.
 using Selector = std::function<SelectedKeys(const WorkerInputs&, std::span<const Segment>)>;
 
-// Bytes a rank moves to/from *other* ranks for one balanced selection under
-// `route`: input rows of `input_row_bytes` bytes (the sum over dtype groups of the
-// packed row sizes) and result rows of `topk` int32 ids. This is the route's
-// prediction; CommStats (comm.hpp) measures what actually moved.
-struct ExchangeBytes {
-  int64_t inputs_sent = 0;
-  int64_t inputs_received = 0;
-  int64_t results_sent = 0;
-  int64_t results_received = 0;
-  int64_t sent() const { return inputs_sent + results_sent; }
-  int64_t received() const { return inputs_received + results_received; }
-};
-ExchangeBytes expected_exchange_bytes(const IndexerRoute& route, int64_t input_row_bytes,
-                                      int64_t topk);
+// ExchangeBytes and expected_exchange_bytes (route.hpp): what a route moves; CommStats
+// (comm.hpp) measures what actually moved.
 
 // Packed row size of the inputs: sum of width * dtype bytes over all fields.
 int64_t input_row_bytes(const IndexerInputs& inputs);
@@ -217,45 +208,45 @@ class IndexerInputExchange {
   std::unique_ptr<State> state_;
 };
 
-// Seed `launch_indexer_inputs(query_residual, weights, embeddings, lengths, ratio,
-// mode, group, block_size, zigzag_min_length)`: checks the inputs (seed texts:
-// "Indexer balance requires batch one and equal contiguous source query shards",
-// "Indexer qr, weights and rotary embeddings must share token axes and device"),
-// builds this rank's route with indexer_route(lengths, comm.size(), comm.rank(),
-// ratio, options), agrees with all ranks, and launches one all-to-all per dtype
-// group without waiting. Collective.
-IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
-                                           std::span<const int64_t> lengths, int64_t ratio,
-                                           const PlanOptions& options, Communicator& comm);
+// A route built inside the launch, from document lengths, so that a rank whose
+// planning fails (bad lengths, a strategy's Error) raises on every rank through the
+// launch's agreement instead of leaving its peers in a collective. balanced_select.hpp
+// builds these from hyper_parallel's arguments or any strategy.
+struct RouteRequest {
+  // Document lengths of the packed batch: the launch checks the seed's equal
+  // contiguous shards (local tokens * cp == sum(lengths)) before calling `build`.
+  std::span<const int64_t> lengths;
+  // This rank's route; may throw sparsecp::Error. Called once, inside the launch.
+  std::function<IndexerRoute()> build;
+  // What every rank must have planned from (folded into the launch's agreement).
+  PlanningFingerprint planning{{}, 0, 0};
+  // Input errors in the wording of the synchronous path (seed `balanced_indexer_select`:
+  // "... must have matching batch/token axes and device") instead of the launch's.
+  bool synchronous = false;
+};
 
-// Any registered strategy (strategy.hpp: the seed modes, spill, auto, the peers) with
-// its parameters: this rank's route is strategy.route(lengths, comm.size(),
-// comm.rank(), ratio, params), and the ranks agree on the strategy and every parameter
-// (agreement.hpp) before anything moves. Otherwise as above. Collective.
-IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
-                                           std::span<const int64_t> lengths, int64_t ratio,
-                                           const Strategy& strategy, const StrategyParams& params,
+// Seed `launch_indexer_inputs`: checks the inputs (seed texts: "Indexer balance
+// requires batch one and equal contiguous source query shards", "Indexer qr, weights
+// and rotary embeddings must share token axes and device"), builds this rank's route
+// with request.build(), agrees with all ranks, and launches one all-to-all per dtype
+// group without waiting. Collective.
+IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs, const RouteRequest& request,
                                            Communicator& comm);
 
 // Plan-then-run variant: follows a route built beforehand (e.g. make_route of a
-// custom TaskPlan). The owner row count must equal the route's; ranks check that
-// their row counts match each other's before anything moves. Collective.
+// custom TaskPlan, or Plan::route). The owner row count must equal the route's; ranks
+// check that their row counts match each other's before anything moves. Collective.
 IndexerInputExchange launch_indexer_inputs(const IndexerInputs& inputs,
                                            std::shared_ptr<const IndexerRoute> route,
                                            Communicator& comm);
 
-// Seed `balanced_indexer_select`: redistributes the inputs, runs `selector` on this
-// rank's worker rows with the route's segments, and returns the top-k of this
-// rank's own rows, [local tokens, topk] (the seed returns [1, local, topk]).
-// Input errors use the seed's texts ("... must have matching batch/token axes and
-// device" for mismatched axes). Collective.
-SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
-                             std::span<const int64_t> lengths, int64_t ratio,
-                             const PlanOptions& options, Communicator& comm);
-// The same with any registered strategy (see launch_indexer_inputs above).
-SelectedKeys balanced_select(const IndexerInputs& inputs, const Selector& selector,
-                             std::span<const int64_t> lengths, int64_t ratio,
-                             const Strategy& strategy, const StrategyParams& params,
-                             Communicator& comm);
+// The rest of seed `balanced_indexer_select` after a launch: waits for the inputs,
+// runs `selector` on this rank's worker rows with the route's segments, returns the
+// results to their owners and waits: the top-k of this rank's own rows, [local
+// tokens, topk] (the seed returns [1, local, topk]). A selector that throws on one
+// rank raises on every rank (the failing rank rethrows its own exception).
+// Collective.
+SelectedKeys select_and_return(IndexerInputExchange exchange, const Selector& selector,
+                               Communicator& comm);
 
 }  // namespace sparsecp

@@ -26,38 +26,13 @@ CostModel nominal_accelerator_cost_model() {
 
 AutoCandidate predict_step(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t ratio,
                            const AutoOptions& options) {
-  const int64_t cp = plan.cp();
-  std::vector<int64_t> starts(lengths.size() + 1, 0);
-  for (size_t d = 0; d < lengths.size(); ++d) starts[d + 1] = starts[d] + lengths[d];
-  const int64_t local = starts.back() / cp;
-  std::vector<double> compute(static_cast<size_t>(cp), 0);
-  std::vector<int64_t> rows_out(static_cast<size_t>(cp), 0);
-  std::vector<int64_t> rows_in(static_cast<size_t>(cp), 0);
+  const PlanStats stats = plan_stats(plan, lengths, ratio, options.cost, options.row_bytes);
   AutoCandidate candidate;
-  for (int64_t worker = 0; worker < cp; ++worker) {
-    for (const Task& task : plan.tasks(worker)) {
-      compute[static_cast<size_t>(worker)] += options.cost.range(task.start, task.end, ratio);
-      int64_t begin = starts[static_cast<size_t>(task.document)] + task.start;
-      const int64_t end = starts[static_cast<size_t>(task.document)] + task.end;
-      while (begin < end) {
-        const int64_t owner = begin / local;
-        const int64_t stop = std::min(end, (owner + 1) * local);
-        if (owner != worker) {
-          rows_out[static_cast<size_t>(owner)] += stop - begin;
-          rows_in[static_cast<size_t>(worker)] += stop - begin;
-          candidate.rows_moved += stop - begin;
-        }
-        begin = stop;
-      }
-    }
-  }
+  candidate.rows_moved = stats.rows_moved;
   int64_t busiest_rows = 0;
-  double total = 0;
-  for (int64_t r = 0; r < cp; ++r) {
-    busiest_rows =
-        std::max({busiest_rows, rows_out[static_cast<size_t>(r)], rows_in[static_cast<size_t>(r)]});
-    candidate.compute_ns = std::max(candidate.compute_ns, compute[static_cast<size_t>(r)]);
-    total += compute[static_cast<size_t>(r)];
+  for (size_t r = 0; r < stats.cost.size(); ++r) {
+    busiest_rows = std::max({busiest_rows, stats.rows_sent[r], stats.rows_received[r]});
+    candidate.compute_ns = std::max(candidate.compute_ns, stats.cost[r]);
   }
   const double rows = static_cast<double>(busiest_rows);
   candidate.inputs_ns =
@@ -65,7 +40,7 @@ AutoCandidate predict_step(const TaskPlan& plan, std::span<const int64_t> length
   candidate.results_ns =
       rows * static_cast<double>(options.row_bytes.result_bytes()) / options.bandwidth_gbps;
   candidate.step_ns = candidate.inputs_ns + candidate.compute_ns + candidate.results_ns;
-  candidate.imbalance = total > 0 ? candidate.compute_ns * static_cast<double>(cp) / total : 1.0;
+  candidate.imbalance = stats.cost_imbalance;
   return candidate;
 }
 
@@ -94,10 +69,10 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
   const StrategyParams& params = options.params;
 
   AutoChoice choice;
-  std::vector<StrategyPlan> plans;
+  std::vector<Strategy::Assignment> plans;
   const auto consider = [&](std::string name, const auto& make) {
     AutoCandidate candidate;
-    StrategyPlan planned;
+    Strategy::Assignment planned;
     try {
       planned = make();
       candidate = predict_step(planned.plan, lengths, ratio, options);
@@ -110,7 +85,8 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
   };
   for (const char* name : {"none", "zigzag", "greedy", "hybrid"}) {
     const Strategy& strategy = find_strategy(name);
-    consider(name, [&] { return strategy.plan(lengths, cp, ratio, params); });
+    consider(name,
+             [&] { return Strategy::assignment_of(strategy.plan(lengths, cp, ratio, params)); });
   }
   for (const double target : options.spill_targets) {
     char name[32];
@@ -118,7 +94,7 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
     SpillOptions spill;
     spill.target_imbalance = target;
     spill.cost = options.cost;
-    consider(name, [&] { return spill_strategy_plan(lengths, cp, ratio, spill); });
+    consider(name, [&] { return spill_strategy_assignment(lengths, cp, ratio, spill); });
   }
   bool found = false;
   for (size_t i = 0; i < choice.candidates.size(); ++i) {
@@ -175,10 +151,10 @@ class Auto final : public Strategy {
   }
   int listing_order() const override { return 51; }
 
-  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+  Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
     AutoChoice choice = choose_plan(lengths, cp, ratio, auto_options(params));
-    StrategyPlan result = std::move(choice.plan);
+    Assignment result = std::move(choice.plan);
     result.note = choice.reason;
     return result;
   }

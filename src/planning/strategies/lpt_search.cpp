@@ -360,7 +360,7 @@ class LptSearch final : public Strategy {
   }
   int listing_order() const override { return 13; }
 
-  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+  Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
     strategies::validate_batch(lengths, cp, ratio);
     validate_strategy_params(params);
@@ -368,7 +368,7 @@ class LptSearch final : public Strategy {
     Solver solver(sequence, cp, ratio, params);
     solver.place_lpt();
     solver.search(params.lpt_search_steps);
-    StrategyPlan result;
+    Assignment result;
     result.plan = TaskPlan::from_ranks(solver.tasks(sequence));
     result.padding_rows.assign(static_cast<size_t>(cp), 0);
     result.largest_unit_work = sequence.largest_chunk_work(params.lpt_align, ratio);

@@ -18,11 +18,11 @@ class PerDocumentZigzag final : public Strategy {
   std::string_view unit() const override { return "row"; }
   int listing_order() const override { return 10; }
 
-  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+  Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams&) const override {
     strategies::validate_batch(lengths, cp, ratio);
     std::vector<std::vector<Task>> ranks(static_cast<size_t>(cp));
-    StrategyPlan result;
+    Assignment result;
     result.padding_rows.assign(static_cast<size_t>(cp), 0);
     for (size_t d = 0; d < lengths.size(); ++d) {
       const int64_t length = lengths[d];

@@ -15,7 +15,7 @@ class RoundRobin final : public Strategy {
   std::string_view unit() const override { return "row"; }
   int listing_order() const override { return 11; }
 
-  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+  Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams&) const override {
     const int64_t total = strategies::validate_batch(lengths, cp, ratio);
     std::vector<std::vector<Task>> ranks(static_cast<size_t>(cp));
@@ -30,7 +30,7 @@ class RoundRobin final : public Strategy {
         ranks[static_cast<size_t>(row % cp)].push_back({int64_t(d), p, p + 1});
       }
     }
-    StrategyPlan result;
+    Assignment result;
     result.plan = TaskPlan::from_ranks(std::move(ranks));
     result.padding_rows.assign(static_cast<size_t>(cp), 0);
     result.largest_unit_work = strategies::largest_row_work(lengths, ratio);

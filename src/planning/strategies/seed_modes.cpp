@@ -67,11 +67,11 @@ class SeedMode final : public Strategy {
   }
   int listing_order() const override { return static_cast<int>(mode_); }
 
-  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+  Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
     validate_strategy_params(params);
     const PlanOptions options = resolve_seed_options(mode_, lengths, cp, params);
-    StrategyPlan result;
+    Assignment result;
     result.plan = plan_tasks(lengths, cp, ratio, options);
     result.padding_rows.assign(static_cast<size_t>(cp), 0);
     switch (mode_) {

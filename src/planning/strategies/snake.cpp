@@ -26,7 +26,7 @@ class Snake final : public Strategy {
   }
   int listing_order() const override { return 12; }
 
-  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+  Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
     const int64_t total = strategies::validate_batch(lengths, cp, ratio);
     const int64_t block = params.snake_block;
@@ -45,7 +45,7 @@ class Snake final : public Strategy {
       return work[static_cast<size_t>(a)] > work[static_cast<size_t>(b)];
     });
     std::vector<std::vector<Task>> ranks(static_cast<size_t>(cp));
-    StrategyPlan result;
+    Assignment result;
     for (int64_t i = 0; i < blocks; ++i) {
       const int64_t round = i / cp;
       const int64_t seat = i % cp;

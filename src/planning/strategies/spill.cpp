@@ -7,10 +7,10 @@
 
 namespace sparsecp {
 
-StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
-                                 const SpillOptions& options) {
+Strategy::Assignment spill_strategy_assignment(std::span<const int64_t> lengths, int64_t cp,
+                                               int64_t ratio, const SpillOptions& options) {
   SpillPlan spill = plan_spill(lengths, cp, ratio, options);
-  StrategyPlan result;
+  Strategy::Assignment result;
   result.plan = std::move(spill.plan);
   result.padding_rows.assign(static_cast<size_t>(cp), 0);
   result.largest_unit_work = strategies::largest_row_work(lengths, ratio);
@@ -52,10 +52,10 @@ class Spill final : public Strategy {
   std::string_view unit() const override { return "row"; }
   int listing_order() const override { return 50; }
 
-  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+  Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
     validate_strategy_params(params);
-    return spill_strategy_plan(lengths, cp, ratio, spill_options(params));
+    return spill_strategy_assignment(lengths, cp, ratio, spill_options(params));
   }
 
   std::string describe(std::span<const int64_t>, int64_t,

@@ -27,13 +27,13 @@ class Wlb final : public Strategy {
            (params.wlb_split_length ? "" : " (default: the rows per rank)");
   }
 
-  StrategyPlan plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+  Assignment assign(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                     const StrategyParams& params) const override {
     strategies::validate_batch(lengths, cp, ratio);
     validate_strategy_params(params);
     const int64_t split = split_length(lengths, cp, params);
     std::vector<std::vector<Task>> ranks(static_cast<size_t>(cp));
-    StrategyPlan result;
+    Assignment result;
     std::vector<int64_t> whole;  // documents placed whole
     for (size_t d = 0; d < lengths.size(); ++d) {
       const int64_t length = lengths[d];

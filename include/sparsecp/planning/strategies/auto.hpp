@@ -65,8 +65,8 @@ struct AutoCandidate {
 };
 
 struct AutoChoice {
-  StrategyPlan plan;  // the winner's
-  size_t chosen = 0;  // index into candidates
+  Strategy::Assignment plan;  // the winner's
+  size_t chosen = 0;          // index into candidates
   std::vector<AutoCandidate> candidates;
   std::string reason;
 };

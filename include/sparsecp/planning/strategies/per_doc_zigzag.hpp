@@ -10,7 +10,7 @@
 // [r * c, (r + 1) * c) and [(2cp - 1 - r) * c, (2cp - r) * c), clipped to the document,
 // with c = ceil(length / (2 * cp)). The rows beyond a document's end are the padding
 // those frameworks compute for nothing; they are reported per rank as wasted rows
-// (StrategyPlan::padding_rows) and are not counted as work. Unit: one row.
+// (Plan::padding_rows) and are not counted as work. Unit: one row.
 #pragma once
 
 #include <memory>

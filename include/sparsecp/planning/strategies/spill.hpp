@@ -24,9 +24,9 @@ std::vector<std::unique_ptr<const Strategy>> make_spill_strategies();
 // The SpillOptions a strategy run uses under `params`.
 SpillOptions spill_options(const StrategyParams& params);
 
-// plan_spill wrapped as a StrategyPlan (largest unit: the costliest row; a note when
+// plan_spill as a strategy's assignment (largest unit: the costliest row; a note when
 // the target or the fragment bound was not met).
-StrategyPlan spill_strategy_plan(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
-                                 const SpillOptions& options);
+Strategy::Assignment spill_strategy_assignment(std::span<const int64_t> lengths, int64_t cp,
+                                               int64_t ratio, const SpillOptions& options);
 
 }  // namespace sparsecp

@@ -1,7 +1,8 @@
 // sparsecp: Segment — one contiguous piece of one document in a worker's query order.
 //
-// The vocabulary between planning (routes produce segments) and kernels (the
-// selector consumes them). Seed: the 5-tuples of `IndexerRoute.segments`,
+// Shared vocabulary (like error.hpp and tensor.hpp), so that neither layer depends on
+// the other: planning's routes produce segments, the kernels' selector consumes them.
+// Seed: the 5-tuples of `IndexerRoute.segments`,
 // `(q_begin, q_end, key_begin, key_end, residual)`.
 //
 // Rows [q_begin, q_end) of the worker's order hold document rows

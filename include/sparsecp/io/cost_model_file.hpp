@@ -1,0 +1,18 @@
+// sparsecp: cost model files — the text form of planning/cost_model.hpp on disk.
+//
+// `sparsecp calibrate --out FILE` writes one; `--cost-model FILE` (spill, auto, run)
+// and Python's `sparsecp.load_cost_model` read it. The format is parse_cost_model's.
+#pragma once
+
+#include <string>
+
+#include "sparsecp/planning/cost_model.hpp"
+
+namespace sparsecp {
+
+// Reads a cost model file. Errors name the path (and the line, for a malformed one).
+CostModel load_cost_model(const std::string& path);
+// Writes `model` (validated first) in format_cost_model's text form. Errors name the path.
+void save_cost_model(const std::string& path, const CostModel& model);
+
+}  // namespace sparsecp
