@@ -63,6 +63,14 @@ def load_cost_model(path: str) -> CostModel:
     """Reads a cost model file (`sparsecp calibrate` writes them)."""
 
 def save_cost_model(path: str, model: CostModel) -> None: ...
+def fit_cost_model(
+    rows: Sequence[float], visible: Sequence[float], capped: Sequence[float],
+    seconds: Sequence[float], topk: int = 512, per_call_term: bool = False,
+) -> tuple[CostModel, float, float, list[float]]:
+    """Non-negative least squares of seconds = k + a*rows + b*visible + c*capped:
+    (model in ns per row, k in seconds, rms relative residual, predicted seconds)."""
+def cost_sample(tasks: Sequence[tuple[int, int, int]], ratio: int, topk: int = 512) -> tuple[float, float, float]:
+    """(rows, sum of visible keys, sum of min(topk, visible keys)) of (document, start, end) tasks."""
 
 class RowBytes:
     """Bytes of one moved row (planning/row_bytes.hpp)."""

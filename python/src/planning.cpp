@@ -21,6 +21,7 @@
 #include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/planning/compression_plan.hpp"
 #include "sparsecp/planning/cost_model.hpp"
+#include "sparsecp/planning/cost_model_fit.hpp"
 #include "sparsecp/planning/dispatch.hpp"
 #include "sparsecp/planning/lower_bound.hpp"
 #include "sparsecp/planning/plan.hpp"
@@ -106,6 +107,41 @@ void bind_params(nb::module_& m) {
   m.def("load_cost_model", &load_cost_model, nb::arg("path"),
         "Reads a cost model file (`sparsecp calibrate` writes them).");
   m.def("save_cost_model", &save_cost_model, nb::arg("path"), nb::arg("model"));
+  m.def(
+      "fit_cost_model",
+      [](const std::vector<double>& rows, const std::vector<double>& visible,
+         const std::vector<double>& capped, const std::vector<double>& seconds, int64_t topk,
+         bool per_call_term) {
+        SPARSECP_CHECK(rows.size() == visible.size() && rows.size() == capped.size() &&
+                           rows.size() == seconds.size(),
+                       "fit_cost_model needs one rows, visible, capped and seconds value per "
+                       "sample, got ",
+                       rows.size(), ", ", visible.size(), ", ", capped.size(), " and ",
+                       seconds.size());
+        std::vector<CostSample> samples;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          samples.push_back({rows[i], visible[i], capped[i], seconds[i]});
+        }
+        const CostFit fit = fit_cost_model(samples, {.per_call_term = per_call_term, .topk = topk});
+        return nb::make_tuple(fit.model, fit.per_call_seconds, fit.rms_relative_residual,
+                              fit.predicted);
+      },
+      nb::arg("rows"), nb::arg("visible"), nb::arg("capped"), nb::arg("seconds"),
+      nb::arg("topk") = 512, nb::arg("per_call_term") = false,
+      "Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped "
+      "(planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, "
+      "predicted seconds per sample).");
+  m.def(
+      "cost_sample",
+      [](const std::vector<std::tuple<int64_t, int64_t, int64_t>>& tasks, int64_t ratio,
+         int64_t topk) {
+        std::vector<Task> list;
+        for (const auto& [document, start, end] : tasks) list.push_back({document, start, end});
+        const CostSample s = cost_sample(list, ratio, topk, 0);
+        return nb::make_tuple(s.rows, s.visible, s.capped);
+      },
+      nb::arg("tasks"), nb::arg("ratio"), nb::arg("topk") = 512,
+      "(rows, sum vis, sum min(topk, vis)) of a task list of (document, start, end).");
 
   nb::class_<RowBytes>(m, "RowBytes", "Bytes of one moved row (planning/row_bytes.hpp).")
       .def(nb::init<>())

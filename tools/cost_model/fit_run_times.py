@@ -6,8 +6,10 @@
 to the per-rank selection CPU times of real jobs, so the two can be compared. Every
 strategy of every given `run --json` output contributes one point per rank; the rank's
 sums come from re-planning the same batch with `sparsecp plan --json` (rows and causal
-pairs are checked against the job's own figures). The fit is non-negative least squares
-(the best of all non-negative subsets of a, b, c), as calibrate's.
+pairs are checked against the job's own figures). The fit is the library's
+(`sparsecp.fit_cost_model`, planning/cost_model_fit.hpp: non-negative least squares, the
+same one `calibrate` uses), so the `sparsecp` Python package must be installed
+(`pip install .`).
 
     mpirun ... sparsecp run --mode zigzag --dist pareto --seed 1 --json > zigzag.json   # etc.
     python3 tools/cost_model/fit_run_times.py --sparsecp build/release/sparsecp \
@@ -20,13 +22,14 @@ Prints a, b, c in ns and each point's residual; --out writes a model file that
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
+
+import sparsecp
 
 
 def plan_ranks(sparsecp: str, batch: list[str], cp: int, ratio: int, strategy: dict, topk: int) -> list[dict]:
@@ -42,34 +45,9 @@ def plan_ranks(sparsecp: str, batch: list[str], cp: int, ratio: int, strategy: d
         plan = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
     ranks = []
     for rank in plan["ranks"]:
-        rows = pairs = capped = 0
-        for _document, start, end in rank["tasks"]:
-            for position in range(start, end):
-                visible = (position + 1) // ratio
-                rows, pairs, capped = rows + 1, pairs + visible, capped + min(topk, visible)
-        ranks.append({"rows": rows, "pairs": pairs, "capped": capped})
+        rows, pairs, capped = sparsecp.cost_sample([tuple(task) for task in rank["tasks"]], ratio, topk)
+        ranks.append({"rows": int(rows), "pairs": int(pairs), "capped": capped})
     return ranks
-
-
-def solve(points: list[tuple[list[float], float]], columns: tuple[int, ...]) -> list[float] | None:
-    """Least squares on the chosen columns (normal equations, Gaussian elimination)."""
-    n = len(columns)
-    matrix = [[sum(x[i] * x[j] for x, _ in points) for j in columns] for i in columns]
-    vector = [sum(x[i] * y for x, y in points) for i in columns]
-    for k in range(n):
-        pivot = max(range(k, n), key=lambda r: abs(matrix[r][k]))
-        if abs(matrix[pivot][k]) < 1e-30:
-            return None
-        matrix[k], matrix[pivot], vector[k], vector[pivot] = matrix[pivot], matrix[k], vector[pivot], vector[k]
-        for r in range(n):
-            if r != k:
-                factor = matrix[r][k] / matrix[k][k]
-                matrix[r] = [a - factor * b for a, b in zip(matrix[r], matrix[k])]
-                vector[r] -= factor * vector[k]
-    beta = [0.0, 0.0, 0.0]
-    for k, column in enumerate(columns):
-        beta[column] = vector[k] / matrix[k][k]
-    return beta
 
 
 def main() -> int:
@@ -97,24 +75,14 @@ def main() -> int:
                 points.append(([rank["rows"], rank["pairs"], rank["capped"]], measured["select_cpu_s"]))
                 labels.append(f"{path} {strategy['mode']} rank {measured['rank']}")
 
-    best, best_error = None, float("inf")
-    for size in (1, 2, 3):
-        for columns in itertools.combinations(range(3), size):
-            beta = solve(points, columns)
-            if beta is None or min(beta) < 0:
-                continue
-            error = sum((sum(b * v for b, v in zip(beta, x)) - y) ** 2 for x, y in points)
-            if error < best_error:
-                best, best_error = beta, error
-    if best is None:
-        sys.exit("no non-negative fit")
-    a, b, c = (value * 1e9 for value in best)
+    columns = list(zip(*(x for x, _ in points)))
+    model, _, rms, predicted_seconds = sparsecp.fit_cost_model(
+        columns[0], columns[1], columns[2], [y for _, y in points], topk=topk)
+    a, b, c = model.a, model.b, model.c
     residuals = []
-    for (x, y), label in zip(points, labels):
-        predicted = sum(v * w for v, w in zip(best, x))
+    for (_, y), predicted, label in zip(points, predicted_seconds, labels):
         residuals.append((y - predicted) / predicted)
         print(f"  {label}: measured {y * 1e3:.1f} ms, model {predicted * 1e3:.1f} ms ({residuals[-1]:+.1%})")
-    rms = (sum(r * r for r in residuals) / len(residuals)) ** 0.5
     print(f"fit over {len(points)} points (ns per row): a = {a:.4g}, b = {b:.4g} per visible key, "
           f"c = {c:.4g} per min(topk, vis); rms relative residual {rms:.1%}")
     if args.out:

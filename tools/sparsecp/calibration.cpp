@@ -16,6 +16,7 @@
 #include "sparsecp/kernels/bf16.hpp"
 #include "sparsecp/kernels/select.hpp"
 #include "sparsecp/planning/cost.hpp"
+#include "sparsecp/planning/cost_model_fit.hpp"
 #include "sparsecp/planning/workload.hpp"
 #include "timing.hpp"
 
@@ -23,78 +24,6 @@ namespace sparsecp::cli {
 namespace {
 
 using Point = CalibrationPoint;
-
-// Least squares over the columns in `use` (a subset of {call, rows, visible, capped});
-// coefficients of unused columns are 0. Returns false if the system is singular.
-bool solve(const std::vector<Point>& points, std::array<bool, 4> use, std::array<double, 4>& beta) {
-  const auto column = [](const Point& p, int j) {
-    return j == 0 ? 1.0 : j == 1 ? p.rows : j == 2 ? p.visible : p.capped;
-  };
-  std::array<double, 4> scale{0, 0, 0, 0};
-  for (const Point& p : points) {
-    for (int j = 0; j < 4; ++j) scale[j] = std::max(scale[j], std::fabs(column(p, j)));
-  }
-  std::vector<int> index;
-  for (int j = 0; j < 4; ++j) {
-    if (use[j] && scale[j] > 0) index.push_back(j);
-  }
-  beta = {0, 0, 0, 0};
-  const size_t n = index.size();
-  if (n == 0) return false;
-  // Normal equations on scaled columns, Gaussian elimination with partial pivoting.
-  std::vector<std::vector<double>> m(n, std::vector<double>(n + 1, 0));
-  for (const Point& p : points) {
-    for (size_t i = 0; i < n; ++i) {
-      const double xi = column(p, index[i]) / scale[index[i]];
-      for (size_t k = 0; k < n; ++k) m[i][k] += xi * column(p, index[k]) / scale[index[k]];
-      m[i][n] += xi * p.seconds;
-    }
-  }
-  for (size_t i = 0; i < n; ++i) {
-    size_t pivot = i;
-    for (size_t r = i + 1; r < n; ++r) {
-      if (std::fabs(m[r][i]) > std::fabs(m[pivot][i])) pivot = r;
-    }
-    if (std::fabs(m[pivot][i]) < 1e-12) return false;
-    std::swap(m[i], m[pivot]);
-    for (size_t r = 0; r < n; ++r) {
-      if (r == i) continue;
-      const double f = m[r][i] / m[i][i];
-      for (size_t k = i; k <= n; ++k) m[r][k] -= f * m[i][k];
-    }
-  }
-  for (size_t i = 0; i < n; ++i) beta[index[i]] = m[i][n] / m[i][i] / scale[index[i]];
-  return true;
-}
-
-double predict(const std::array<double, 4>& beta, const Point& p) {
-  return beta[0] + beta[1] * p.rows + beta[2] * p.visible + beta[3] * p.capped;
-}
-
-// The non-negative fit with the least squared error over all column subsets.
-std::array<double, 4> fit(std::vector<Point>& points) {
-  std::array<double, 4> best{0, 0, 0, 0};
-  double best_error = INFINITY;
-  for (int mask = 1; mask < 16; ++mask) {
-    std::array<double, 4> beta{};
-    if (!solve(points, {bool(mask & 1), bool(mask & 2), bool(mask & 4), bool(mask & 8)}, beta)) {
-      continue;
-    }
-    if (beta[0] < 0 || beta[1] < 0 || beta[2] < 0 || beta[3] < 0) continue;
-    double error = 0;
-    for (const Point& p : points) {
-      const double r = predict(beta, p) - p.seconds;
-      error += r * r;
-    }
-    if (error < best_error) {
-      best_error = error;
-      best = beta;
-    }
-  }
-  SPARSECP_CHECK(std::isfinite(best_error), "calibrate: no non-negative fit (degenerate points)");
-  for (Point& p : points) p.predicted = predict(best, p);
-  return best;
-}
 
 }  // namespace
 
@@ -247,14 +176,12 @@ Calibration calibrate(const CalibrationSettings& settings) {
       points.push_back(point);
     }
   }
-  const std::array<double, 4> beta = fit(points);
+  std::vector<CostSample> samples;
+  for (const Point& p : points) samples.push_back({p.rows, p.visible, p.capped, p.seconds});
+  const CostFit fit = fit_cost_model(samples, {.per_call_term = true, .topk = m.topk});
+  for (size_t i = 0; i < points.size(); ++i) points[i].predicted = fit.predicted[i];
 
-  CostModel model;
-  model.a = beta[1] * 1e9;
-  model.b = beta[2] * 1e9;
-  model.c = beta[3] * 1e9;
-  model.topk = m.topk;
-  model.unit = "ns";
+  CostModel model = fit.model;
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
@@ -262,16 +189,10 @@ Calibration calibrate(const CalibrationSettings& settings) {
                " q_rank " + std::to_string(m.q_rank) + " ratio " + std::to_string(settings.ratio) +
                " isa " + kernel_isa_name(best_kernel_isa()) + " threads " +
                std::to_string(settings.threads) + ", " + machine_name() + ", " + date;
-  if (model.a + model.b + model.c <= 0) model.b = 1e-9;  // keep the model valid
   Calibration result;
   result.model = model;
-  result.per_call_seconds = beta[0];
-  double rms = 0;
-  for (const Point& p : points) {
-    const double r = (p.predicted - p.seconds) / p.seconds;
-    rms += r * r;
-  }
-  result.rms_relative_residual = std::sqrt(rms / static_cast<double>(points.size()));
+  result.per_call_seconds = fit.per_call_seconds;
+  result.rms_relative_residual = fit.rms_relative_residual;
   result.points = std::move(points);
   result.seconds_taken = wall_seconds() - started;
   return result;

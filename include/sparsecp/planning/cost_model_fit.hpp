@@ -1,0 +1,53 @@
+// sparsecp: fitting the per-row cost model (cost_model.hpp) to measured times.
+//
+// One implementation for every caller: `sparsecp calibrate` (timed synthetic points),
+// `sparsecp run`'s start-up calibration, Python's `sparsecp.fit_cost_model`, and
+// tools/cost_model/fit_run_times.py (a job's own per-rank selection times).
+//
+// Each sample is one timed call that selected `rows` rows whose visible-key counts sum
+// to `visible` and whose min(topk, vis) sum to `capped`. The time is modelled as
+//     seconds = k + a * rows + b * visible + c * capped
+// with k the per-call constant (threads, buffers) when `per_call_term` is set, else 0.
+// The fit is non-negative least squares, solved exactly: ordinary least squares on every
+// subset of the columns, keeping the non-negative solution with the least squared error
+// (at most 15 subsets of a 4-column problem). Pure and deterministic.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "sparsecp/planning/cost_model.hpp"
+#include "sparsecp/planning/plan.hpp"
+
+namespace sparsecp {
+
+struct CostSample {
+  double rows = 0;
+  double visible = 0;  // sum of vis over the rows
+  double capped = 0;   // sum of min(topk, vis) over the rows
+  double seconds = 0;  // measured time of the call (> 0)
+};
+
+// The sums of a task list (one rank's selection) at `ratio` and `topk`, with `seconds`.
+// Exact: closed forms per task, O(tasks).
+CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk, double seconds);
+
+struct CostFitOptions {
+  bool per_call_term = false;  // fit k as well (calibrate's points vary rows per call)
+  int64_t topk = 512;          // the model's topk (what `capped` was computed with)
+};
+
+struct CostFit {
+  CostModel model;                // a, b, c in ns per row, unit "ns", topk from the options
+  double per_call_seconds = 0;    // k (0 without per_call_term)
+  std::vector<double> predicted;  // per sample, seconds
+  // sqrt(mean(((predicted - measured) / measured)^2)) over the samples.
+  double rms_relative_residual = 0;
+};
+
+// Throws InvalidInputError for no samples, a non-finite or negative figure, a time <= 0,
+// or samples that admit no non-negative fit (degenerate: e.g. every column zero).
+CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions& options = {});
+
+}  // namespace sparsecp

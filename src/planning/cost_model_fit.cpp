@@ -1,0 +1,130 @@
+#include "sparsecp/planning/cost_model_fit.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+
+#include "sparsecp/error.hpp"
+
+namespace sparsecp {
+
+namespace {
+
+using Beta = std::array<double, 4>;  // k, a, b, c (seconds per call, row, key, capped key)
+
+double column(const CostSample& s, int j) {
+  return j == 0 ? 1.0 : j == 1 ? s.rows : j == 2 ? s.visible : s.capped;
+}
+
+double predict(const Beta& beta, const CostSample& s) {
+  return beta[0] + beta[1] * s.rows + beta[2] * s.visible + beta[3] * s.capped;
+}
+
+// Ordinary least squares over the columns in `use`; coefficients of unused columns are 0.
+// Normal equations on scaled columns, Gauss-Jordan with partial pivoting. False when the
+// system is singular.
+bool solve(std::span<const CostSample> samples, std::array<bool, 4> use, Beta& beta) {
+  Beta scale{0, 0, 0, 0};
+  for (const CostSample& s : samples) {
+    for (int j = 0; j < 4; ++j) scale[j] = std::max(scale[j], std::fabs(column(s, j)));
+  }
+  std::array<int, 4> index{};
+  size_t n = 0;
+  for (int j = 0; j < 4; ++j) {
+    if (use[j] && scale[j] > 0) index[n++] = j;
+  }
+  beta = {0, 0, 0, 0};
+  if (n == 0) return false;
+  std::array<std::array<double, 5>, 4> m{};
+  for (const CostSample& s : samples) {
+    for (size_t i = 0; i < n; ++i) {
+      const double xi = column(s, index[i]) / scale[index[i]];
+      for (size_t k = 0; k < n; ++k) m[i][k] += xi * column(s, index[k]) / scale[index[k]];
+      m[i][n] += xi * s.seconds;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    size_t pivot = i;
+    for (size_t r = i + 1; r < n; ++r) {
+      if (std::fabs(m[r][i]) > std::fabs(m[pivot][i])) pivot = r;
+    }
+    if (std::fabs(m[pivot][i]) < 1e-12) return false;
+    std::swap(m[i], m[pivot]);
+    for (size_t r = 0; r < n; ++r) {
+      if (r == i) continue;
+      const double f = m[r][i] / m[i][i];
+      for (size_t k = i; k <= n; ++k) m[r][k] -= f * m[i][k];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) beta[index[i]] = m[i][n] / m[i][i] / scale[index[i]];
+  return true;
+}
+
+}  // namespace
+
+CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk, double seconds) {
+  SPARSECP_CHECK(ratio >= 1, "cost sample ratio must be positive, got ", ratio);
+  SPARSECP_CHECK(topk >= 1, "cost sample topk must be positive, got ", topk);
+  const CostModel rows = CostModel::linear(1, 0, 0, topk);
+  const CostModel visible = CostModel::linear(0, 1, 0, topk);
+  const CostModel capped = CostModel::linear(0, 0, 1, topk);
+  CostSample sample;
+  sample.seconds = seconds;
+  for (const Task& task : tasks) {
+    sample.rows += rows.range(task.start, task.end, ratio);
+    sample.visible += visible.range(task.start, task.end, ratio);
+    sample.capped += capped.range(task.start, task.end, ratio);
+  }
+  return sample;
+}
+
+CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions& options) {
+  SPARSECP_CHECK(!samples.empty(), "cost model fit needs at least one sample, got none");
+  SPARSECP_CHECK(options.topk >= 1, "cost model fit topk must be positive, got ", options.topk);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const CostSample& s = samples[i];
+    const bool finite = std::isfinite(s.rows) && std::isfinite(s.visible) &&
+                        std::isfinite(s.capped) && std::isfinite(s.seconds);
+    SPARSECP_CHECK(finite && s.rows >= 0 && s.visible >= 0 && s.capped >= 0, "cost sample ", i,
+                   " must have finite, non-negative sums, got rows ", s.rows, ", visible ",
+                   s.visible, ", capped ", s.capped);
+    SPARSECP_CHECK(finite && s.seconds > 0, "cost sample ", i, " must have a positive time, got ",
+                   s.seconds, " s");
+  }
+  Beta best{0, 0, 0, 0};
+  double best_error = std::numeric_limits<double>::infinity();
+  for (int mask = options.per_call_term ? 1 : 2; mask < 16; mask += options.per_call_term ? 1 : 2) {
+    Beta beta{};
+    if (!solve(samples, {bool(mask & 1), bool(mask & 2), bool(mask & 4), bool(mask & 8)}, beta)) {
+      continue;
+    }
+    if (beta[0] < 0 || beta[1] < 0 || beta[2] < 0 || beta[3] < 0) continue;
+    double error = 0;
+    for (const CostSample& s : samples) {
+      const double r = predict(beta, s) - s.seconds;
+      error += r * r;
+    }
+    if (error < best_error) {
+      best_error = error;
+      best = beta;
+    }
+  }
+  SPARSECP_CHECK(std::isfinite(best_error),
+                 "cost model fit found no non-negative fit (degenerate samples)");
+  CostFit fit;
+  fit.model = CostModel::linear(best[1] * 1e9, best[2] * 1e9, best[3] * 1e9, options.topk);
+  fit.model.unit = "ns";
+  if (fit.model.a + fit.model.b + fit.model.c <= 0) fit.model.b = 1e-9;  // keep it valid
+  fit.per_call_seconds = best[0];
+  double rms = 0;
+  for (const CostSample& s : samples) {
+    fit.predicted.push_back(predict(best, s));
+    const double r = (fit.predicted.back() - s.seconds) / s.seconds;
+    rms += r * r;
+  }
+  fit.rms_relative_residual = std::sqrt(rms / static_cast<double>(samples.size()));
+  return fit;
+}
+
+}  // namespace sparsecp

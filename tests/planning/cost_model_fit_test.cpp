@@ -1,0 +1,126 @@
+// fit_cost_model: recovers known coefficients from noisy synthetic timings, agrees with
+// the closed-form sums of cost_sample, and refuses what it cannot fit, naming the value.
+#include "sparsecp/planning/cost_model_fit.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/planning/cost.hpp"
+
+namespace sparsecp {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string error_of(const auto& call) {
+  try {
+    call();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// Samples of segments that start at document position `start` and run `rows` rows.
+std::vector<CostSample> synthetic(double k, double a, double b, double c, int64_t topk,
+                                  double noise, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> jitter(0.0, noise);
+  std::vector<CostSample> samples;
+  // Positions on both sides of topk * ratio (2048), so that b and c are told apart.
+  for (const int64_t rows : {16, 64, 256}) {
+    for (const int64_t start : {0, 200, 500, 1000, 1500, 1800, 2500, 3000, 5000, 7000, 9000}) {
+      const Task task{0, start, start + rows};
+      CostSample s = cost_sample(std::span<const Task>(&task, 1), 4, topk, 0);
+      s.seconds = (k + a * s.rows + b * s.visible + c * s.capped) * (1 + jitter(rng));
+      samples.push_back(s);
+    }
+  }
+  return samples;
+}
+
+TEST(CostModelFit, RecoversKnownCoefficientsFromNoisyTimings) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // a = 5 us per row, b = 40 ns per key, c = 60 ns per capped key, k = 20 us per call.
+  const std::vector<CostSample> samples = synthetic(20e-6, 5e-6, 40e-9, 60e-9, 512, 0.01, seed);
+  const CostFit fit = fit_cost_model(samples, {.per_call_term = true, .topk = 512});
+  EXPECT_NEAR(fit.model.a, 5000, 500);
+  EXPECT_NEAR(fit.model.b, 40, 4);
+  EXPECT_NEAR(fit.model.c, 60, 6);
+  // k is a few percent of one call here, inside the noise: only its sign is meaningful.
+  EXPECT_GE(fit.per_call_seconds, 0);
+  EXPECT_EQ(fit.model.unit, "ns");
+  EXPECT_EQ(fit.model.topk, 512);
+  EXPECT_LT(fit.rms_relative_residual, 0.1);  // least squares weighs the long calls most
+  ASSERT_EQ(fit.predicted.size(), samples.size());
+}
+
+TEST(CostModelFit, ExactDataWithPerCallTermRecoversIt) {
+  const std::vector<CostSample> samples = synthetic(3e-5, 1e-6, 2e-9, 3e-9, 64, 0, 1);
+  const CostFit fit = fit_cost_model(samples, {.per_call_term = true, .topk = 64});
+  EXPECT_NEAR(fit.per_call_seconds, 3e-5, 1e-12);
+  EXPECT_NEAR(fit.model.a, 1000, 1e-3);
+  EXPECT_NEAR(fit.model.b, 2, 1e-6);
+  EXPECT_NEAR(fit.model.c, 3, 1e-6);
+}
+
+TEST(CostModelFit, ExactDataWithoutPerCallTermIsExact) {
+  const std::vector<CostSample> samples = synthetic(0, 1e-6, 2e-9, 3e-9, 64, 0, 1);
+  const CostFit fit = fit_cost_model(samples, {.per_call_term = false, .topk = 64});
+  EXPECT_NEAR(fit.model.a, 1000, 1e-6);
+  EXPECT_NEAR(fit.model.b, 2, 1e-9);
+  EXPECT_NEAR(fit.model.c, 3, 1e-9);
+  EXPECT_EQ(fit.per_call_seconds, 0);
+  EXPECT_LT(fit.rms_relative_residual, 1e-9);
+}
+
+TEST(CostModelFit, NegativeSlopesAreDroppedNotReturned) {
+  // Times that fall with the key count: the unconstrained fit has b < 0; the
+  // non-negative one must not.
+  std::vector<CostSample> samples;
+  for (int i = 1; i <= 8; ++i) {
+    samples.push_back({100.0, 1000.0 * i, 100.0, 1e-3 / i});
+  }
+  const CostFit fit = fit_cost_model(samples);
+  EXPECT_GE(fit.model.a, 0);
+  EXPECT_GE(fit.model.b, 0);
+  EXPECT_GE(fit.model.c, 0);
+}
+
+TEST(CostModelFit, CostSampleSumsMatchAPerRowLoop) {
+  const std::vector<Task> tasks = {{0, 0, 7}, {1, 5, 1030}, {2, 4093, 4099}};
+  const CostSample s = cost_sample(tasks, 4, 512, 1.5);
+  double rows = 0, visible = 0, capped = 0;
+  for (const Task& task : tasks) {
+    for (int64_t p = task.start; p < task.end; ++p) {
+      rows += 1;
+      visible += static_cast<double>(visible_keys(p, 4));
+      capped += static_cast<double>(std::min<int64_t>(512, visible_keys(p, 4)));
+    }
+  }
+  EXPECT_EQ(s.rows, rows);
+  EXPECT_EQ(s.visible, visible);
+  EXPECT_EQ(s.capped, capped);
+  EXPECT_EQ(s.seconds, 1.5);
+}
+
+TEST(CostModelFit, RefusesWhatItCannotFitNamingTheValue) {
+  EXPECT_THAT(error_of([] { fit_cost_model({}); }), HasSubstr("at least one sample"));
+  const std::vector<CostSample> zero_time = {{10, 10, 10, 0}};
+  EXPECT_THAT(error_of([&] { fit_cost_model(zero_time); }),
+              HasSubstr("cost sample 0 must have a positive time, got 0 s"));
+  const std::vector<CostSample> nan_rows = {{NAN, 1, 1, 1}};
+  EXPECT_THAT(error_of([&] { fit_cost_model(nan_rows); }), HasSubstr("cost sample 0 must have"));
+  const std::vector<CostSample> empty_columns = {{0, 0, 0, 1}, {0, 0, 0, 2}};
+  EXPECT_THAT(error_of([&] { fit_cost_model(empty_columns); }), HasSubstr("no non-negative fit"));
+}
+
+}  // namespace
+}  // namespace sparsecp
