@@ -30,16 +30,18 @@ std::exception_ptr local_error(Checks&& checks) {
 // Makes every rank see the same verdict before any data moves (see the header), in one
 // 3-value allreduce: the failure kinds and the range of the fingerprints of what every
 // rank must agree on (`inputs`: the route's defining inputs or the shard layout, the
-// row width and the element size). Differing inputs raise on every rank naming the
-// difference (check_agreement, which every rank then enters); otherwise the failing
-// rank rethrows its own error and the others raise one of the same kind.
+// row width and the element size). A rank that rejected its inputs rethrows its own
+// error and the others raise one of the same kind; otherwise differing inputs raise on
+// every rank naming the difference (check_agreement, which every rank then enters).
 void agree_on_inputs(Communicator& comm, const std::exception_ptr& error,
                      const PlanningFingerprint& inputs, const char* what) {
   const auto value = static_cast<int64_t>(inputs.value());
   // MIN of -(1 + kind) is -(1 + the largest kind); 0 when every rank is valid.
   int64_t verdict[3] = {error ? -1 - static_cast<int64_t>(error_kind_of(error)) : 0, value, ~value};
   comm.all_reduce(std::span<int64_t>(verdict, 3), ReduceOp::kMin);
-  if (verdict[1] != ~verdict[2]) {
+  // A rank that rejected its own inputs is reported first (its fingerprint may differ
+  // only because of the bad input, e.g. a zero width); every rank takes the same branch.
+  if (verdict[0] == 0 && verdict[1] != ~verdict[2]) {
     check_agreement(comm, inputs, what);  // throws on every rank, naming what differs
     SPARSECP_FAIL(what, ": CP ranks disagree on their inputs");  // not reached
   }
