@@ -18,8 +18,9 @@
 //
 // A route is plain immutable data computed from the same inputs on every rank without
 // communication. In particular `exchange_needed` is identical on every rank: it is true
-// iff some rank's interval starts before its own rows, so all ranks skip the collective
-// together or enter it together.
+// iff some rank's interval starts before its own rows, so all ranks skip the data
+// exchange together or enter it together — provided they were given the same inputs,
+// which the transport checks on every rank first (the route's defining inputs below).
 //
 // Physical layouts ("owner offsets"): the bank's rows are owned contiguously, rank r
 // holding global rows [owner_offsets[r], owner_offsets[r + 1]). For raw KV the offsets
