@@ -26,6 +26,7 @@ import os
 from typing import Any, NamedTuple, Sequence, Union
 
 from . import _core
+from ._checks import integer, integer_list, optional_integer, real
 from ._core import (
     CostModel,
     Plan,
@@ -34,16 +35,10 @@ from ._core import (
     RowBytes,
     SequenceDispatchRoute,
     StrategyParams,
-    compressed_document_offsets,
-    compressed_owner_offsets,
-    document_boundaries,
-    document_prefix_route,
-    generate_batch,
     cost_sample,
     fit_cost_model,
     load_cost_model,
     save_cost_model,
-    sliding_window_route,
 )
 
 __version__ = "0.2.0"
@@ -117,6 +112,12 @@ def strategy_params(**params: Any) -> StrategyParams:
     for name, value in params.items():
         if name not in _PARAMETERS:
             raise TypeError(f"unknown strategy parameter '{name}' (known: {', '.join(_PARAMETERS)})")
+        if name in _OPTIONAL_INTEGERS:
+            value = optional_integer(name, value)
+        elif name in _INTEGERS:
+            value = integer(name, value)
+        elif name in _REALS:
+            value = real(name, value)
         if name == "cost_model" and value is not None:
             value = _cost_model(value)
         elif name == "row_bytes" and isinstance(value, dict):
@@ -129,11 +130,56 @@ def strategy_params(**params: Any) -> StrategyParams:
     return result
 
 
-def _lengths(lengths: Sequence[int]) -> tuple[int, ...]:
-    """Document lengths as a tuple of Python ints (rejects floats and other non-integers)."""
-    if type(lengths) is tuple:
+_OPTIONAL_INTEGERS = ("block_size", "zigzag_min_length", "wlb_split_length")
+_INTEGERS = ("max_received_fragments", "snake_block", "lpt_align", "lpt_search_steps", "lpt_fragment_cap", "window",
+             "topk")
+_REALS = ("target_imbalance", "bandwidth_gbps", "lpt_row_cap")
+
+
+def _lengths(lengths: Sequence[int], name: str = "lengths") -> tuple[int, ...]:
+    """Document lengths as a tuple of Python ints (bools, floats and strings raise, naming
+    the entry: ``_checks``)."""
+    if type(lengths) is tuple and all(type(length) is int for length in lengths):
         return lengths
-    return tuple(map(operator.index, lengths))
+    return integer_list(name, lengths)
+
+
+def sliding_window_route(boundaries: Sequence[int], local_length: int, size: int, rank: int,
+                         window: int) -> SequenceDispatchRoute:
+    """Seed ``sliding_window_route``: the raw-KV halo of sliding-window attention
+    (planning/dispatch.hpp). Integer arguments follow ``_checks``."""
+    return _core.sliding_window_route(_lengths(boundaries, "boundaries"), integer("local_length", local_length),
+                                      integer("size", size), integer("rank", rank), integer("window", window))
+
+
+def document_prefix_route(boundaries: Sequence[int], local_length: int, size: int, rank: int,
+                          ratio: int) -> SequenceDispatchRoute:
+    """Seed ``document_prefix_route``: compressed-KV document prefixes (ratio 1 or 2)."""
+    return _core.document_prefix_route(_lengths(boundaries, "boundaries"), integer("local_length", local_length),
+                                       integer("size", size), integer("rank", rank), integer("ratio", ratio))
+
+
+def compressed_document_offsets(boundaries: Sequence[int], ratio: int) -> Any:
+    """Seed ``compressed_document_offsets``: each document's compressed offset, and the total."""
+    return _core.compressed_document_offsets(_lengths(boundaries, "boundaries"), integer("ratio", ratio))
+
+
+def compressed_owner_offsets(boundaries: Sequence[int], ratio: int, local_length: int) -> Any:
+    """Seed ``compressed_owner_offsets``: the compressed bank's physical layout."""
+    return _core.compressed_owner_offsets(_lengths(boundaries, "boundaries"), integer("ratio", ratio),
+                                          integer("local_length", local_length))
+
+
+def document_boundaries(lengths: Sequence[int]) -> Any:
+    """Document boundaries (0, cumulative lengths...) of positive document lengths."""
+    return _core.document_boundaries(_lengths(lengths))
+
+
+def generate_batch(distribution: str = "lognormal", tokens: int = 1 << 20, cp: int = 8, seed: int = 1,
+                   scale: int = 0) -> Any:
+    """Document lengths of a seeded generated batch (``sparsecp batch``)."""
+    return _core.generate_batch(distribution, integer("tokens", tokens), integer("cp", cp),
+                                integer("seed", seed, 0, (1 << 64) - 1), integer("scale", scale))
 
 
 def plan(lengths: Sequence[int], cp: int, ratio: int, mode: str = "zigzag", **strategy_params_: Any) -> Plan:
@@ -160,9 +206,28 @@ def plan(lengths: Sequence[int], cp: int, ratio: int, mode: str = "zigzag", **st
             message lists the registered ones).
     """
     lengths = _lengths(lengths)
+    cp, ratio = integer("cp", cp), integer("ratio", ratio)
     made = _core.plan_strategy(mode, lengths, cp, ratio, strategy_params(**strategy_params_))
     made.batch = (lengths, cp, ratio)  # what route() checks its arguments against
     return made
+
+
+def _batch_difference(batch: tuple, lengths: tuple, cp: int, ratio: int) -> str:
+    """What differs between the inputs a plan was made for and the ones given."""
+    made_lengths, made_cp, made_ratio = batch
+    parts = []
+    if made_cp != cp:
+        parts.append(f"cp {made_cp}, got {cp}")
+    if made_ratio != ratio:
+        parts.append(f"ratio {made_ratio}, got {ratio}")
+    if tuple(made_lengths) != tuple(lengths):
+        first = next((d for d, (a, b) in enumerate(zip(made_lengths, lengths)) if a != b), None)
+        if first is not None:
+            parts.append(f"document {first} has length {made_lengths[first]}, got {lengths[first]}")
+        else:
+            parts.append(f"{len(made_lengths)} documents, got {len(lengths)} (the first "
+                         f"{min(len(made_lengths), len(lengths))} agree)")
+    return "; ".join(parts)
 
 
 def route(plan_or_mode: Union[Plan, str], lengths: Sequence[int], cp: int, rank: int, ratio: int,
@@ -179,16 +244,15 @@ def route(plan_or_mode: Union[Plan, str], lengths: Sequence[int], cp: int, rank:
             ``plan`` rejects.
     """
     lengths = _lengths(lengths)
+    cp, rank, ratio = integer("cp", cp), integer("rank", rank), integer("ratio", ratio)
     if isinstance(plan_or_mode, Plan):
         made = plan_or_mode
         if strategy_params_:
             raise TypeError("route(plan, ...) takes no strategy parameters: the plan is made")
         batch = getattr(made, "batch", None) or (tuple(made.lengths.tolist()), made.cp, made.ratio)
         if batch[1] != cp or batch[2] != ratio or (batch[0] is not lengths and batch[0] != lengths):
-            raise ValueError(
-                f"route: the plan was made for cp {made.cp}, ratio {made.ratio} and "
-                f"{len(made.lengths)} documents, got cp {cp}, ratio {ratio} and {len(lengths)} documents"
-            )
+            difference = _batch_difference(batch, lengths, cp, ratio)
+            raise ValueError(f"route: the plan was made for other inputs: {difference}")
         return _core.route_from_plan(made, rank)
     return _core.route_strategy(plan_or_mode, lengths, cp, rank, ratio, strategy_params(**strategy_params_))
 

@@ -396,6 +396,21 @@ class SequenceDispatchRoute:
     def exchange_needed(self) -> bool: ...
 
     @property
+    def kind(self) -> str: ...
+
+    @property
+    def boundaries(self) -> list[int]: ...
+
+    @property
+    def raw_local_length(self) -> int: ...
+
+    @property
+    def window(self) -> int: ...
+
+    @property
+    def ratio(self) -> int: ...
+
+    @property
     def block_rows(self) -> int: ...
 
     @property
@@ -463,6 +478,11 @@ class PlanningFingerprint:
     @property
     def setting_names(self) -> list[str]: ...
 
+def dispatch_route_fingerprint(route: SequenceDispatchRoute) -> PlanningFingerprint:
+    """
+    The defining inputs of a KV dispatch route, to agree on before data moves (transport/agreement.hpp).
+    """
+
 def check_agreement(fingerprint: PlanningFingerprint, rank: int, size: int, all_reduce: Callable, context: str = '') -> None:
     """
     Collective: raises ValueError on every rank unless all fingerprints are equal, naming what differs. all_reduce(values: list[int], op: str) -> list[int] reduces over the group.
@@ -505,6 +525,11 @@ class TndPlan:
     def packed_row_ids(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
 
     def covers_queries(self, rows: int) -> bool: ...
+
+def check_select_config(heads: int, head_dim: int, ratio: int, topk: int) -> None:
+    """
+    The selection kernels' configuration checks (e.g. "Indexer topk ... is too large"), before any output is allocated.
+    """
 
 def csa_tnd_plan(segments: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], ratio: int) -> TndPlan | None:
     """Seed csa_tnd_plan: None when no row sees a key."""

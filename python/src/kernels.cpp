@@ -167,6 +167,14 @@ void bind_kernels(nb::module_& m) {
       .def("packed_row_ids", [](const TndPlan& plan) { return own_int64(plan.packed_row_ids()); })
       .def("covers_queries", &TndPlan::covers_queries, nb::arg("rows"));
   m.def(
+      "check_select_config",
+      [](int64_t heads, int64_t head_dim, int64_t ratio, int64_t topk) {
+        (void)config_of(heads, head_dim, 0, ratio, topk, 0, "auto");
+      },
+      nb::arg("heads"), nb::arg("head_dim"), nb::arg("ratio"), nb::arg("topk"),
+      "The selection kernels' configuration checks (e.g. \"Indexer topk ... is too large\"), "
+      "before any output is allocated.");
+  m.def(
       "csa_tnd_plan",
       [](const SegmentArray& segments, int64_t ratio) {
         return csa_tnd_plan(segments_of(segments), ratio);

@@ -412,6 +412,22 @@ void bind_dispatch(nb::module_& m) {
       .def_ro("send_splits", &SequenceDispatchRoute::send_splits)
       .def_ro("receive_splits", &SequenceDispatchRoute::receive_splits)
       .def_ro("exchange_needed", &SequenceDispatchRoute::exchange_needed)
+      .def_prop_ro("kind",
+                   [](const SequenceDispatchRoute& r) {
+                     switch (r.kind) {
+                       case DispatchRouteKind::kSlidingWindow:
+                         return "sliding_window";
+                       case DispatchRouteKind::kDocumentPrefix:
+                         return "document_prefix";
+                       case DispatchRouteKind::kIntervals:
+                         break;
+                     }
+                     return "intervals";
+                   })
+      .def_ro("boundaries", &SequenceDispatchRoute::boundaries)
+      .def_ro("raw_local_length", &SequenceDispatchRoute::raw_local_length)
+      .def_ro("window", &SequenceDispatchRoute::window)
+      .def_ro("ratio", &SequenceDispatchRoute::ratio)
       .def_prop_ro("block_rows", &SequenceDispatchRoute::block_rows)
       .def_prop_ro("received_rows", &SequenceDispatchRoute::received_rows)
       .def_prop_ro("sent_rows", &SequenceDispatchRoute::sent_rows)

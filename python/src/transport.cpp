@@ -113,6 +113,9 @@ void bind_transport(nb::module_& m) {
       .def("components", &PlanningFingerprint::components)
       .def_prop_ro("setting_names", &PlanningFingerprint::setting_names);
 
+  m.def("dispatch_route_fingerprint", &dispatch_route_fingerprint, nb::arg("route"),
+        "The defining inputs of a KV dispatch route, to agree on before data moves "
+        "(transport/agreement.hpp).");
   m.def(
       "check_agreement",
       [](const PlanningFingerprint& fingerprint, int64_t rank, int64_t size,

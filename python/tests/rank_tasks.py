@@ -332,6 +332,45 @@ def dispatch_errors(rank: int, size: int) -> dict:
     return result
 
 
+def dispatch_disagreements(rank: int, size: int) -> dict:
+    """Rank 0 builds its KV route from other inputs than its peers (window, boundaries,
+    ratio, one rank needing no exchange, a deferred launch, gather shard lengths); after
+    each case an unrelated all_reduce must still pair correctly."""
+    group = dist.group.WORLD
+    local = 16
+    one_document = (0, size * local)
+    rows = torch.arange(local * 2, dtype=torch.float64).reshape(local, 2) + rank * 100
+
+    def intact() -> list:
+        values = torch.tensor([100, 200 + rank, 300], dtype=torch.int64)
+        dist.all_reduce(values, group=group)
+        return values.tolist()
+
+    def case(run: Any) -> dict:
+        return {"error": _error_of(run), "after": intact()}
+
+    window = indexer_balance.sliding_window_route(one_document, local, size, rank, 4 if rank == 0 else 12)
+    cut = indexer_balance.sliding_window_route((0, 5 if rank == 0 else 9, size * local), local, size, rank, 8)
+    ratio = 1 if rank == 0 else 2
+    prefix = indexer_balance.document_prefix_route(one_document, local, size, rank, ratio)
+    owners = indexer_balance.compressed_owner_offsets(one_document, ratio, local)
+    compressed = torch.zeros(owners[rank + 1] - owners[rank], 2, dtype=torch.float64)
+    per_shard = tuple(r * local for r in range(size + 1))
+    lone = indexer_balance.sliding_window_route(per_shard if rank == 0 else one_document, local, size, rank, 8)
+    deferred = indexer_balance.DeferredBankLaunch(
+        lambda: indexer_balance.launch_sequence_dispatch(rows, 0, window, group))
+    gather_rows = torch.zeros(local + (1 if rank == 0 else 0), 2, dtype=torch.float64)
+    return {
+        "window": case(lambda: indexer_balance.sequence_dispatch(rows, 0, window, group)),
+        "boundaries": case(lambda: indexer_balance.sequence_dispatch(rows, 0, cut, group)),
+        "ratio": case(lambda: indexer_balance.sequence_dispatch(compressed, 0, prefix, group)),
+        "lone": case(lambda: indexer_balance.sequence_dispatch(rows, 0, lone, group)),
+        "lone_exchange": lone.exchange_needed,
+        "deferred": case(deferred.wait),
+        "gather": case(lambda: indexer_balance.sequence_gather(gather_rows, 0, group)),
+    }
+
+
 # --------------------------------------------------------------------------------------
 # The indexer training step (python/examples/train_indexer_step.py).
 

@@ -145,8 +145,12 @@ def test_sparsecp_planning_api():
     assert route.send_rows.dtype == np.int64 and route.segments.shape[1] == 5
     same = sparsecp.route("spill", lengths, 4, 3, 4)
     assert np.array_equal(same.send_rows, route.send_rows) and same.query_count == route.query_count
-    with pytest.raises(ValueError, match="the plan was made for"):
+    with pytest.raises(ValueError, match="the plan was made for other inputs: cp 4, got 2$"):
         sparsecp.route(plan, lengths, 2, 0, 4)
+    other = list(lengths)
+    other[1], other[2] = other[1] + 1, other[2] - 1  # same count and total: name the document
+    with pytest.raises(ValueError, match=rf"other inputs: document 1 has length {lengths[1]}, got {other[1]}$"):
+        sparsecp.route(plan, other, 4, 0, 4)
     with pytest.raises(TypeError, match="unknown strategy parameter 'target'"):
         sparsecp.plan(lengths, 4, 4, "spill", target=1.1)
     with pytest.raises(ValueError, match="spill target imbalance must be at least 1"):

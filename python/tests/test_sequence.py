@@ -55,6 +55,30 @@ def test_dispatch_errors(size):
                 assert result["one_bad"] == ("ValueError", f"Sequence dispatch aborted: rank {size - 1} rejected its inputs")
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_disagreeing_routes_raise_on_every_rank(size):
+    """Window, boundaries, ratio, one rank needing no exchange, a deferred launch and the
+    gather's shard length: every rank raises naming the difference, and the next
+    all_reduce still pairs (it used to return a mix of agreement messages)."""
+    results = results_or_raise(pool_of(size).run(rank_tasks.dispatch_disagreements, timeout=60))
+    after = [100 * size, 200 * size + size * (size - 1) // 2, 300 * size]
+    expected = {
+        "window": "window differs: rank 1 has 12, rank 0 has 4",
+        "boundaries": "document lengths differ at document 0: rank 1 has 9, rank 0 has 5",
+        "ratio": "ratio differs: rank 1 has 2, rank 0 has 1",
+        "lone": "document lengths differ at document 0",
+        "deferred": "window differs: rank 1 has 12, rank 0 has 4",
+        "gather": "local length differs",
+    }
+    for rank, result in enumerate(results):
+        assert result["lone_exchange"] == (rank != 0)
+        for name, needle in expected.items():
+            error = result[name]["error"]
+            assert error is not None and error[0] == "ValueError", (rank, name, error)
+            assert "CP ranks disagree" in error[1] and needle in error[1], (rank, name, error)
+            assert result[name]["after"] == after, (rank, name, result[name])
+
+
 def test_route_texts_and_values():
     boundaries = (0, 5, 12, 16)
     with pytest.raises(ValueError, match="^SWA dispatch requires positive dimensions and a valid CP rank$"):

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/output_set.hpp"
 
 namespace sparsecp {
 
@@ -181,7 +182,12 @@ NpyArray read_npy(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   SPARSECP_CHECK(fd >= 0, path, ": cannot open .npy file");
   struct stat info {};
-  const bool sized = ::fstat(fd, &info) == 0 && info.st_size > 0;
+  const bool known = ::fstat(fd, &info) == 0;
+  if (known && S_ISDIR(info.st_mode)) {
+    ::close(fd);
+    SPARSECP_FAIL(path, ": is a directory, not a .npy file");
+  }
+  const bool sized = known && info.st_size > 0;
   void* mapped =
       sized ? ::mmap(nullptr, static_cast<size_t>(info.st_size), PROT_READ, MAP_PRIVATE, fd, 0)
             : MAP_FAILED;
@@ -255,12 +261,9 @@ std::vector<std::byte> format_npy(NpyDType dtype, std::span<const int64_t> shape
 
 void write_npy(const std::string& path, NpyDType dtype, std::span<const int64_t> shape,
                const void* data) {
-  const auto image = format_npy(dtype, shape, data);
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  SPARSECP_CHECK(file.good(), path, ": cannot open for writing");
-  file.write(reinterpret_cast<const char*>(image.data()),
-             static_cast<std::streamsize>(image.size()));
-  SPARSECP_CHECK(file.good(), path, ": write failed");
+  OutputSet output;
+  output.add(path, format_npy(dtype, shape, data));
+  output.commit();
 }
 
 }  // namespace sparsecp

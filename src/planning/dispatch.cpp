@@ -94,6 +94,8 @@ SequenceDispatchRoute dispatch_route_from_intervals(std::span<const int64_t> int
   for (int64_t q = 0; q < size && !route.exchange_needed; ++q) {
     route.exchange_needed = interval_starts[q] < owner_offsets[q];
   }
+  route.boundaries.assign(owner_offsets.begin(), owner_offsets.end());
+  route.interval_starts.assign(interval_starts.begin(), interval_starts.end());
   return route;
 }
 
@@ -114,7 +116,13 @@ SequenceDispatchRoute sliding_window_route(std::span<const int64_t> boundaries,
     owners[q] = first;
   }
   owners[size] = size * local_length;
-  return dispatch_route_from_intervals(starts, owners, rank);
+  SequenceDispatchRoute route = dispatch_route_from_intervals(starts, owners, rank);
+  route.kind = DispatchRouteKind::kSlidingWindow;
+  route.boundaries.assign(boundaries.begin(), boundaries.end());
+  route.interval_starts.clear();
+  route.raw_local_length = local_length;
+  route.window = window;
+  return route;
 }
 
 std::vector<int64_t> compressed_document_offsets(std::span<const int64_t> boundaries,
@@ -166,7 +174,13 @@ SequenceDispatchRoute document_prefix_route(std::span<const int64_t> boundaries,
   for (int64_t q = 0; q < size; ++q) {
     starts[q] = keys[document_of(boundaries, q * local_length)];
   }
-  return dispatch_route_from_intervals(starts, owners, rank);
+  SequenceDispatchRoute route = dispatch_route_from_intervals(starts, owners, rank);
+  route.kind = DispatchRouteKind::kDocumentPrefix;
+  route.boundaries.assign(boundaries.begin(), boundaries.end());
+  route.interval_starts.clear();
+  route.raw_local_length = local_length;
+  route.ratio = ratio;
+  return route;
 }
 
 std::vector<int64_t> document_boundaries(std::span<const int64_t> lengths) {

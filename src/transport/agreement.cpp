@@ -56,11 +56,13 @@ std::string optional_text(int64_t value) { return value < 0 ? "omitted" : std::t
 // come from this rank's fingerprint when every rank used the same names.
 std::string describe_difference(std::span<const int64_t> a, int64_t rank_a,
                                 std::span<const int64_t> b, int64_t rank_b,
-                                const PlanningFingerprint& mine) {
+                                const PlanningFingerprint& mine, const std::string& documents) {
   const auto mode_text = [&](int64_t mode) -> std::string {
     const std::vector<std::string>& names = mine.strategy_names();
     if (mode >= 0 && mode < static_cast<int64_t>(names.size())) {
-      return "'" + names[static_cast<size_t>(mode)] + "'";
+      std::string text(1, '\'');  // appended piecewise: GCC 12 -O3 warns (-Wrestrict) on "'" + s
+      text.append(names[static_cast<size_t>(mode)]).push_back('\'');
+      return text;
     }
     return mode < 0 ? std::string("none given") : std::to_string(mode);
   };
@@ -75,7 +77,11 @@ std::string describe_difference(std::span<const int64_t> a, int64_t rank_a,
       return std::to_string(c[kDocuments]) + " documents, " + std::to_string(c[kTokens]) +
              " tokens";
     };
-    pair("document lengths differ", batch(a), batch(b));
+    if (!documents.empty()) {
+      parts.push_back(documents);
+    } else {
+      pair("document lengths differ", batch(a), batch(b));
+    }
   }
   const auto scalar = [&](int component, const char* what, auto&& text) {
     if (a[component] != b[component]) pair(what, text(a[component]), text(b[component]));
@@ -113,11 +119,72 @@ std::string describe_difference(std::span<const int64_t> a, int64_t rank_a,
   return text;
 }
 
+// Collective (every rank calls it with the same `rank_a`, `rank_b` and counts): names
+// the first document whose length differs between ranks a and b, e.g. "document
+// lengths differ at document 2: rank 1 has 150, rank 0 has 100", or, when one list is
+// a prefix of the other, the counts. Sums the two ranks' lengths into one buffer in
+// chunks (every rank sees the same sums, so every rank stops at the same chunk).
+std::string first_differing_document(Communicator& comm, const PlanningFingerprint& mine,
+                                     int64_t rank_a, int64_t count_a, int64_t tokens_a,
+                                     int64_t rank_b, int64_t count_b, int64_t tokens_b) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t rank = comm.rank();
+  const int64_t common = std::min(count_a, count_b);
+  const std::vector<int64_t>& lengths = mine.lengths();
+  const auto own = static_cast<int64_t>(lengths.size());
+  std::vector<int64_t> both;
+  for (int64_t begin = 0; begin < common; begin += kChunk) {
+    const int64_t n = std::min(kChunk, common - begin);
+    both.assign(static_cast<size_t>(2 * n), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t d = begin + i;
+      if (rank == rank_a && d < own) both[static_cast<size_t>(i)] = lengths[d];
+      if (rank == rank_b && d < own) both[static_cast<size_t>(n + i)] = lengths[d];
+    }
+    comm.all_reduce(both, ReduceOp::kSum);
+    for (int64_t i = 0; i < n; ++i) {
+      if (both[static_cast<size_t>(i)] != both[static_cast<size_t>(n + i)]) {
+        return "document lengths differ at document " + std::to_string(begin + i) + ": rank " +
+               std::to_string(rank_a) + " has " + std::to_string(both[static_cast<size_t>(i)]) +
+               ", rank " + std::to_string(rank_b) + " has " +
+               std::to_string(both[static_cast<size_t>(n + i)]);
+      }
+    }
+  }
+  if (count_a != count_b) {
+    return "document counts differ: rank " + std::to_string(rank_a) + " has " +
+           std::to_string(count_a) + " documents (" + std::to_string(tokens_a) + " tokens), rank " +
+           std::to_string(rank_b) + " has " + std::to_string(count_b) + " documents (" +
+           std::to_string(tokens_b) + " tokens); the first " + std::to_string(common) + " agree";
+  }
+  return {};  // equal lists: the hashes differ for another reason (not reached)
+}
+
 }  // namespace
+
+PlanningFingerprint dispatch_route_fingerprint(const SequenceDispatchRoute& route) {
+  std::vector<int64_t> lengths;
+  lengths.reserve(route.boundaries.empty() ? 0 : route.boundaries.size() - 1);
+  for (size_t i = 1; i < route.boundaries.size(); ++i) {
+    lengths.push_back(route.boundaries[i] - route.boundaries[i - 1]);
+  }
+  PlanningFingerprint fingerprint(lengths, route.size, route.ratio);
+  fingerprint.add("route kind", static_cast<int64_t>(route.kind))
+      .add("window", route.window)
+      .add("raw local length", route.raw_local_length)
+      .add("exchange needed", route.exchange_needed ? 1 : 0);
+  for (size_t q = 0; q < route.interval_starts.size(); ++q) {
+    fingerprint.add("interval start of rank " + std::to_string(q), route.interval_starts[q]);
+  }
+  return fingerprint;
+}
 
 PlanningFingerprint::PlanningFingerprint(std::span<const int64_t> lengths, int64_t cp,
                                          int64_t ratio)
-    : documents_(static_cast<int64_t>(lengths.size())), cp_(cp), ratio_(ratio) {
+    : lengths_(lengths.begin(), lengths.end()),
+      documents_(static_cast<int64_t>(lengths.size())),
+      cp_(cp),
+      ratio_(ratio) {
   uint64_t tokens = 0;  // wrapping: only compared, never used as a size
   uint64_t hash = mix(0x5EED, lengths.size());
   for (const int64_t length : lengths) {
@@ -221,10 +288,17 @@ void check_agreement(Communicator& comm, const PlanningFingerprint& fingerprint,
             << hex(extremes[0]) << " to " << hex(~extremes[1]) << ")";
     SPARSECP_FAIL(message.str());
   }
+  std::string documents;
+  if (of(first)[kDocuments] != of(0)[kDocuments] || of(first)[kTokens] != of(0)[kTokens] ||
+      of(first)[kLengthsHash] != of(0)[kLengthsHash]) {
+    // Every rank sees the same components, so every rank takes this branch.
+    documents = first_differing_document(comm, fingerprint, first, of(first)[kDocuments],
+                                         of(first)[kTokens], 0, of(0)[kDocuments], of(0)[kTokens]);
+  }
   message << "CP ranks disagree on the planning inputs: rank " << first << " has fingerprint "
           << hex(of(first)[kValue]) << ", rank 0 has " << hex(of(0)[kValue]) << " ("
-          << describe_difference(of(first), first, of(0), 0, fingerprint) << "); " << differing
-          << " of " << size << " ranks differ from rank 0";
+          << describe_difference(of(first), first, of(0), 0, fingerprint, documents) << "); "
+          << differing << " of " << size << " ranks differ from rank 0";
   SPARSECP_FAIL(message.str());
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "sparsecp/error.hpp"
+#include "sparsecp/transport/agreement.hpp"
 
 namespace sparsecp {
 
@@ -26,19 +27,58 @@ std::exception_ptr local_error(Checks&& checks) {
   return nullptr;
 }
 
-// Makes every rank see the same verdict before any data moves (see the header): the
-// failing rank rethrows its own error, the others raise one of the same kind.
-void agree_on_inputs(Communicator& comm, const std::exception_ptr& error) {
-  // 0: valid; 1 + kind of the failure otherwise (MAX: some rank's kind).
-  int64_t verdict = error ? 1 + static_cast<int64_t>(error_kind_of(error)) : 0;
-  comm.all_reduce(std::span<int64_t>(&verdict, 1), ReduceOp::kMax);
+// Makes every rank see the same verdict before any data moves (see the header), in one
+// 3-value allreduce: the failure kinds and the range of the fingerprints of what every
+// rank must agree on (`inputs`: the route's defining inputs or the shard layout, the
+// row width and the element size). A rank that rejected its inputs rethrows its own
+// error and the others raise one of the same kind; otherwise differing inputs raise on
+// every rank naming the difference (check_agreement, which every rank then enters).
+void agree_on_inputs(Communicator& comm, const std::exception_ptr& error,
+                     const PlanningFingerprint& inputs, const char* what) {
+  const auto value = static_cast<int64_t>(inputs.value());
+  // MIN of -(1 + kind) is -(1 + the largest kind); 0 when every rank is valid.
+  int64_t verdict[3] = {error ? -1 - static_cast<int64_t>(error_kind_of(error)) : 0, value, ~value};
+  comm.all_reduce(std::span<int64_t>(verdict, 3), ReduceOp::kMin);
+  // A rank that rejected its own inputs is reported first (its fingerprint may differ
+  // only because of the bad input, e.g. a zero width); every rank takes the same branch.
+  if (verdict[0] == 0 && verdict[1] != ~verdict[2]) {
+    check_agreement(comm, inputs, what);  // throws on every rank, naming what differs
+    SPARSECP_FAIL(what, ": CP ranks disagree on their inputs");  // not reached
+  }
   if (error) std::rethrow_exception(error);
-  if (verdict == 0) return;
-  const auto kind = static_cast<ErrorKind>(verdict - 1);
+  if (verdict[0] == 0) return;
+  const auto kind = static_cast<ErrorKind>(-verdict[0] - 1);
   if (kind == ErrorKind::kInvalidInput) {
     SPARSECP_FAIL("sequence gather input was rejected on another rank");
   }
   SPARSECP_FAIL_AS(kind, "sequence gather failed on another rank (", error_kind_name(kind), ")");
+}
+
+// What the ranks of a dispatch (or its backward) must agree on.
+template <typename T>
+PlanningFingerprint dispatch_inputs(const SequenceDispatchRoute& route, int64_t width,
+                                    int64_t direction) {
+  PlanningFingerprint inputs = dispatch_route_fingerprint(route);
+  inputs.add("row width", width)
+      .add("element bytes", static_cast<int64_t>(sizeof(T)))
+      .add("backward", direction);
+  return inputs;
+}
+
+// What the ranks of an all-gather (or its backward) must agree on.
+template <typename T>
+PlanningFingerprint gather_inputs(std::span<const int64_t> shard_offsets, const Communicator& comm,
+                                  int64_t width, int64_t direction) {
+  std::vector<int64_t> extents;
+  for (size_t r = 1; r < shard_offsets.size(); ++r) {
+    extents.push_back(shard_offsets[r] - shard_offsets[r - 1]);
+  }
+  PlanningFingerprint inputs(extents, comm.size(), 1);
+  inputs.add("shard offsets", static_cast<int64_t>(shard_offsets.size()))
+      .add("row width", width)
+      .add("element bytes", static_cast<int64_t>(sizeof(T)))
+      .add("backward", direction);
+  return inputs;
 }
 
 // Sizes `buffer` to `rows` x `width` values: InvalidInputError when that overflows,
@@ -132,12 +172,16 @@ SequenceGatherHandle<T> launch_sequence_dispatch(std::span<const T> local, int64
     allocate(block, route.block_rows(), width, "sequence dispatch block");
   });
   const auto w = static_cast<size_t>(width);
+  // Every rank agrees, even when its own route needs no exchange: a rank handed other
+  // inputs may need one (and would otherwise pair with an unrelated collective).
+  if (comm.size() > 1) {
+    agree_on_inputs(comm, error, dispatch_inputs<T>(route, width, 0), "Sequence dispatch");
+  } else if (error) {
+    std::rethrow_exception(error);
+  }
   if (!route.exchange_needed) {
-    // Every rank reached the same verdict: nobody communicates.
-    if (error) std::rethrow_exception(error);
     return completed(std::vector<T>(local.begin(), local.end()), route.local_length, width);
   }
-  agree_on_inputs(comm, error);
 
   T* out = send.data();
   for (int64_t q = 0; q < route.size; ++q) {
@@ -183,12 +227,15 @@ SequenceGatherHandle<T> launch_sequence_dispatch_backward(std::span<const T> blo
     allocate(returned, route.sent_rows(), width, "sequence dispatch gradient receive buffer");
   });
   const auto w = static_cast<size_t>(width);
+  if (comm.size() > 1) {
+    agree_on_inputs(comm, error, dispatch_inputs<T>(route, width, 1), "Sequence dispatch backward");
+  } else if (error) {
+    std::rethrow_exception(error);
+  }
   if (!route.exchange_needed) {
-    if (error) std::rethrow_exception(error);
     return completed(std::vector<T>(block_grad.begin(), block_grad.end()), route.local_length,
                      width);
   }
-  agree_on_inputs(comm, error);
 
   // Consumers return the gradient of the rows they received, in the order received.
   const size_t received = static_cast<size_t>(route.received_rows()) * w;
@@ -263,7 +310,8 @@ SequenceGatherHandle<T> launch_all_gather_sequence(std::span<const T> local, int
     if (error) std::rethrow_exception(error);
     return completed(std::vector<T>(local.begin(), local.end()), shard_offsets[1], width);
   }
-  agree_on_inputs(comm, error);
+  agree_on_inputs(comm, error, gather_inputs<T>(shard_offsets, comm, width, 0),
+                  "Sequence all-gather");
 
   const int64_t size = comm.size();
   const auto local_rows = shard_offsets[rank + 1] - shard_offsets[rank];
@@ -313,7 +361,8 @@ SequenceGatherHandle<T> launch_all_gather_sequence_backward(std::span<const T> b
     if (error) std::rethrow_exception(error);
     return completed(std::vector<T>(bank_grad.begin(), bank_grad.end()), shard_offsets[1], width);
   }
-  agree_on_inputs(comm, error);
+  agree_on_inputs(comm, error, gather_inputs<T>(shard_offsets, comm, width, 1),
+                  "Sequence all-gather backward");
 
   const int64_t size = comm.size();
   const int64_t local_rows = shard_offsets[rank + 1] - shard_offsets[rank];

@@ -164,7 +164,8 @@ TEST(Cli, InvalidInputsGiveOneErrorLineAndStatusTwo) {
   expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode fancy"),
                     "unknown strategy 'fancy' (known: none, zigzag, greedy, hybrid, ");
   expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode hybrid --zigzag-min-length -1"),
-                    "indexer_zigzag_min_length must be a positive integer, got -1");
+                    "indexer_load_balance='hybrid' requires an explicit positive integer "
+                    "indexer_zigzag_min_length");
   expect_user_error(
       run_tool("plan --lengths 8 --cp 2 --mode zigzag --block 2"),
       "indexer_balance_block_size requires indexer_load_balance='greedy' or 'hybrid'");

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -182,6 +183,28 @@ TEST_F(KlCli, BadFilesAndShapesExitTwoWithOneErrorLine) {
                    "--isa must be auto, portable or avx512, got 'avx2'");
   expect_one_error(testing::run_tool(arguments(c)), "kl needs --out-dir, --json or both");
   expect_one_error(testing::run_tool("kl --index-query " + path("q.npy")), "required");
+}
+
+// The four outputs appear together or not at all: a directory in the way of one of them
+// fails the run before any file is replaced, and a full device is an error, never "wrote".
+TEST_F(KlCli, OutputsAreWholeOrAbsent) {
+  const uint64_t seed = testing::test_seed() + 43;
+  SplitMix64 random(seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const KlCase c = random_kl_case(random, {2, 5, 3, 16, 2, 12, 9, 10, 3, 2});
+  write_case(c);
+  std::filesystem::create_directories(path("out/grad_index_key.npy"));
+  { std::ofstream(path("out/loss.npy")) << "earlier run"; }
+  expect_one_error(testing::run_tool(arguments(c) + " --out-dir " + path("out")),
+                   "--out-dir " + path("out/grad_index_key.npy") + ": is a directory");
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(path("out"))) {
+    left.push_back(entry.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"grad_index_key.npy", "loss.npy"}));
+  std::ifstream earlier(path("out/loss.npy"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(earlier), {}), "earlier run");
 }
 
 TEST_F(KlCli, ZeroCoefficientAndHelp) {

@@ -165,7 +165,34 @@ const BadInput kBadInputs[] = {
      "indexer_zigzag_min_length requires indexer_load_balance='hybrid'"},
     {"HybridThresholdZero",
      "plan --lengths 8,8 --cp 2 --mode hybrid --block 4 --zigzag-min-length 0",
-     "indexer_zigzag_min_length must be a positive integer, got 0"},
+     "indexer_load_balance='hybrid' requires an explicit positive integer "
+     "indexer_zigzag_min_length"},
+    {"BlockZeroForZigzag", "plan --lengths 8,8 --cp 2 --mode zigzag --block 0",
+     "indexer_balance_block_size requires indexer_load_balance='greedy' or 'hybrid'"},
+    {"ThresholdZeroForGreedy", "plan --lengths 8,8 --cp 2 --mode greedy --zigzag-min-length 0",
+     "indexer_zigzag_min_length requires indexer_load_balance='hybrid'"},
+    // A directory as an input file names the flag; outputs that cannot be written fail
+    // before "wrote" (io/output_set.hpp).
+    {"QIsDirectory",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/. --segments $D/seg.json --out "
+     "/tmp/limits_out.npy",
+     "/.: is a directory, not a file"},
+    {"SegmentsIsDirectory",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/. --out "
+     "/tmp/limits_out.npy",
+     "--segments "},
+    {"LengthsFileIsDirectory", "plan --lengths-file $D/. --cp 2", "is a directory, not a file"},
+    {"OutIsFullDevice",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
+     "/dev/full",
+     "--out /dev/full: write failed: No space left on device"},
+    {"OutIsDirectory",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out $D/.",
+     "/.: is a directory"},
+    {"SelectTopkBeyondInt32",
+     "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --topk "
+     "2147483648 --out /tmp/limits_out.npy",
+     "Indexer topk 2147483648 is too large"},
     {"UnknownMode", "plan --lengths 8,8 --cp 2 --mode bogus",
      "unknown strategy 'bogus' (known: none, zigzag, greedy, hybrid, "},
     // Garbage text and files.
@@ -282,7 +309,7 @@ const BadInput kBadInputs[] = {
     {"SelectTopkOverflows",
      "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --topk "
      "9223372036854775807 --out $D/out.npy",
-     "output overflows 64 bits"},
+     "Indexer topk 9223372036854775807 is too large"},
     {"SelectOutputUnwritable",
      "select --keys $D/k.npy --weights $D/w.npy --q $D/q.npy --segments $D/seg.json --out "
      "/nonexistent/dir/out.npy",

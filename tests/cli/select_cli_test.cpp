@@ -79,6 +79,19 @@ TEST_F(SelectCli, SelectsLikeTheLibraryFromNpyFiles) {
   EXPECT_EQ(out.shape, (std::vector<int64_t>{worker.rows, 5}));
   EXPECT_EQ(std::vector<int32_t>(out.as<int32_t>(), out.as<int32_t>() + out.elements()), expected);
 
+  // A full device is an error, never "wrote"; a directory in the way names the flag.
+  const Result full = run("select" + common + " --q " + path("q.npy") + " --out /dev/full");
+  EXPECT_EQ(full.status, 2) << full.output;
+  EXPECT_NE(full.output.find("--out /dev/full: write failed: No space left on device"),
+            std::string::npos)
+      << full.output;
+  EXPECT_EQ(full.output.find("wrote"), std::string::npos) << full.output;
+  std::filesystem::create_directories(path("dir.npy"));
+  const Result dir = run("select" + common + " --q " + path("q.npy") + " --out " + path("dir.npy"));
+  EXPECT_EQ(dir.status, 2) << dir.output;
+  EXPECT_NE(dir.output.find("--out " + path("dir.npy") + ": is a directory"), std::string::npos)
+      << dir.output;
+
   // Batch dims other than one, wrong shapes and dtypes: clear errors, exit status 2.
   write_npy(path("q2.npy"), NpyDType::kBFloat16, std::vector<int64_t>{2, worker.rows / 2, 3, 16},
             q.b16.data());

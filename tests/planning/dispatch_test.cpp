@@ -812,7 +812,7 @@ TEST(SequenceDispatch, InputErrorOnOneRankRaisesOnEveryRank) {
   EXPECT_EQ(errors[1], "sequence dispatch owner length does not match the bank's physical layout");
   EXPECT_EQ(errors[0], "sequence gather input was rejected on another rank");
   EXPECT_EQ(errors[2], "sequence gather input was rejected on another rank");
-  // Without an exchange nobody communicates, so the bad rank fails alone.
+  // Without an exchange no data moves, but the ranks still agree: every rank raises.
   const std::vector<int64_t> aligned = {0, 4, 8, 12};
   const auto alone = run_ranks(3, [&](Communicator& comm) {
     const SequenceDispatchRoute route = sliding_window_route(aligned, 4, 3, comm.rank(), 8);
@@ -820,7 +820,7 @@ TEST(SequenceDispatch, InputErrorOnOneRankRaisesOnEveryRank) {
     std::vector<double> local(comm.rank() == 2 ? 5 : 4, 1.0);
     EXPECT_EQ(sequence_dispatch<double>(local, 1, route, comm).size(), 4u);
   });
-  EXPECT_EQ(alone[0], "");
+  EXPECT_EQ(alone[0], "sequence gather input was rejected on another rank");
   EXPECT_EQ(alone[2], "sequence dispatch owner length does not match the bank's physical layout");
   // A route for the wrong rank, a wrong width, a wrong gradient extent.
   const auto wrong = run_ranks(2, [&](Communicator& comm) {

@@ -271,5 +271,105 @@ TEST(SequenceGatherMpi, InputErrorOnOneRankRaisesEverywhere) {
   EXPECT_EQ(static_cast<int64_t>(block.size()), route.block_rows());
 }
 
+// A later unrelated collective still pairs correctly: {100, 200 + rank, 300} summed.
+void expect_group_intact(Communicator& comm) {
+  const int64_t size = comm.size();
+  std::vector<int64_t> values = {100, 200 + comm.rank(), 300};
+  comm.all_reduce(values, ReduceOp::kSum);
+  EXPECT_EQ(values,
+            (std::vector<int64_t>{100 * size, 200 * size + size * (size - 1) / 2, 300 * size}));
+}
+
+// Runs `launch` on every rank and expects an Error on every rank whose message holds
+// `needle`, then checks the group is intact.
+template <typename Launch>
+void expect_disagreement(Communicator& comm, const std::string& needle, Launch&& launch) {
+  try {
+    launch();
+    ADD_FAILURE() << "no error on rank " << comm.rank() << " (expected '" << needle << "')";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+        << "rank " << comm.rank() << ": " << error.what();
+    EXPECT_NE(std::string(error.what()).find("CP ranks disagree"), std::string::npos)
+        << error.what();
+  }
+  expect_group_intact(comm);
+}
+
+// Rank 0 builds its route from other inputs than its peers: every rank raises, naming
+// the difference, before any data moves (issue: different windows used to return
+// unwritten halo rows, different boundaries aborted inside the transport, and a rank
+// whose route needed no exchange skipped the agreement and paired with the next
+// unrelated collective).
+TEST(SequenceGatherMpi, DisagreeingRoutesRaiseOnEveryRank) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int64_t size = comm.size();
+  const int64_t rank = comm.rank();
+  if (size < 2) GTEST_SKIP() << "needs two ranks";
+  const int64_t local = 64;
+  const std::vector<int64_t> one_document = {0, size * local};
+  const std::vector<double> rows = bank_rows(rank * local, (rank + 1) * local, 2);
+
+  // Window 4 on rank 0, 64 elsewhere.
+  const SequenceDispatchRoute window =
+      sliding_window_route(one_document, local, size, rank, rank == 0 ? 4 : 64);
+  expect_disagreement(comm, "window differs",
+                      [&] { sequence_dispatch<double>(rows, 2, window, comm); });
+  // The backward agrees too.
+  const std::vector<double> grad(static_cast<size_t>(window.block_rows() * 2), 1.0);
+  expect_disagreement(comm, "window differs",
+                      [&] { sequence_dispatch_backward<double>(grad, 2, window, comm); });
+
+  // Boundaries: the first document ends at 30 on rank 0, at 50 elsewhere.
+  const std::vector<int64_t> boundaries = {0, rank == 0 ? 30 : 50, size * local};
+  const SequenceDispatchRoute cut = sliding_window_route(boundaries, local, size, rank, 16);
+  expect_disagreement(comm, "document lengths differ at document 0: rank 1 has 50, rank 0 has 30",
+                      [&] { sequence_dispatch<double>(rows, 2, cut, comm); });
+
+  // Ratio: compressed prefixes at ratio 1 on rank 0, 2 elsewhere.
+  const int64_t ratio = rank == 0 ? 1 : 2;
+  const SequenceDispatchRoute prefix =
+      document_prefix_route(one_document, local, size, rank, ratio);
+  const std::vector<int64_t> owners = compressed_owner_offsets(one_document, ratio, local);
+  const std::vector<double> compressed = bank_rows(owners[rank], owners[rank + 1], 2);
+  expect_disagreement(comm, "ratio differs",
+                      [&] { sequence_dispatch<double>(compressed, 2, prefix, comm); });
+
+  // One rank needs no exchange: rank 0 sees every shard as its own document, the others
+  // one document spanning them all.
+  std::vector<int64_t> per_shard;
+  for (int64_t r = 0; r <= size; ++r) per_shard.push_back(r * local);
+  const SequenceDispatchRoute lone =
+      sliding_window_route(rank == 0 ? per_shard : one_document, local, size, rank, 16);
+  ASSERT_EQ(lone.exchange_needed, rank != 0);
+  expect_disagreement(comm, "document", [&] { sequence_dispatch<double>(rows, 2, lone, comm); });
+
+  // A deferred launch agrees when it starts.
+  DeferredGatherLaunch<double> deferred(
+      [&] { return launch_sequence_dispatch<double>(rows, 2, window, comm); });
+  expect_disagreement(comm, "window differs", [&] { deferred.wait(); });
+
+  // The row width must agree as well.
+  const SequenceDispatchRoute same = sliding_window_route(one_document, local, size, rank, 16);
+  const int64_t width = rank == 0 ? 1 : 2;
+  const std::vector<double> narrow = bank_rows(rank * local, (rank + 1) * local, width);
+  expect_disagreement(comm, "row width differs",
+                      [&] { sequence_dispatch<double>(narrow, width, same, comm); });
+
+  // All-gather: rank 0 is given another shard layout.
+  std::vector<int64_t> layout = equal_shard_offsets(local, size);
+  if (rank == 0) {
+    layout[1] -= 1;  // rank 0 believes it holds one row less, rank 1 one more
+  }
+  const int64_t own = layout[rank + 1] - layout[rank];
+  const std::vector<double> shard = bank_rows(0, own, 2);
+  expect_disagreement(comm, "document lengths differ at document 0",
+                      [&] { all_gather_sequence<double>(shard, 2, layout, comm); });
+
+  // And the agreed case still works afterwards.
+  const std::vector<double> block = sequence_dispatch<double>(rows, 2, same, comm);
+  EXPECT_EQ(block, bank_rows(same.global_start, same.global_end, 2));
+}
+
 }  // namespace
 }  // namespace sparsecp

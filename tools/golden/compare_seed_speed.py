@@ -29,7 +29,7 @@ planner and route builder rather than the kernel's page zeroing.
 field by field (sparsecp `route --all-ranks --json --full` against the seed).
 
 Usage:
-  python3 tools/golden/reindent.py /tmp/seedref
+  python3 tools/golden/reindent.py SEED_FILE /tmp/seedref
   python3 tools/golden/compare_seed_speed.py --seed-module /tmp/seedref/indexer_balance_seed.py \
       --sparsecp build/native/sparsecp [--json] [--verify]
 """

@@ -27,7 +27,7 @@ Format (top level): {"format": 1, "row_lists": "...", "cases": [case, ...]}. A c
                            rows, nothing is sent) for that part instead.
 
 Usage:
-  python3 tools/golden/reindent.py /tmp/seedref
+  python3 tools/golden/reindent.py SEED_FILE /tmp/seedref
   python3 tools/golden/make_golden.py --seed-module /tmp/seedref/indexer_balance_seed.py \
       --out tests/data/golden_cases.json
 """

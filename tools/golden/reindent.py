@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rebuild the seed's planning code as an importable module in a scratch folder.
 
-The seed (`/work/shared/seeds/001_*.txt`) is a coverage page of the Python module
+The seed (`001_62db9f214129356d.txt`, given on the command line) is a coverage page of the Python module
 `indexer_balance.py`: every line reads `<lineno><code>` with the leading indentation
 collapsed to at most one space and a trailing non-breaking space appended. Lines
 36-407 hold the planner and routes (no torch). This script restores them:
@@ -16,7 +16,8 @@ The seed's code never enters this repository: this file holds only indentation
 levels, and the output folder must lie outside the repository (e.g. /tmp/seedref).
 
 Usage:
-  python3 tools/golden/reindent.py /tmp/seedref [--seed /work/shared/seeds/001_62db9f214129356d.txt]
+  python3 tools/golden/reindent.py SEED_FILE OUT_DIR
+  e.g. python3 tools/golden/reindent.py seeds/001_62db9f214129356d.txt /tmp/seedref
 """
 from __future__ import annotations
 
@@ -162,10 +163,9 @@ def self_check(module_path: pathlib.Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("seed", type=pathlib.Path,
+                        help="the seed coverage page of indexer_balance.py (001_62db9f214129356d.txt)")
     parser.add_argument("out_dir", type=pathlib.Path, help="scratch folder outside the repository")
-    parser.add_argument("--seed", type=pathlib.Path,
-                        default=pathlib.Path("/work/shared/seeds/001_62db9f214129356d.txt"),
-                        help="the seed coverage page (default: %(default)s)")
     args = parser.parse_args()
     repo = pathlib.Path(__file__).resolve().parents[2]
     out_dir = args.out_dir.resolve()

@@ -11,7 +11,7 @@ def load_seed(path: str | pathlib.Path) -> ModuleType:
     """Import `indexer_balance_seed.py` written by reindent.py, wherever it lies."""
     path = pathlib.Path(path).resolve()
     if not path.is_file():
-        raise SystemExit(f"{path}: no seed module; run tools/golden/reindent.py /tmp/seedref first")
+        raise SystemExit(f"{path}: no seed module; run tools/golden/reindent.py SEED_FILE /tmp/seedref first")
     spec = importlib.util.spec_from_file_location("indexer_balance_seed", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up by name

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -61,7 +62,15 @@ std::vector<int64_t> parse_lengths(std::string_view text, std::string_view origi
   return lengths;
 }
 
+void check_input_file(const std::string& path, std::string_view flag) {
+  std::error_code error;  // a missing file is reported by the reader ("cannot open")
+  const auto status = std::filesystem::status(path, error);
+  SPARSECP_CHECK(status.type() != std::filesystem::file_type::directory, flag, " ", path,
+                 ": is a directory, not a file");
+}
+
 std::vector<int64_t> read_lengths_file(const std::string& path) {
+  check_input_file(path, "--lengths-file");
   std::ifstream file(path, std::ios::binary);
   SPARSECP_CHECK(file.good(), "cannot open lengths file '", path, "'");
   std::ostringstream text;

@@ -25,6 +25,11 @@ std::vector<int64_t> parse_lengths(std::string_view text, std::string_view origi
 // Reads and parses a lengths file (see parse_lengths).
 std::vector<int64_t> read_lengths_file(const std::string& path);
 
+// Checks that the path given to `flag` (e.g. "--q") is not a directory: an Error naming
+// the flag and the path ("--q d: is a directory, not a file"); a missing file is left to
+// the reader's own "cannot open" message.
+void check_input_file(const std::string& path, std::string_view flag);
+
 // The format above in words, for the footer of every --help that takes --lengths-file.
 std::string lengths_file_help();
 

@@ -11,6 +11,7 @@
 #include "command.hpp"
 #include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/output_set.hpp"
 
 namespace sparsecp::cli {
 namespace {
@@ -66,7 +67,11 @@ void print_json(const Calibration& fit, const std::string& out) {
 void run_calibrate(CalibrateFlags& flags) {
   flags.settings.visible = parse_integer_list(flags.visible, "--visible", false);
   const Calibration fit = calibrate(flags.settings);
-  if (flags.out != "-") save_cost_model(flags.out, fit.model);
+  if (flags.out != "-") {
+    OutputSet output;  // whole or absent (io/output_set.hpp)
+    output.add_text(flags.out, format_cost_model(fit.model), "--out");
+    output.commit();
+  }
   if (flags.json) {
     print_json(fit, flags.out);
   } else {

@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "batch_input.hpp"
 #include "bench_driver.hpp"
 #include "command.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/npy.hpp"
+#include "sparsecp/io/output_set.hpp"
 #include "sparsecp/kernels/indexer_kl.hpp"
 
 namespace sparsecp::cli {
@@ -42,6 +44,7 @@ struct FloatInput {
 };
 
 FloatInput load_float(const std::string& path, const char* flag) {
+  check_input_file(path, flag);
   FloatInput input{read_npy(path)};
   SPARSECP_CHECK(
       input.array.dtype == NpyDType::kFloat32 || input.array.dtype == NpyDType::kBFloat16, flag,
@@ -58,6 +61,7 @@ void run_kl(const KlCommand& c) {
   const FloatInput qatt = load_float(c.attention_query, "--attention-query");
   const FloatInput katt = load_float(c.attention_key, "--attention-key");
   const FloatInput sinks = load_float(c.sinks, "--sinks");
+  check_input_file(c.indices, "--indices");
   const NpyArray ids = read_npy(c.indices);
   SPARSECP_CHECK(ids.dtype == NpyDType::kInt32 || ids.dtype == NpyDType::kInt64, "--indices ",
                  c.indices, ": dtype ", npy_dtype_name(ids.dtype), " is not int32 or int64");
@@ -94,10 +98,17 @@ void run_kl(const KlCommand& c) {
     const auto path = [&](const char* name) {
       return (std::filesystem::path(c.out_dir) / name).string();
     };
-    write_npy(path("loss.npy"), NpyDType::kFloat64, std::vector<int64_t>{}, &loss);
-    write_npy(path("grad_index_query.npy"), NpyDType::kFloat32, q.array.shape, grad_q.data());
-    write_npy(path("grad_index_key.npy"), NpyDType::kFloat32, kidx.array.shape, grad_k.data());
-    write_npy(path("grad_weights.npy"), NpyDType::kFloat32, w.array.shape, grad_w.data());
+    // All four files appear together or none does (io/output_set.hpp).
+    OutputSet outputs;
+    outputs.add(path("loss.npy"), format_npy(NpyDType::kFloat64, std::vector<int64_t>{}, &loss),
+                "--out-dir");
+    outputs.add(path("grad_index_query.npy"),
+                format_npy(NpyDType::kFloat32, q.array.shape, grad_q.data()), "--out-dir");
+    outputs.add(path("grad_index_key.npy"),
+                format_npy(NpyDType::kFloat32, kidx.array.shape, grad_k.data()), "--out-dir");
+    outputs.add(path("grad_weights.npy"),
+                format_npy(NpyDType::kFloat32, w.array.shape, grad_w.data()), "--out-dir");
+    outputs.commit();
   }
   if (c.json) {
     nlohmann::ordered_json out;
@@ -105,8 +116,10 @@ void run_kl(const KlCommand& c) {
     std::cout << out.dump() << "\n";
   } else {
     std::printf("loss %.17g\n", loss);
-    std::printf("wrote %s/{loss,grad_index_query,grad_index_key,grad_weights}.npy\n",
-                c.out_dir.c_str());
+    if (!c.out_dir.empty()) {
+      std::printf("wrote %s/{loss,grad_index_query,grad_index_key,grad_weights}.npy\n",
+                  c.out_dir.c_str());
+    }
   }
 }
 

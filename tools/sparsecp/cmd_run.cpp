@@ -33,6 +33,7 @@
 #include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/output_set.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/strategy.hpp"
@@ -228,7 +229,9 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
     if (path.empty()) return;
     try {
       std::filesystem::create_directories(dir);
-      save_cost_model(path, model);
+      OutputSet output;  // whole or absent (io/output_set.hpp)
+      output.add_text(path, format_cost_model(model), "cost model cache");
+      output.commit();
       choice.source += ", saved to " + path;
     } catch (const std::exception& e) {
       choice.source += std::string(", not cached: ") + e.what();

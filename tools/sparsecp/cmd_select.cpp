@@ -17,10 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "batch_input.hpp"
 #include "bench_driver.hpp"
 #include "command.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/npy.hpp"
+#include "sparsecp/io/output_set.hpp"
 #include "sparsecp/kernels/bf16.hpp"
 #include "sparsecp/kernels/select.hpp"
 #include "sparsecp/planning/workload.hpp"
@@ -52,6 +54,7 @@ struct Tensor {
 };
 
 Tensor load_tensor(const std::string& path, const char* flag, size_t rank, const char* layout) {
+  check_input_file(path, flag);
   Tensor t{read_npy(path), {}};
   SPARSECP_CHECK(t.array.dtype == NpyDType::kFloat32 || t.array.dtype == NpyDType::kBFloat16, flag,
                  " ", path, ": dtype ", npy_dtype_name(t.array.dtype),
@@ -79,6 +82,7 @@ std::string brief_json(const nlohmann::json& value) {
 }
 
 std::vector<Segment> load_segments(const std::string& path) {
+  check_input_file(path, "--segments");
   std::ifstream file(path);
   SPARSECP_CHECK(file.good(), "--segments ", path, ": cannot open");
   nlohmann::json json;
@@ -116,6 +120,7 @@ void run_select(const SelectCommand& c) {
   config.ratio = c.ratio;
   config.threads = c.threads;
   config.isa = parse_isa(c.isa);
+  validate_select_config(config);  // "Indexer topk ... is too large" before allocating
   const int64_t rows = weights.shape[0];
   int64_t out_size = 0;
   SPARSECP_CHECK(
@@ -165,7 +170,9 @@ void run_select(const SelectCommand& c) {
     }
   }
   const std::vector<int64_t> shape{rows, c.topk};
-  write_npy(c.out, NpyDType::kInt32, shape, out.data());
+  OutputSet output;  // whole or absent; "wrote" only after the rename
+  output.add(c.out, format_npy(NpyDType::kInt32, shape, out.data()), "--out");
+  output.commit();
   int64_t selected = 0;
   for (const int32_t id : out) selected += id >= 0;
   std::printf("wrote %s: int32 [%lld, %lld], %lld ids selected over %zu segments\n", c.out.c_str(),

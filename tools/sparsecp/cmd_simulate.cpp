@@ -15,6 +15,7 @@
 #include "command.hpp"
 #include "model_flags.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/output_set.hpp"
 #include "sparsecp/io/report_svg.hpp"
 #include "sparsecp/io/simulate_report.hpp"
 #include "sparsecp/planning/simulate.hpp"
@@ -109,10 +110,9 @@ void run_simulate(const SimulateCommand& command) {
           << (spec.file_batches.empty()
                   ? std::to_string(spec.tokens) + " tokens per batch"
                   : std::to_string(spec.file_batches.size()) + " given batch(es)");
-    std::ofstream file(command.svg, std::ios::binary);
-    SPARSECP_CHECK(file.good(), "cannot write SVG file '", command.svg, "'");
-    file << render_simulation_svg(first, medians, title.str());
-    SPARSECP_CHECK(file.good(), "failed writing SVG file '", command.svg, "'");
+    OutputSet output;  // whole or absent (io/output_set.hpp)
+    output.add_text(command.svg, render_simulation_svg(first, medians, title.str()), "--svg");
+    output.commit();
     std::fprintf(stderr, "wrote %s\n", command.svg.c_str());
   }
 

@@ -1,8 +1,10 @@
 #include "strategy_flags.hpp"
 
+#include "batch_input.hpp"
 #include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost_model.hpp"
+#include "sparsecp/planning/plan.hpp"
 
 namespace sparsecp::cli {
 
@@ -60,8 +62,19 @@ void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool
 }
 
 StrategyParams StrategyFlags::params(const ModelFlags& model) const {
+  // A seed mode checks its explicit options first, with the seed's texts and order (a
+  // block under zigzag is misplaced before it is zero; hybrid's threshold 0 is not "an
+  // explicit positive integer"); omitted options keep their friendly defaults.
+  for (const Mode seed : {Mode::kNone, Mode::kZigzag, Mode::kGreedy, Mode::kHybrid}) {
+    if (mode != mode_name(seed)) continue;
+    resolve_block_size(seed, given.block_size);
+    if (given.zigzag_min_length) validate_hybrid_threshold(seed, given.zigzag_min_length);
+  }
   StrategyParams params = given;
-  if (!cost_model.empty()) params.cost_model = load_cost_model(cost_model);
+  if (!cost_model.empty()) {
+    check_input_file(cost_model, "--cost-model");
+    params.cost_model = load_cost_model(cost_model);
+  }
   params.lpt_cost = parse_row_cost(lpt_cost);
   params.row_bytes = model.row_bytes();
   params.topk = model.topk;

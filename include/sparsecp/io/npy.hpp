@@ -55,7 +55,8 @@ NpyArray read_npy(const std::string& path);
 // Serialises `data` (shape product elements of `dtype`) as a version 1.0 image
 // (version 2.0 if the header needs it).
 std::vector<std::byte> format_npy(NpyDType dtype, std::span<const int64_t> shape, const void* data);
-// Writes the image to `path`; throws Error if the file cannot be written.
+// Writes the image to `path`, whole or not at all (io/output_set.hpp); throws Error if
+// the file cannot be written. Several files that belong together: OutputSet.
 void write_npy(const std::string& path, NpyDType dtype, std::span<const int64_t> shape,
                const void* data);
 

@@ -18,8 +18,9 @@
 //
 // A route is plain immutable data computed from the same inputs on every rank without
 // communication. In particular `exchange_needed` is identical on every rank: it is true
-// iff some rank's interval starts before its own rows, so all ranks skip the collective
-// together or enter it together.
+// iff some rank's interval starts before its own rows, so all ranks skip the data
+// exchange together or enter it together — provided they were given the same inputs,
+// which the transport checks on every rank first (the route's defining inputs below).
 //
 // Physical layouts ("owner offsets"): the bank's rows are owned contiguously, rank r
 // holding global rows [owner_offsets[r], owner_offsets[r + 1]). For raw KV the offsets
@@ -38,6 +39,13 @@
 #include <vector>
 
 namespace sparsecp {
+
+// Which builder made a route (its defining inputs differ per kind; see below).
+enum class DispatchRouteKind : int64_t {
+  kIntervals = 0,       // dispatch_route_from_intervals
+  kSlidingWindow = 1,   // sliding_window_route
+  kDocumentPrefix = 2,  // document_prefix_route
+};
 
 // Seed `SequenceDispatchRoute`: one rank's view of a KV dispatch.
 //
@@ -61,6 +69,18 @@ struct SequenceDispatchRoute {
   std::vector<int64_t> send_splits;  // per peer: rows sent
   std::vector<int64_t> receive_splits;  // per peer: rows received
   bool exchange_needed = false;         // same value on every rank of the group
+
+  // The route's defining inputs, identical on every rank of a consistent group. Ranks
+  // handed different inputs build routes that do not fit together (rows sent where no
+  // one expects them, halos never written), so every communicating entry point
+  // (transport/sequence_gather.hpp) compares these across the group before data moves
+  // (transport/agreement.hpp, dispatch_route_fingerprint). Not in the seed.
+  DispatchRouteKind kind = DispatchRouteKind::kIntervals;
+  std::vector<int64_t> boundaries;       // document boundaries (kIntervals: the owner offsets)
+  std::vector<int64_t> interval_starts;  // kIntervals: every rank's interval start
+  int64_t raw_local_length = 0;          // raw tokens per rank (kIntervals: 0)
+  int64_t window = 0;                    // kSlidingWindow: the window (else 0)
+  int64_t ratio = 0;                     // kDocumentPrefix: the ratio (else 0)
 
   // Rows of the gathered block: global_end - global_start.
   int64_t block_rows() const { return global_end - global_start; }

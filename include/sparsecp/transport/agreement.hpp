@@ -19,9 +19,10 @@
 //     gathers every rank's components, and every rank throws the same sparsecp::Error
 //     naming a differing pair of ranks, both fingerprints and what differs, e.g.
 //       CP ranks disagree on the planning inputs: rank 1 has fingerprint
-//       0x3b5e..., rank 0 has 0x91c2... (document lengths differ: rank 1 has 2
-//       documents, 1000 tokens, rank 0 has 2 documents, 1000 tokens); 1 of 2 ranks
-//       differ from rank 0
+//       0x3b5e..., rank 0 has 0x91c2... (document lengths differ at document 1:
+//       rank 1 has 600, rank 0 has 500); 1 of 2 ranks differ from rank 0
+//     (when the document lengths differ, further allreduces of the two ranks' lengths,
+//     in chunks, find the first differing document; only on this error path).
 //
 // Both paths issue the same collectives on every rank, so the check itself can never
 // hang: it is a collective like any other (every rank of the group must call it, in
@@ -48,6 +49,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sparsecp/planning/dispatch.hpp"
 #include "sparsecp/transport/comm.hpp"
 
 namespace sparsecp {
@@ -92,8 +94,11 @@ class PlanningFingerprint {
   const std::vector<std::string>& setting_names() const { return names_; }
   // The names set_strategy() was given (empty when it was not called).
   const std::vector<std::string>& strategy_names() const { return strategy_names_; }
+  // The document lengths given to the constructor (to name the first differing one).
+  const std::vector<int64_t>& lengths() const { return lengths_; }
 
  private:
+  std::vector<int64_t> lengths_;
   int64_t documents_ = 0;
   int64_t tokens_ = 0;
   uint64_t lengths_hash_ = 0;
@@ -115,5 +120,11 @@ class PlanningFingerprint {
 // Costs one 2-value allreduce when the ranks agree.
 void check_agreement(Communicator& comm, const PlanningFingerprint& fingerprint,
                      std::string_view context = {});
+
+// The defining inputs of a KV dispatch route (planning/dispatch.hpp): its kind, document
+// lengths (from its boundaries; kIntervals: the owner extents), CP size, ratio, window,
+// raw shard length, every rank's interval start (kIntervals) and whether an exchange is
+// needed. Equal on every rank of a consistent group (nothing rank-specific enters it).
+PlanningFingerprint dispatch_route_fingerprint(const SequenceDispatchRoute& route);
 
 }  // namespace sparsecp

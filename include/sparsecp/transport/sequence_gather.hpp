@@ -23,13 +23,21 @@
 // DeferredGatherLaunch captures a launcher; start() launches once (dropping the launcher
 // and whatever it captured) and wait() resolves that same handle.
 //
-// Validity is agreed before data moves: when a launch communicates, the ranks first
-// check their inputs and allocate their buffers, then all-reduce the verdict, so an
-// input error on one rank raises Error on every rank (the bad rank with the precise
-// message, the others with "sequence gather input was rejected on another rank"; a
-// failed allocation is a ResourceError on every rank) instead of leaving peers blocked
-// in the exchange. A dispatch whose route says no exchange is needed communicates nothing at
-// all (every rank reaches that decision from the same inputs).
+// Validity and inputs are agreed before data moves, on every rank of a group of two or
+// more, whatever its own route says: the ranks first check their inputs and allocate
+// their buffers, then one allreduce compares the verdict and a fingerprint of what must
+// be identical everywhere (transport/agreement.hpp): for a dispatch the route's defining
+// inputs (kind, document boundaries, window or ratio, raw shard length, CP size;
+// dispatch_route_fingerprint), for an all-gather the shard layout, and the row width and
+// element size. Ranks whose inputs differ all raise Error naming the difference, e.g.
+//   Sequence dispatch: CP ranks disagree on the planning inputs: rank 1 has fingerprint
+//   ..., rank 0 has ... (window differs: rank 1 has 64, rank 0 has 4); 1 of 2 ranks
+//   differ from rank 0
+// and no data moves, so later collectives stay paired. An input error on one rank raises
+// on every rank (the bad rank with the precise message, the others with "sequence gather
+// input was rejected on another rank"; a failed allocation is a ResourceError on every
+// rank). A dispatch whose route says no exchange is needed moves no data, but still takes
+// part in the agreement (a rank handed other inputs might need an exchange).
 //
 // Element types: the forward functions accept float, double, uint16_t (bf16/fp16 bit
 // patterns), int32_t and int64_t rows; the backward functions float and double.

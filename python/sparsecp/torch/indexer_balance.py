@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core, strategy_params
+from .._checks import integer, integer_list
 from ._agreement import agree, capture, control_device, dtype_code
 
 __all__ = [
@@ -91,7 +92,7 @@ def _option(value: Any) -> Optional[int]:
 def _lengths(lengths: Sequence[int]) -> tuple[int, ...]:
     if type(lengths) is tuple:
         return lengths
-    return tuple(map(operator.index, lengths))
+    return integer_list("lengths", lengths)
 
 
 def _extra_params(mode: str, params: dict[str, Any]) -> Optional[_core.StrategyParams]:
@@ -178,7 +179,7 @@ def _last_plan(*inputs: Any) -> _core.Plan:
     return planned
 
 
-@lru_cache(maxsize=128)
+@lru_cache(maxsize=128, typed=True)  # typed: ratio=True must not hit ratio=1's entry
 def indexer_task_plan(lengths: tuple[int, ...], size: int, ratio: int, mode: str,
                       block_size: int | None = None, zigzag_min_length: int | None = None,
                       **strategy_params: Any) -> tuple:
@@ -213,6 +214,7 @@ def indexer_task_plan(lengths: tuple[int, ...], size: int, ratio: int, mode: str
         cap each worker at twice the original local query count; zigzag preserves equal
         row counts.
     """
+    size, ratio = integer("size", size), integer("ratio", ratio)
     planned = _last_plan(lengths, size, ratio, mode, block_size, zigzag_min_length,
                          tuple(sorted(strategy_params.items())))
     return tuple(tuple(IndexerTask(*task) for task in planned.tasks(rank)) for rank in range(size))
@@ -387,7 +389,7 @@ class IndexerRoute:
         return len(self.send_rows) + len(self.local_sources)
 
 
-@lru_cache(maxsize=128)
+@lru_cache(maxsize=128, typed=True)
 def indexer_route(lengths: tuple[int, ...], size: int, rank: int, ratio: int, mode: str,
                   block_size: int | None = None, zigzag_min_length: int | None = None,
                   **strategy_params: Any) -> IndexerRoute:
@@ -410,6 +412,7 @@ def indexer_route(lengths: tuple[int, ...], size: int, rank: int, ratio: int, mo
     Returns:
         Immutable input/result route with a local-task bypass.
     """
+    size, rank, ratio = integer("size", size), integer("rank", rank), integer("ratio", ratio)
     if not 0 <= rank < size:
         raise ValueError("Indexer balance rank must be inside its CP group")
     params = tuple(sorted(strategy_params.items()))
@@ -584,6 +587,7 @@ def _launch_checks(inputs: tuple, lengths: Any, ratio: int, mode: str, group: An
         if len(tensors) != len(inputs):
             raise ValueError("Indexer balance requires batch one and equal contiguous source query shards")
         _check_inputs(inputs, size, _lengths(lengths), axes_text)
+        integer("ratio", ratio)
         return indexer_route(_lengths(lengths), size, rank, ratio, mode, block_size, zigzag_min_length, **params)
 
     route, error = capture(check)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .. import _core
+from .._checks import integer, integer_table
 
 __all__ = [
     "IndexerSelector",
@@ -55,14 +56,11 @@ def _torch_path(device: torch.device) -> bool:
 
 
 def segment_array(segments: Any) -> np.ndarray:
-    """Segments as a C-contiguous int64 [n, 5] numpy array (a view when already one)."""
+    """Segments as a C-contiguous int64 [n, 5] numpy array (a view when already one).
+
+    Values must be integers (``_checks``): 0.9, 32.7 or "8" raise naming the entry."""
     array = getattr(segments, "array", None)  # IndexerRoute.segments (RowTuple)
-    if array is None:
-        if isinstance(segments, torch.Tensor):
-            array = segments.detach().cpu().numpy()
-        else:
-            array = np.asarray(segments, dtype=np.int64) if len(segments) else np.zeros((0, 5), np.int64)
-    array = np.ascontiguousarray(array, dtype=np.int64)
+    array = integer_table("segments", segments if array is None else array, 5)
     if array.ndim != 2 or array.shape[1] != 5:
         raise ValueError("Indexer segments must be (q_begin, q_end, key_begin, key_end, residual) tuples")
     return array
@@ -91,7 +89,7 @@ def _check_selection(query: torch.Tensor, key: torch.Tensor, weights: torch.Tens
     if query.shape[0] != weights.shape[0] or width != heads * head_dim or (query.ndim == 3 and query.shape[2] != head_dim):
         raise ValueError(f"Indexer query {tuple(query.shape)} does not match weights {tuple(weights.shape)} "
                          f"([rows, heads]) and key {tuple(key.shape)} ([keys, head_dim])")
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+    if isinstance(topk, (bool, np.bool_)) or not isinstance(topk, (int, np.integer)) or topk < 1:
         raise ValueError(f"Indexer topk must be a positive integer, got {topk!r}")
     return heads, head_dim
 
@@ -123,7 +121,9 @@ def select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor
     Raises:
         ValueError: wrong dtypes, devices or shapes, or invalid segments.
     """
+    ratio, threads = integer("ratio", ratio, 1), integer("threads", threads, 0)
     heads, head_dim = _check_selection(query, key, weights, topk)
+    _core.check_select_config(heads, head_dim, ratio, topk)  # before the output is allocated
     table = segment_array(segments)
     if _torch_path(query.device):
         return _select_torch(query, key, weights, table, ratio, topk)
@@ -211,8 +211,15 @@ class TndPlan:
         count = row_end - row_begin
         residual = first_position + count - (key_end - key_begin) * core.ratio
         self.segments = np.stack([packed_begin, packed_begin + count, key_begin, key_end, residual], axis=1)
-        self.row_ids = core.packed_row_ids()
+        self._row_ids: Optional[np.ndarray] = None  # expanded on first use
         self._device_ids: dict[torch.device, torch.Tensor] = {}
+
+    @property
+    def row_ids(self) -> np.ndarray:
+        """Original row of every packed row (int64 [T])."""
+        if self._row_ids is None:
+            self._row_ids = self.core.packed_row_ids()
+        return self._row_ids
 
     @property
     def packed_rows(self) -> int:
@@ -251,7 +258,7 @@ class TndPlan:
 
 def csa_tnd_plan(segments: Any, ratio: int) -> Optional[TndPlan]:
     """Seed ``csa_tnd_plan``: the TND plan of the rows that see a key, None when none does."""
-    core = _core.csa_tnd_plan(segment_array(segments), ratio)
+    core = _core.csa_tnd_plan(segment_array(segments), integer("ratio", ratio, 1))
     return None if core is None else TndPlan(core)
 
 
@@ -272,9 +279,19 @@ def packed_indexer_select(query: torch.Tensor, key: torch.Tensor, weights: torch
     Raises:
         ValueError: "Packed Lightning Indexer requires batch size one" for batch > 1.
     """
+    ratio = integer("ratio", ratio, 1)
     if query.shape[0] != 1:
         raise ValueError("Packed Lightning Indexer requires batch size one")
-    plan = csa_tnd_plan(segments, ratio)
+    if query.ndim < 3 or key.ndim != 3 or weights.ndim != 3:
+        raise ValueError(f"Packed Lightning Indexer expects query [1, Q, heads, head_dim], key [1, K, head_dim] and "
+                         f"weights [1, Q, heads], got {tuple(query.shape)}, {tuple(key.shape)} and "
+                         f"{tuple(weights.shape)}")
+    # Every check before anything is sized by the segments: O(segments), no per-row ids.
+    heads, head_dim = _check_selection(query[0], key[0], weights[0], topk)
+    _core.check_select_config(heads, head_dim, ratio, topk)
+    table = segment_array(segments)
+    _check_segments(table, query.shape[1], key.shape[1], ratio)
+    plan = csa_tnd_plan(table, ratio)
     if plan is None:
         return torch.full((*query.shape[:2], topk), -1, device=query.device, dtype=torch.int32)
     if not _torch_path(query.device):  # the fused kernel skips rows that see nothing itself
@@ -305,6 +322,7 @@ def project_index_query(query_residual: torch.Tensor, wq_b: torch.Tensor, cos: t
         GEMM's result and RoPE's are rounded to bf16, as the seed's bf16 Linear and
         ``_apply_v41_rope`` do).
     """
+    head_dim, rope_dim = integer("head_dim", head_dim, 1), integer("rope_dim", rope_dim, 0)
     qr, cos, sin = (t[0] if t.ndim == 3 else t for t in (query_residual, cos, sin))
     if qr.dtype not in _FLOATS or wq_b.dtype != qr.dtype:
         raise ValueError(f"Indexer qr and Wq_b must share a float32 or bfloat16 dtype, got {qr.dtype} and {wq_b.dtype}")
@@ -363,9 +381,10 @@ class IndexerSelector:
         if weight_layout not in ("out_in", "in_out"):
             raise ValueError(f"weight_layout must be 'out_in' or 'in_out', got {weight_layout!r}")
         self.key = key[0] if key.ndim == 3 else key
-        self.wq_b, self.ratio, self.topk = wq_b, ratio, topk
-        self.head_dim = head_dim if head_dim is not None else self.key.shape[-1]
-        self.rope_dim, self.weight_layout, self.threads = rope_dim, weight_layout, threads
+        self.wq_b, self.ratio, self.topk = wq_b, integer("ratio", ratio, 1), integer("topk", topk, 1)
+        self.head_dim = integer("head_dim", head_dim, 1) if head_dim is not None else int(self.key.shape[-1])
+        self.rope_dim = integer("rope_dim", rope_dim, 0)
+        self.weight_layout, self.threads = weight_layout, integer("threads", threads, 0)
         width = wq_b.shape[0] if weight_layout == "out_in" else wq_b.shape[1]
         if width % self.head_dim:
             raise ValueError(f"Indexer query width {width} is not divisible by head_dim {self.head_dim}")

@@ -19,9 +19,13 @@ shards along ``dim`` (``all_gather_into_tensor``); its backward is a SUM reduce-
 (``reduce_scatter_tensor``). ``launch_*`` return single-use ``SequenceGatherHandle``s;
 ``DeferredBankLaunch`` (seed ``_DeferredBankLaunch``) launches at a chosen point.
 
-Before data moves the ranks agree on dtype, trailing shape and dimension (one 3-value
-all-reduce), so a mismatched rank raises on every rank instead of hanging; a dispatch
-whose route needs no exchange communicates nothing at all.
+Before data moves the ranks agree (one 3-value all-reduce) on dtype, trailing shape and
+dimension, and for a dispatch on the route's defining inputs (kind, document boundaries,
+window or ratio, raw shard length, CP size), so a mismatched rank raises on every rank,
+naming the difference, instead of hanging or returning rows that were never written. A
+dispatch whose route needs no exchange moves no data but still takes part in the
+agreement (a rank handed other inputs might need an exchange), so later collectives stay
+paired.
 """
 from __future__ import annotations
 
@@ -33,6 +37,11 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
+from .. import compressed_document_offsets as _offsets
+from .. import compressed_owner_offsets as _owners
+from .. import document_prefix_route as _prefix_route
+from .. import sliding_window_route as _window_route
+from .._checks import integer
 from ._agreement import agree, capture, control_device, dtype_code
 
 SequenceDispatchRoute = _core.SequenceDispatchRoute
@@ -52,10 +61,6 @@ __all__ = [
 ]
 
 
-def _boundaries(boundaries: Any) -> list[int]:
-    return [int(b) for b in boundaries]
-
-
 def sliding_window_route(boundaries: tuple[int, ...], local_length: int, size: int, rank: int,
                          window: int) -> SequenceDispatchRoute:
     """Plan the same-document left halo; every rank agrees whether to exchange.
@@ -71,7 +76,7 @@ def sliding_window_route(boundaries: tuple[int, ...], local_length: int, size: i
         ValueError: "SWA dispatch requires positive dimensions and a valid CP rank",
             "SWA document boundaries must span the full contiguous CP sequence".
     """
-    return _core.sliding_window_route(_boundaries(boundaries), local_length, size, rank, window)
+    return _window_route(boundaries, local_length, size, rank, window)
 
 
 def document_prefix_route(boundaries: tuple[int, ...], local_length: int, size: int, rank: int,
@@ -86,17 +91,17 @@ def document_prefix_route(boundaries: tuple[int, ...], local_length: int, size: 
             shards", "Main KV document boundaries must span the complete contiguous CP
             sequence".
     """
-    return _core.document_prefix_route(_boundaries(boundaries), local_length, size, rank, ratio)
+    return _prefix_route(boundaries, local_length, size, rank, ratio)
 
 
 def compressed_document_offsets(boundaries: tuple[int, ...], ratio: int) -> tuple[int, ...]:
     """Compressed-bank offset of each document (sum of floor(len / ratio) before it), and the total."""
-    return tuple(_core.compressed_document_offsets(_boundaries(boundaries), ratio))
+    return tuple(_offsets(boundaries, ratio))
 
 
 def compressed_owner_offsets(boundaries: tuple[int, ...], ratio: int, local_length: int) -> tuple[int, ...]:
     """The compressed bank's physical layout: rank r owns rows [owners[r], owners[r + 1])."""
-    return tuple(_core.compressed_owner_offsets(_boundaries(boundaries), ratio, local_length))
+    return tuple(_owners(boundaries, ratio, local_length))
 
 
 def _move_dim_to_front(tensor: torch.Tensor, dim: int) -> torch.Tensor:
@@ -108,14 +113,18 @@ def _move_dim_from_front(tensor: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _check_dim(tensor: torch.Tensor, sequence_dim: int) -> int:
+    sequence_dim = integer("sequence_dim", sequence_dim)
     if not -tensor.ndim <= sequence_dim < tensor.ndim:
         raise ValueError("sequence dispatch dimension is outside the input tensor dimensions")
     return sequence_dim % tensor.ndim
 
 
 def _agree_layout(group: Any, tensor: torch.Tensor, dim: int, error: Optional[BaseException], what: str,
-                  **settings: int) -> None:
-    fingerprint = _core.PlanningFingerprint.seed([], 1, 1, "none", None, None)
+                  route: Optional[SequenceDispatchRoute] = None, **settings: int) -> None:
+    if route is not None:  # the route's defining inputs, identical on consistent ranks
+        fingerprint = _core.dispatch_route_fingerprint(route)
+    else:
+        fingerprint = _core.PlanningFingerprint.seed([], 1, 1, "none", None, None)
     if error is None:
         fingerprint.add("dtype", dtype_code(tensor.dtype)).add("dimension", dim).add("rank", tensor.ndim)
         for axis, extent in enumerate(tensor.shape):
@@ -242,8 +251,10 @@ def launch_sequence_dispatch(tensor: torch.Tensor, sequence_dim: int, route: Seq
         return dim
 
     dim, error = capture(check)
-    if route.exchange_needed:  # identical on every rank: all agree, or none communicates
-        _agree_layout(group, tensor, dim if error is None else 0, error, "Sequence dispatch")
+    # Every rank agrees, whatever its own route says: a rank handed other inputs may need
+    # an exchange that this one does not (and would pair with an unrelated collective).
+    if dist.get_world_size(group) > 1:
+        _agree_layout(group, tensor, dim if error is None else 0, error, "Sequence dispatch", route=route)
     elif error is not None:
         raise error
     works: list = []
