@@ -51,7 +51,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -196,7 +196,7 @@ class _Phases:
     def __init__(self) -> None:
         self.seconds: dict[str, tuple[float, float]] = {}
 
-    def __call__(self, name: str) -> "_Phases":
+    def __call__(self, name: str) -> _Phases:
         self.name = name
         return self
 
@@ -217,7 +217,7 @@ def compact_bank(batch: Batch, shard: slice) -> tuple[int, int]:
 
 
 def train_step(layer: IndexerLayer, optimizer: torch.optim.Optimizer, batch: Batch, rank: int, size: int,
-               mode: str, group: Optional[Any]) -> StepResult:
+               mode: str, group: Any | None) -> StepResult:
     """One step on this rank's contiguous shard (``group=None``: one process, whole batch)."""
     c = layer.config
     local = c.tokens // size
@@ -435,8 +435,8 @@ def main() -> int:
             print(f"  rank {rank['rank']}: loss {rank['loss']:.6f}, selected {rank['rows_selected']} rows, KL over "
                   f"{rank['kl_slots']} ids; selection {select:.3f} s, KL {kl:.3f} s (KL / selection "
                   f"{kl / select:.2f}), backward {seconds['backward'][1]:.3f} s")
-    for key in ("single_process_loss", "loss_sum_over_ranks_div_ranks", "max_relative_grad_difference_vs_single_process",
-                "grads_bitwise_equal_to_none"):
+    for key in ("single_process_loss", "loss_sum_over_ranks_div_ranks",
+                "max_relative_grad_difference_vs_single_process", "grads_bitwise_equal_to_none"):
         if key in summary:
             print(f"{key}: {summary[key]}")
     return 0
