@@ -321,6 +321,10 @@ def _rank_main(rank: int, size: int, port: int, config: IndexerConfig, modes: li
         dist.destroy_process_group()
 
 
+def _failed_ranks(processes: list) -> dict[int, int]:
+    return {rank: process.exitcode for rank, process in enumerate(processes) if process.exitcode not in (None, 0)}
+
+
 def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int, repeat: int = 1,
               timeout: float = 600.0) -> dict[str, list[list[StepResult]]]:
     """Spawn ``size`` gloo ranks on loopback, one thread each; every rank runs ``repeat`` x one
@@ -345,9 +349,12 @@ def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int, rep
             try:
                 mode, rank, result = results.get(timeout=1.0)
             except queue.Empty:  # a rank that raised has exited: report it now, not at the timeout
-                failed = {rank: process.exitcode for rank, process in enumerate(processes)
-                          if process.exitcode not in (None, 0)}
-                if failed:
+                failed = _failed_ranks(processes)
+                if failed:  # the others may be raising too: a few seconds to exit, then name all that did
+                    grace = time.monotonic() + 10.0
+                    while time.monotonic() < grace and any(process.exitcode is None for process in processes):
+                        time.sleep(0.1)
+                    failed = _failed_ranks(processes)
                     raise RuntimeError(f"rank(s) {sorted(failed)} exited with status(es) {list(failed.values())} "
                                        "before finishing their steps (their tracebacks are above)") from None
                 if time.monotonic() > deadline:

@@ -123,6 +123,16 @@ def _device_rows(route: IndexerRoute, device: torch.device) -> DeviceRows:
         return DeviceRows(*(torch.from_numpy(getattr(route, name).array).to(device) for name in DeviceRows._fields))
 
 
+class WorkerInputs(NamedTuple):
+    """A worker's selection inputs, each [1, worker rows, width] in worker order
+    (``IndexerInputExchange.wait()``)."""
+
+    qr: torch.Tensor
+    weights: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 @dataclass
 class _PendingRows:
     """Own communication buffers until the receive is safe to consume."""

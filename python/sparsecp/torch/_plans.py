@@ -20,6 +20,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import numpy as np
 
 from .. import _core, strategy_params
+from .. import _lengths as lengths_tuple
 
 SEED_MODES = ("none", "zigzag", "greedy", "hybrid")
 _STRATEGIES = frozenset(name for name, *_ in _core.strategies())
@@ -54,13 +55,6 @@ def positive(value: Any) -> bool:
 def is_sparsecp_strategy(mode: Any) -> bool:
     """True for a registered strategy that is not one of the seed's modes (spill, auto, ...)."""
     return isinstance(mode, str) and mode in _STRATEGIES and mode not in SEED_MODES
-
-
-def lengths_tuple(lengths: Sequence[int]) -> tuple[int, ...]:
-    """Document lengths as a tuple of ints (a tuple is taken as it is)."""
-    if type(lengths) is tuple:
-        return lengths
-    return tuple(map(operator.index, lengths))
 
 
 class PlanningInputs(NamedTuple):

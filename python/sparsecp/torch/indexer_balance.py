@@ -40,7 +40,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -52,6 +52,7 @@ from ._agreement import capture
 from ._checks import launch_checks, result_checks
 from ._exchange import (
     DeviceRows,
+    WorkerInputs,
     _device_rows,
     _PendingRows,
     launch_fields,
@@ -195,8 +196,8 @@ class IndexerRoute:
     def __init__(self, segments: Any, input_splits: Any, output_splits: Any, send_rows: Any, receive_rows: Any,
                  local_sources: Any, local_targets: Any, query_count: int) -> None:
         fields = [RowTuple(int64_array(segments, width=5))]
-        fields += [RowTuple(int64_array(values)) for values in (input_splits, output_splits, send_rows, receive_rows,
-                                                          local_sources, local_targets)]
+        fields += [RowTuple(int64_array(values)) for values in (input_splits, output_splits, send_rows,
+                                                                receive_rows, local_sources, local_targets)]
         set_field = object.__setattr__
         set_field(self, "core", None)
         set_field(self, "query_count", operator.index(query_count))
@@ -335,15 +336,6 @@ def balanced_indexer_select(query_residual: torch.Tensor, weights: torch.Tensor,
     # A selector failing on one rank must not leave its peers in the result exchange.
     selected, failure = capture(lambda: selector(balanced_qr, balanced_weights, (cos, sin), exchange.route.segments)[0])
     return exchange._launch_result(selected, failure).wait().unsqueeze(0)
-
-
-class WorkerInputs(NamedTuple):
-    """A worker's selection inputs, each [1, worker rows, width] in worker order."""
-
-    qr: torch.Tensor
-    weights: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
 
 
 @dataclass
