@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import pickle
 import socket
 
 import numpy as np
@@ -324,6 +325,7 @@ def test_one_plan_cache_serves_every_rank_and_both_names(counting_core):
     assert indexer_balance.indexer_route.cache_info().currsize == 0
     assert not hasattr(indexer_balance.indexer_balance, "_LAST_PLAN")
     assert indexer_balance.indexer_route(lengths, 4, 2, 4, "greedy", 1000) == routes[2]
+    assert pickle.loads(pickle.dumps(indexer_balance.indexer_route)) is indexer_balance.indexer_route
 
 
 def test_indexer_balance_keeps_the_seeds_public_names():

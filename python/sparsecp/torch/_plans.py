@@ -200,6 +200,9 @@ class PlanCached(Generic[T]):
     def __repr__(self) -> str:
         return f"<function {self.__module__}.{self.__qualname__} (plan cache)>"
 
+    def __reduce__(self) -> str:  # pickled by name, like a function
+        return self.__qualname__
+
 
 class RowTuple(Sequence):
     """A read-only tuple view of an int64 numpy array: one field of an IndexerRoute.
