@@ -18,8 +18,8 @@ def header(text, version=1):
 
 
 def npy(descr, shape, fortran=False):
-    dims = "".join("%d, " % s for s in shape)
-    return header("{'descr': '%s', 'fortran_order': %s, 'shape': (%s), }" % (descr, fortran, dims))
+    dims = "".join(f"{s:d}, " for s in shape)
+    return header(f"{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': ({dims}), }}")
 
 
 def main(out):
@@ -29,7 +29,9 @@ def main(out):
         with open(os.path.join(out, name), "wb") as f:
             f.write(data if isinstance(data, bytes) else data.encode())
 
-    ones = lambda n: struct.pack("<%df" % n, *([1.0] * n))
+    def ones(n):
+        return struct.pack(f"<{n:d}f", *([1.0] * n))
+
     # A valid selection problem: 6 rows of one document, ratio 4 -> 1 key; bank of 8 keys.
     write("k.npy", npy("<f4", (8, 16)) + ones(128))
     write("w.npy", npy("<f4", (6, 2)) + ones(12))

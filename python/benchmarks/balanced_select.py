@@ -139,6 +139,11 @@ def run_mpi(args: argparse.Namespace, mode: str) -> dict:
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
+def _bytes_as_expected(measured: dict) -> bool:
+    return (measured["bytes_sent"] == measured["expected_sent"]
+            and measured["bytes_received"] == measured["expected_received"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -175,9 +180,9 @@ def main() -> int:
         print(f"{mode:8} {', '.join(f'{c:.0f}' for c in cpu):34} {max(cpu):>8.0f} "
               f"{', '.join(str(m['rows']) for m in per_rank):28} "
               f"{', '.join(str(m['bytes_sent']) for m in per_rank):44} "
-              f"{str(all(m['bytes_sent'] == m['expected_sent'] and m['bytes_received'] == m['expected_received'] for m in per_rank)):>7} "
+              f"{str(all(_bytes_as_expected(m) for m in per_rank)):>7} "
               f"{str(all(m['verified'] for m in per_rank)):>8}")
-    for mode, result in mpi.items():
+    for result in mpi.values():
         for part in result["strategies"]:  # 'none' (the baseline) and `mode`
             ranks = part["ranks"]
             cpu = [r["select_cpu_s"] * 1e3 for r in ranks]

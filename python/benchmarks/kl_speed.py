@@ -28,7 +28,8 @@ make is resident (written), so RSS sees them; the fused kernel's own bound is
 ``indexer_kl_scratch_bytes``.
 
 Usage:
-  OPENBLAS_CORETYPE=SkylakeX .venv/bin/python python/benchmarks/kl_speed.py [--rows 2048] [--threads 2] [--repeat 5] [--json]
+  OPENBLAS_CORETYPE=SkylakeX .venv/bin/python python/benchmarks/kl_speed.py [--rows 2048] [--threads 2] \
+      [--repeat 5] [--json]
 """
 from __future__ import annotations
 
@@ -221,7 +222,8 @@ def main() -> int:
           f"(range {summary['speedup_range'][0]:.2f}-{summary['speedup_range'][1]:.2f}), {args.repeat} repetitions")
     print("peak extra resident memory (MiB): forward / backward; forward beyond the gradients; scratch bound")
     for m in memory:
-        print(f"  {m['path']:5s} rows {m['rows']:5d}: {m['forward_peak'] / mib:8.1f} / {m['backward_peak'] / mib:8.1f}; "
+        print(f"  {m['path']:5s} rows {m['rows']:5d}: "
+              f"{m['forward_peak'] / mib:8.1f} / {m['backward_peak'] / mib:8.1f}; "
               f"{(m['forward_peak'] - m['grad_bytes']) / mib:8.1f}; gradients {m['grad_bytes'] / mib:.1f}, "
               f"scratch bound {m['scratch_bytes'] / mib:.2f}")
     for rows, ratio in summary["memory_ratio"].items():

@@ -51,7 +51,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -196,7 +196,7 @@ class _Phases:
     def __init__(self) -> None:
         self.seconds: dict[str, tuple[float, float]] = {}
 
-    def __call__(self, name: str) -> "_Phases":
+    def __call__(self, name: str) -> _Phases:
         self.name = name
         return self
 
@@ -217,7 +217,7 @@ def compact_bank(batch: Batch, shard: slice) -> tuple[int, int]:
 
 
 def train_step(layer: IndexerLayer, optimizer: torch.optim.Optimizer, batch: Batch, rank: int, size: int,
-               mode: str, group: Optional[Any]) -> StepResult:
+               mode: str, group: Any | None) -> StepResult:
     """One step on this rank's contiguous shard (``group=None``: one process, whole batch)."""
     c = layer.config
     local = c.tokens // size
@@ -321,6 +321,10 @@ def _rank_main(rank: int, size: int, port: int, config: IndexerConfig, modes: li
         dist.destroy_process_group()
 
 
+def _failed_ranks(processes: list) -> dict[int, int]:
+    return {rank: process.exitcode for rank, process in enumerate(processes) if process.exitcode not in (None, 0)}
+
+
 def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int, repeat: int = 1,
               timeout: float = 600.0) -> dict[str, list[list[StepResult]]]:
     """Spawn ``size`` gloo ranks on loopback, one thread each; every rank runs ``repeat`` x one
@@ -345,9 +349,12 @@ def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int, rep
             try:
                 mode, rank, result = results.get(timeout=1.0)
             except queue.Empty:  # a rank that raised has exited: report it now, not at the timeout
-                failed = {rank: process.exitcode for rank, process in enumerate(processes)
-                          if process.exitcode not in (None, 0)}
-                if failed:
+                failed = _failed_ranks(processes)
+                if failed:  # the others may be raising too: a few seconds to exit, then name all that did
+                    grace = time.monotonic() + 10.0
+                    while time.monotonic() < grace and any(process.exitcode is None for process in processes):
+                        time.sleep(0.1)
+                    failed = _failed_ranks(processes)
                     raise RuntimeError(f"rank(s) {sorted(failed)} exited with status(es) {list(failed.values())} "
                                        "before finishing their steps (their tracebacks are above)") from None
                 if time.monotonic() > deadline:
@@ -435,8 +442,8 @@ def main() -> int:
             print(f"  rank {rank['rank']}: loss {rank['loss']:.6f}, selected {rank['rows_selected']} rows, KL over "
                   f"{rank['kl_slots']} ids; selection {select:.3f} s, KL {kl:.3f} s (KL / selection "
                   f"{kl / select:.2f}), backward {seconds['backward'][1]:.3f} s")
-    for key in ("single_process_loss", "loss_sum_over_ranks_div_ranks", "max_relative_grad_difference_vs_single_process",
-                "grads_bitwise_equal_to_none"):
+    for key in ("single_process_loss", "loss_sum_over_ranks_div_ranks",
+                "max_relative_grad_difference_vs_single_process", "grads_bitwise_equal_to_none"):
         if key in summary:
             print(f"{key}: {summary[key]}")
     return 0

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Any, NamedTuple, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from . import _core
 from ._checks import integer, integer_list, optional_integer, real
@@ -208,7 +209,7 @@ def plan(lengths: Sequence[int], cp: int, ratio: int, mode: str = "zigzag", **st
     lengths = _lengths(lengths)
     cp, ratio = integer("cp", cp), integer("ratio", ratio)
     made = _core.plan_strategy(mode, lengths, cp, ratio, strategy_params(**strategy_params_))
-    made.batch = (lengths, cp, ratio)  # what route() checks its arguments against
+    made.batch = (lengths, cp, ratio)  # type: ignore[attr-defined]  # a dynamic attribute: what route() checks
     return made
 
 
@@ -230,7 +231,7 @@ def _batch_difference(batch: tuple, lengths: tuple, cp: int, ratio: int) -> str:
     return "; ".join(parts)
 
 
-def route(plan_or_mode: Union[Plan, str], lengths: Sequence[int], cp: int, rank: int, ratio: int,
+def route(plan_or_mode: Plan | str, lengths: Sequence[int], cp: int, rank: int, ratio: int,
           **strategy_params_: Any) -> Route:
     """One rank's route under a plan, or under a strategy named by ``plan_or_mode``.
 

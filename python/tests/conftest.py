@@ -20,6 +20,7 @@ def pytest_report_header(config):
     try:
         import sparsecp
 
-        return f"sparsecp {sparsecp.__version__} from {os.path.dirname(sparsecp.__file__)}, kernel {sparsecp.kernel_isa()}"
+        return (f"sparsecp {sparsecp.__version__} from {os.path.dirname(sparsecp.__file__)}, "
+                f"kernel {sparsecp.kernel_isa()}")
     except Exception as error:  # pragma: no cover
         return f"sparsecp not importable: {error}"

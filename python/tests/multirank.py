@@ -85,8 +85,9 @@ class RankPool:
         saved = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         try:
-            self._processes = [context.Process(target=_worker, args=(rank, size, port, self._tasks[rank], self._results),
-                                               daemon=True) for rank in range(size)]
+            self._processes = [context.Process(target=_worker, daemon=True,
+                                               args=(rank, size, port, self._tasks[rank], self._results))
+                               for rank in range(size)]
             for process in self._processes:
                 process.start()
         finally:
@@ -113,8 +114,9 @@ class RankPool:
             except queue.Empty:
                 missing = sorted(set(range(self.size)) - set(results))
                 self.kill()
+                answered = [str(results[r]) for r in sorted(results)]
                 raise RankTimeout(f"{function.__name__}: ranks {missing} of {self.size} did not finish within "
-                                  f"{timeout:.0f} s (hang); answered: {[str(results[r]) for r in sorted(results)]}")
+                                  f"{timeout:.0f} s (hang); answered: {answered}") from None
             if got_id == task_id:
                 results[rank] = value
         return [results[rank] for rank in range(self.size)]

@@ -15,7 +15,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,7 +56,7 @@ class Case:
 
 
 def make_case(rank: int, size: int, seed: int, tokens_per_rank: int = 48, dtype: torch.dtype = torch.bfloat16,
-              lengths: Optional[tuple[int, ...]] = None) -> Case:
+              lengths: tuple[int, ...] | None = None) -> Case:
     lengths = lengths or batch_lengths(seed, size, tokens_per_rank)
     total = sum(lengths)
     generator = torch.Generator().manual_seed(seed)
@@ -139,7 +139,7 @@ def balanced_select(rank: int, size: int, seed: int, mode: str, options: dict, d
     }
 
 
-def _error_of(call) -> Optional[tuple[str, str]]:
+def _error_of(call) -> tuple[str, str] | None:
     try:
         call()
     except Exception as error:
@@ -147,7 +147,7 @@ def _error_of(call) -> Optional[tuple[str, str]]:
     return None
 
 
-def mismatched(rank: int, size: int, kind: str, path: str = "select") -> Optional[tuple[str, str]]:
+def mismatched(rank: int, size: int, kind: str, path: str = "select") -> tuple[str, str] | None:
     """One rank (the last) is given different inputs; returns this rank's error."""
     odd = rank == size - 1
     case = make_case(rank, size, seed=7)
@@ -263,8 +263,9 @@ def dispatch_gradcheck(rank: int, size: int, kind: str, seed: int) -> dict:
     out.backward(grad_out)
     ref.backward(grad_out)
     passed = torch.autograd.gradcheck(distributed, (bank.clone().requires_grad_(),), eps=1e-6, atol=1e-8)
-    return {"forward_equal": bool(torch.equal(out, ref)), "backward_equal": bool(torch.equal(probe.grad, ref_input.grad)),
-            "gradcheck": bool(passed), "exchange": bool(route.exchange_needed), "block_rows": route.block_rows}
+    return {"forward_equal": bool(torch.equal(out, ref)),
+            "backward_equal": bool(torch.equal(probe.grad, ref_input.grad)), "gradcheck": bool(passed),
+            "exchange": bool(route.exchange_needed), "block_rows": route.block_rows}
 
 
 def _pad_rows(tensor: torch.Tensor, dim: int, rows: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import pickle
 import socket
 
 import numpy as np
@@ -237,3 +238,135 @@ def test_exchange_handles_are_single_use(group):
     balanced = indexer_balance.balanced_indexer_select(qr, weights, embeddings, _selector(), (7, 5), 4, "hybrid",
                                                        group, 4, 6)
     assert balanced.shape == (1, 12, 4) and balanced.dtype == torch.int32
+
+
+# --------------------------------------------------------------------------------------
+# The plan cache, the lengths' trips into C++, the exchange's one implementation.
+
+
+class _CountingCore:
+    """Stands in for sparsecp._core in sparsecp.torch._plans: counts the calls that hand
+    document lengths to C++ (a plan, a route, a fingerprint of them)."""
+
+    def __init__(self, core):
+        self._core, self.calls = core, []
+        counting = self
+
+        class Fingerprint:
+            @staticmethod
+            def seed(lengths, *args):
+                counting._count("PlanningFingerprint.seed", lengths)
+                return core.PlanningFingerprint.seed(lengths, *args)
+
+            @staticmethod
+            def strategy(lengths, *args):
+                counting._count("PlanningFingerprint.strategy", lengths)
+                return core.PlanningFingerprint.strategy(lengths, *args)
+
+        self.PlanningFingerprint = Fingerprint
+
+    def _count(self, name, lengths):
+        if len(lengths):
+            self.calls.append(name)
+
+    def __getattr__(self, name):
+        function = getattr(self._core, name)
+        if name not in ("plan_seed", "route_seed"):
+            return function
+
+        def counted(lengths, *args):
+            self._count(name, lengths)
+            return function(lengths, *args)
+
+        return counted
+
+
+@pytest.fixture
+def counting_core(monkeypatch):
+    from sparsecp.torch import _plans
+    counting = _CountingCore(_plans._core)
+    monkeypatch.setattr(_plans, "_core", counting)
+    indexer_balance.indexer_route.cache_clear()
+    yield counting
+    indexer_balance.indexer_route.cache_clear()
+
+
+@pytest.mark.parametrize("mode,options,first", [
+    ("zigzag", {}, ["route_seed", "PlanningFingerprint.seed"]),
+    ("hybrid", {"block_size": 4, "zigzag_min_length": 6}, ["plan_seed", "PlanningFingerprint.seed"]),
+    ("spill", {}, ["plan_seed", "PlanningFingerprint.strategy"]),
+])
+def test_lengths_cross_into_cpp_only_when_a_batch_is_new(group, counting_core, mode, options, first):
+    """A call converts the lengths once and looks them up once: only the first call of a
+    batch hands them to C++ (its route or plan, and its agreement fingerprint)."""
+    qr, weights, embeddings = _inputs()
+    selector = _selector()
+    calls = []
+    for lengths in ([7, 5], (7, 5), [7, 5]):  # equal batches, as a list or a tuple
+        counting_core.calls.clear()
+        balanced = indexer_balance.balanced_indexer_select(qr, weights, embeddings, selector, lengths, 4, mode, group,
+                                                           **options)
+        assert balanced.shape == (1, 12, 4)
+        calls.append(list(counting_core.calls))
+    assert calls == [first, [], []]
+    exchange = indexer_balance.launch_indexer_inputs(qr, weights, embeddings, (7, 5), 4, mode, group, **options)
+    worker = exchange.wait()
+    exchange.launch_result(selector(worker.qr, worker.weights, (worker.cos, worker.sin),
+                                    exchange.route.segments)[0]).wait()
+    assert counting_core.calls == []
+
+
+def test_one_plan_cache_serves_every_rank_and_both_names(counting_core):
+    lengths = (5000, 300, 2699, 1)
+    routes = [indexer_balance.indexer_route(lengths, 4, rank, 4, "greedy", 1000) for rank in range(4)]
+    plan = indexer_balance.indexer_task_plan(lengths, 4, 4, "greedy", 1000)
+    assert counting_core.calls == ["plan_seed"]  # one plan for every rank's route and the task plan
+    assert indexer_balance.indexer_task_plan(list(lengths), 4, 4, "greedy", block_size=1000) is plan
+    assert indexer_balance.indexer_route(list(lengths), 4, 2, 4, "greedy", 1000) is routes[2]
+    info = indexer_balance.indexer_route.cache_info()
+    assert info == indexer_balance.indexer_task_plan.cache_info() and info.currsize == 1
+    indexer_balance.indexer_task_plan.cache_clear()
+    assert indexer_balance.indexer_route.cache_info().currsize == 0
+    assert not hasattr(indexer_balance.indexer_balance, "_LAST_PLAN")
+    assert indexer_balance.indexer_route(lengths, 4, 2, 4, "greedy", 1000) == routes[2]
+    assert pickle.loads(pickle.dumps(indexer_balance.indexer_route)) is indexer_balance.indexer_route
+
+
+def test_indexer_balance_keeps_the_seeds_public_names():
+    seed_names = {"resolve_indexer_balance_block_size", "validate_indexer_hybrid_threshold", "IndexerTask",
+                  "indexer_task_plan", "IndexerRoute", "indexer_route", "balanced_indexer_select",
+                  "IndexerInputExchange", "launch_indexer_inputs"}
+    assert set(indexer_balance.indexer_balance.__all__) == seed_names
+    for name in ("exchange_stats", "reset_exchange_stats", "expected_exchange_bytes", "ExchangeBytes", "RowTuple"):
+        assert getattr(indexer_balance.indexer_balance, name) is getattr(indexer_balance, name)
+
+
+def test_expected_exchange_bytes_of_a_cpp_and_a_python_route_agree():
+    route = indexer_balance.indexer_route((5000, 300, 2699, 1), 4, 1, 4, "greedy", 1000)
+    fields = ("segments", "input_splits", "output_splits", "send_rows", "receive_rows", "local_sources",
+              "local_targets")
+    plain = indexer_balance.IndexerRoute(*(tuple(getattr(route, f)) for f in fields), route.query_count)
+    assert plain.core is None and route.core is not None
+    sent, received = len(route.send_rows), len(route.receive_rows)
+    assert sent and received
+    for index_bytes in (4, 8, 2):
+        expected = indexer_balance.expected_exchange_bytes(route, 100, 7, index_bytes)
+        assert expected == indexer_balance.expected_exchange_bytes(plain, 100, 7, index_bytes)
+        assert expected == (sent * 100, received * 100, received * 7 * index_bytes, sent * 7 * index_bytes)
+
+
+def test_the_seeds_exchange_helpers_and_the_named_tuples(group):
+    qr, weights, embeddings = _inputs()
+    inputs = (qr, weights, *embeddings)
+    route = indexer_balance.indexer_route((7, 5), 1, 0, 4, "zigzag")
+    rows = indexer_balance._device_rows(route, qr.device)
+    assert rows._fields == ("send_rows", "receive_rows", "local_sources", "local_targets")
+    assert rows.local_sources is rows[2] and rows.local_sources.dtype == torch.int64
+    exchanged = indexer_balance._exchange_inputs(inputs, route, group, rows)
+    exchange = indexer_balance.launch_indexer_inputs(qr, weights, embeddings, (7, 5), 4, "zigzag", group)
+    worker = exchange.wait()
+    assert worker._fields == ("qr", "weights", "cos", "sin") and exchange.rows == rows
+    assert len(exchanged) == len(worker) == 4
+    for helper, handle, owner in zip(exchanged, worker, inputs):
+        assert torch.equal(helper, handle) and helper.dtype == owner.dtype and helper.shape == owner.shape
+    assert torch.equal(indexer_balance._exchange_rows(qr[0], route, group, rows), worker.qr[0])

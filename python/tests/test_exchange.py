@@ -43,7 +43,8 @@ def _check_balanced(results: list, size: int, label: str) -> None:
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
-@pytest.mark.parametrize("mode,options", MODES, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
+@pytest.mark.parametrize("mode,options", MODES,
+                         ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
 def test_balanced_equals_local_selection(size, mode, options):
     seed = 100 + size
     print(f"seed {seed}")

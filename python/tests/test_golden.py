@@ -46,7 +46,8 @@ def route_matches(route, expected: dict) -> list[str]:
 
 
 def inputs(case: dict) -> tuple:
-    return tuple(case["lengths"]), case["cp"], case["ratio"], case["mode"], case["block_size"], case["zigzag_min_length"]
+    return (tuple(case["lengths"]), case["cp"], case["ratio"], case["mode"], case["block_size"],
+            case["zigzag_min_length"])
 
 
 @pytest.fixture(autouse=True)

@@ -54,7 +54,8 @@ def reference(query, key, weights, segments, ratio, topk) -> np.ndarray:
         for j, row in enumerate(range(q_begin, q_end)):
             position = end - (q_end - q_begin) + j
             visible = (position + 1) // ratio
-            scores = [(-(w[row] * np.maximum(q[row] @ k[key_begin + s], 0)).sum(), key_begin + s) for s in range(visible)]
+            scores = [(-(w[row] * np.maximum(q[row] @ k[key_begin + s], 0)).sum(), key_begin + s)
+                      for s in range(visible)]
             chosen = sorted(sorted(scores)[:topk], key=lambda item: item[1])
             out[row, :len(chosen)] = [key_id for _, key_id in chosen]
     return out

@@ -52,7 +52,8 @@ def test_dispatch_errors(size):
                 assert result["one_bad"] == ("ValueError",
                                              "sequence dispatch owner length does not match the bank's physical layout")
             else:
-                assert result["one_bad"] == ("ValueError", f"Sequence dispatch aborted: rank {size - 1} rejected its inputs")
+                assert result["one_bad"] == ("ValueError",
+                                             f"Sequence dispatch aborted: rank {size - 1} rejected its inputs")
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -85,7 +86,8 @@ def test_route_texts_and_values():
         indexer_balance.sliding_window_route(boundaries, 4, 4, 4, 3)
     with pytest.raises(ValueError, match="^SWA document boundaries must span the full contiguous CP sequence$"):
         indexer_balance.sliding_window_route((0, 5, 12, 15), 4, 4, 1, 3)
-    with pytest.raises(ValueError, match="^Main KV dispatch requires a supported ratio and equal positive raw CP shards$"):
+    with pytest.raises(ValueError,
+                       match="^Main KV dispatch requires a supported ratio and equal positive raw CP shards$"):
         indexer_balance.document_prefix_route(boundaries, 4, 4, 1, 4)
     with pytest.raises(ValueError, match="^Main KV document boundaries must span the complete contiguous CP sequence$"):
         indexer_balance.document_prefix_route((0, 12, 5, 16), 4, 4, 1, 2)

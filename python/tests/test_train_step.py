@@ -7,7 +7,6 @@ the whole batch (fp32 tolerance: the same sums in another order)."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -15,11 +14,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import sparsecp  # noqa: E402
-import sparsecp.torch as sct  # noqa: E402
-
 import rank_tasks  # noqa: E402
 from multirank import pool_of, results_or_raise  # noqa: E402
+
+import sparsecp  # noqa: E402
+import sparsecp.torch as sct  # noqa: E402
 
 SEED = int(os.environ.get("SPARSECP_TEST_SEED", "20261201"))
 SIZE = 4

@@ -134,7 +134,7 @@ def check_consistent(seed, lengths, cp, ratio, plan, routes):
         boundaries.append(boundaries[-1] + n)
     local = boundaries[-1] // cp
     owner_of = []  # global row per worker position, per rank
-    for rank, tasks in enumerate(plan):
+    for tasks in plan:
         rows = [boundaries[t.document] + p for t in tasks for p in range(t.start, t.end)]
         owner_of.append(rows)
     assert sorted(r for rows in owner_of for r in rows) == list(range(boundaries[-1]))
@@ -298,7 +298,7 @@ def build(seed) -> list[dict]:
         b.ok("random", f"t{trial}_{kind}_{mode}", lengths, cp, ratio, mode, block, threshold)
 
     # A few larger batches (up to ~20000 tokens).
-    for index, (total, cp) in enumerate(((8192, 8), (12000, 16), (20000, 32), (16384, 64))):
+    for total, cp in ((8192, 8), (12000, 16), (20000, 32), (16384, 64)):
         lengths = fit(lognormal_total(rng, total, total // cp // 4), cp)
         local = sum(lengths) // cp
         b.ok("large", f"n{total}_cp{cp}_zigzag", lengths, cp, 4, "zigzag")

@@ -133,7 +133,7 @@ def self_check(module_path: pathlib.Path) -> None:
     work = []
     for rank in range(size):
         first, last, total = rank * local, (rank + 1) * local, 0
-        for document, length in enumerate(lengths):
+        for document in range(len(lengths)):
             begin, end = max(first, bounds[document]), min(last, bounds[document + 1])
             if begin < end:
                 total += seed._task_work(seed.IndexerTask(document, begin - bounds[document],

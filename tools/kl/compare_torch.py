@@ -43,7 +43,10 @@ def random_inputs(args, generator):
     b, s, h, d, hm, dm, k, t = args.batch, args.rows, args.heads, args.head_dim, args.att_heads, \
         args.att_dim, args.keys, args.topk
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    rand = lambda *shape, scale=1.0: ((torch.rand(*shape, generator=generator) * 2 - 1) * scale).to(dtype)
+
+    def rand(*shape, scale=1.0):
+        return ((torch.rand(*shape, generator=generator) * 2 - 1) * scale).to(dtype)
+
     index_keys = args.offset + k + 3
     inputs = dict(
         index_query=rand(b, s, h, d),

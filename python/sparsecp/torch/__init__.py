@@ -16,9 +16,11 @@ with autograd (``sliding_window_route``, ``document_prefix_route``,
 ``DeferredBankLaunch``), and the indexer's KL training loss with autograd
 (``shared_compressed_indexer_kl_loss``, ``indexer_kl_scratch_bytes``).
 
-Layout: ``indexer_balance.py`` (the seed's module), ``select.py`` (selection),
-``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL loss; ``_kl_torch.py`` its
-torch path), ``_agreement.py`` (cross-rank input agreement).
+Layout: ``indexer_balance.py`` (the seed's module: its names only), ``_plans.py`` (the
+plan and route cache behind it, option shims, ``RowTuple``), ``_exchange.py`` (the row
+exchange, byte counters), ``_checks.py`` (the exchange's input checks and agreement),
+``select.py`` (selection), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
+loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement).
 """
 from __future__ import annotations
 
@@ -30,23 +32,26 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "(`import sparsecp` plans without it)"
     ) from error
 
-from .indexer_balance import (  # noqa: E402
+# With the seed's private helpers (`X as X`): code written against the seed may reach them.
+from ._exchange import (  # noqa: E402
     ExchangeBytes,
+    exchange_stats,
+    expected_exchange_bytes,
+    reset_exchange_stats,
+)
+from ._exchange import _device_rows as _device_rows  # noqa: E402
+from ._exchange import _exchange_inputs as _exchange_inputs  # noqa: E402
+from ._exchange import _exchange_rows as _exchange_rows  # noqa: E402
+from ._exchange import _PendingRows as _PendingRows  # noqa: E402
+from ._plans import RowTuple  # noqa: E402
+from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
     IndexerRoute,
     IndexerTask,
-    RowTuple,
-    _device_rows,
-    _exchange_inputs,
-    _exchange_rows,
-    _PendingRows,
     balanced_indexer_select,
-    exchange_stats,
-    expected_exchange_bytes,
     indexer_route,
     indexer_task_plan,
     launch_indexer_inputs,
-    reset_exchange_stats,
     resolve_indexer_balance_block_size,
     validate_indexer_hybrid_threshold,
 )
@@ -63,7 +68,6 @@ from .sequence import (  # noqa: E402
     DeferredBankLaunch,
     SequenceDispatchRoute,
     SequenceGatherHandle,
-    _DeferredBankLaunch,
     compressed_document_offsets,
     compressed_owner_offsets,
     document_prefix_route,
@@ -73,6 +77,7 @@ from .sequence import (  # noqa: E402
     sequence_gather,
     sliding_window_route,
 )
+from .sequence import _DeferredBankLaunch as _DeferredBankLaunch  # noqa: E402
 
 __all__ = [
     "DeferredBankLaunch",

@@ -21,9 +21,8 @@ verdict synchronises the host with the stream once per call.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
-
 import zlib
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -50,7 +49,7 @@ def signed64(value: int) -> int:
     return value - (1 << 64) if value >> 63 else value
 
 
-def control_device(group: Any, hint: Optional[torch.device]) -> torch.device:
+def control_device(group: Any, hint: torch.device | None) -> torch.device:
     """Where the group reduces small int64 tensors: CPU for gloo/MPI, else the CUDA device."""
     backend = str(dist.get_backend(group)).lower()
     if "gloo" in backend or "mpi" in backend:
@@ -64,7 +63,7 @@ def control_device(group: Any, hint: Optional[torch.device]) -> torch.device:
     return torch.device("cpu")
 
 
-def capture(check: Callable[[], Any]) -> tuple[Any, Optional[BaseException]]:
+def capture(check: Callable[[], Any]) -> tuple[Any, BaseException | None]:
     """Run ``check``; return (its result, None) or (None, the exception it raised)."""
     try:
         return check(), None
@@ -72,7 +71,7 @@ def capture(check: Callable[[], Any]) -> tuple[Any, Optional[BaseException]]:
         return None, error
 
 
-def agree(group: Any, device: torch.device, error: Optional[BaseException],
+def agree(group: Any, device: torch.device, error: BaseException | None,
           fingerprint: _core.PlanningFingerprint, what: str, invalid_first: bool = False) -> None:
     """Collective: raise on every rank unless every rank is valid and fingerprints agree.
 

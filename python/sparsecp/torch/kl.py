@@ -16,8 +16,9 @@ The math, the shapes and the error texts are those of the fused C++ kernel
 As in the seed's project, the forward pass computes the loss *and* the three gradients
 (index query, index key, merge weights); the backward only scales them by the incoming
 gradient (an incoming gradient of exactly 1 on CPU, as ``loss.backward()`` gives, hands
-them over without a copy, so a step holds one set of gradient buffers, not two). The teacher inputs (``attention_query``, ``compressed_key``, ``sinks``) get no
-gradient: they are treated as detached, as are the ids.
+them over without a copy, so a step holds one set of gradient buffers, not two). The
+teacher inputs (``attention_query``, ``compressed_key``, ``sinks``) get no gradient: they
+are treated as detached, as are the ids.
 
 Kernels by device and dtype:
 
@@ -32,14 +33,14 @@ Kernels by device and dtype:
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from .. import _core
 from ._kl_torch import kl_loss_and_grads_torch
-from .select import _torch_path
+from .select import _torch_path, kernel_arg
 
 __all__ = ["indexer_kl_scratch_bytes", "shared_compressed_indexer_kl_loss"]
 
@@ -65,8 +66,8 @@ def _check_inputs(tensors: tuple[Any, ...], query_chunk_size: Any, main_key_offs
         if name != "topk_indices" and tensor.device != query.device:
             raise ValueError(f"Indexer KL {name} must share Indexer Q's device, got {tensor.device} and "
                              f"{query.device}")
-    for value, name, low in ((query_chunk_size, "query_chunk_size", 1), (main_key_offset, "main_key_offset", 0),
-                             (threads, "threads", 0)):
+    for value, name in ((query_chunk_size, "query_chunk_size"), (main_key_offset, "main_key_offset"),
+                        (threads, "threads")):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"Indexer KL {name} must be an int, got {type(value).__name__}")
     if query_chunk_size < 1:
@@ -81,9 +82,18 @@ def _fused(tensors: tuple[torch.Tensor, ...]) -> bool:
             and all(t.dtype in _KERNEL_FLOATS for t, name in zip(tensors, _NAMES) if name != "topk_indices"))
 
 
-def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+def _contiguous(tensor: torch.Tensor) -> Any:
     tensor = tensor.detach()
-    return tensor if tensor.is_contiguous() else tensor.contiguous()
+    return kernel_arg(tensor if tensor.is_contiguous() else tensor.contiguous())
+
+
+_Arrays = tuple[Any, Any, Any, Any, Any, Any, Any]
+
+
+def _arrays(tensors: tuple[torch.Tensor, ...]) -> _Arrays:
+    """The seven inputs as the C++ kernels take them (detached, C-contiguous)."""
+    q, k, w, attention_query, compressed_key, topk, sinks = (_contiguous(t) for t in tensors)
+    return q, k, w, attention_query, compressed_key, topk, sinks
 
 
 def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, loss_coeff: float,
@@ -97,11 +107,13 @@ def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, l
         grad_q = torch.empty(query.shape, dtype=torch.float32)
         grad_k = torch.empty(key.shape, dtype=torch.float32)
         grad_w = torch.empty(weight.shape, dtype=torch.float32)
-        loss = _core.indexer_kl_loss(*(_contiguous(t) for t in tensors), grad_q, grad_k, grad_w,
+        loss = _core.indexer_kl_loss(*_arrays(tensors), kernel_arg(grad_q), kernel_arg(grad_k), kernel_arg(grad_w),
                                      float(attention_scale), float(loss_coeff), main_key_offset, threads)
         return torch.tensor(loss, dtype=torch.float32), grad_q, grad_k, grad_w
+    q, k, w, attention_query, compressed_key, topk, sinks = (t.detach() for t in tensors)
     loss, grad_q, grad_k, grad_w = kl_loss_and_grads_torch(
-        *(t.detach() for t in tensors), attention_scale, loss_coeff, main_key_offset, query_chunk_size)
+        q, k, w, attention_query, compressed_key, topk, sinks, attention_scale, loss_coeff, main_key_offset,
+        query_chunk_size)
     return loss.to(grad_q.dtype), grad_q, grad_k, grad_w
 
 
@@ -122,13 +134,13 @@ class _SharedCompressedIndexerKlLoss(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         # An incoming gradient of exactly 1 (a loss summed into the total; checked on CPU
         # only, where it costs no device sync) hands the saved gradients over as they are:
         # autograd frees its saved copy first (or copies, when the graph is retained), so no
         # second gradient-sized buffer is made.
         unit = grad_loss.device.type == "cpu" and bool(grad_loss == 1)
-        grads = []
+        grads: list[torch.Tensor | None] = []
         for grad, dtype, needed in zip(ctx.saved_tensors, ctx.dtypes, ctx.needs_input_grad[:3]):
             if not needed:
                 grads.append(None)
@@ -210,4 +222,4 @@ def indexer_kl_scratch_bytes(index_query: torch.Tensor, index_key: torch.Tensor,
     _check_inputs(tensors, 1, main_key_offset, threads)
     if not all(t.device.type == "cpu" for t in tensors):
         raise ValueError("indexer_kl_scratch_bytes describes the fused CPU kernel: pass CPU tensors")
-    return _core.indexer_kl_scratch_bytes(*(_contiguous(t) for t in tensors), main_key_offset, threads)
+    return _core.indexer_kl_scratch_bytes(*_arrays(tensors), main_key_offset, threads)

@@ -28,7 +28,8 @@ ids; on general floats they can differ where two scores tie to the last bit.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,7 +87,8 @@ def _check_selection(query: torch.Tensor, key: torch.Tensor, weights: torch.Tens
                          f"{tuple(weights.shape)}")
     heads, head_dim = weights.shape[1], key.shape[1]
     width = query.shape[1] * (query.shape[2] if query.ndim == 3 else 1)
-    if query.shape[0] != weights.shape[0] or width != heads * head_dim or (query.ndim == 3 and query.shape[2] != head_dim):
+    if (query.shape[0] != weights.shape[0] or width != heads * head_dim
+            or (query.ndim == 3 and query.shape[2] != head_dim)):
         raise ValueError(f"Indexer query {tuple(query.shape)} does not match weights {tuple(weights.shape)} "
                          f"([rows, heads]) and key {tuple(key.shape)} ([keys, head_dim])")
     if isinstance(topk, (bool, np.bool_)) or not isinstance(topk, (int, np.integer)) or topk < 1:
@@ -94,8 +96,14 @@ def _check_selection(query: torch.Tensor, key: torch.Tensor, weights: torch.Tens
     return heads, head_dim
 
 
-def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.is_contiguous() else tensor.contiguous()
+def kernel_arg(tensor: torch.Tensor) -> Any:
+    """``tensor`` as a C++ kernel's array argument: nanobind's ndarray parameters take
+    tensors through DLPack, without a copy (their stubs name numpy arrays)."""
+    return tensor
+
+
+def _contiguous(tensor: torch.Tensor) -> Any:
+    return kernel_arg(tensor if tensor.is_contiguous() else tensor.contiguous())
 
 
 @torch.no_grad()
@@ -130,7 +138,7 @@ def select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor
     rows = query.shape[0]
     out = torch.empty((rows, topk), dtype=torch.int32)
     _core.select_topk(_contiguous(query.detach()), _contiguous(weights.detach()), _contiguous(key.detach()), table,
-                      out, heads, head_dim, ratio, topk, threads)
+                      kernel_arg(out), heads, head_dim, ratio, topk, threads)
     return out
 
 
@@ -256,7 +264,7 @@ class TndPlan:
         target.index_copy_(0, self._ids(result.device), indices.to(target.dtype))
 
 
-def csa_tnd_plan(segments: Any, ratio: int) -> Optional[TndPlan]:
+def csa_tnd_plan(segments: Any, ratio: int) -> TndPlan | None:
     """Seed ``csa_tnd_plan``: the TND plan of the rows that see a key, None when none does."""
     core = _core.csa_tnd_plan(segment_array(segments), integer("ratio", ratio, 1))
     return None if core is None else TndPlan(core)
@@ -333,7 +341,7 @@ def project_index_query(query_residual: torch.Tensor, wq_b: torch.Tensor, cos: t
     if not _torch_path(qr.device):
         out = torch.empty((qr.shape[0], width), dtype=torch.float32)
         _core.project_index_query(_contiguous(qr.detach()), _contiguous(wq_b.detach()), _contiguous(cos.detach()),
-                                  _contiguous(sin.detach()), out, width // head_dim, head_dim, rope_dim,
+                                  _contiguous(sin.detach()), kernel_arg(out), width // head_dim, head_dim, rope_dim,
                                   weight_layout == "out_in")
         return out.view(qr.shape[0], width // head_dim, head_dim)
     return _project_torch(qr, weight, cos, sin, head_dim, rope_dim)
@@ -376,7 +384,7 @@ class IndexerSelector:
         threads: CPU kernel threads (0: OpenMP's default).
     """
 
-    def __init__(self, wq_b: torch.Tensor, key: torch.Tensor, ratio: int, topk: int, head_dim: Optional[int] = None,
+    def __init__(self, wq_b: torch.Tensor, key: torch.Tensor, ratio: int, topk: int, head_dim: int | None = None,
                  rope_dim: int = 64, weight_layout: str = "out_in", threads: int = 0) -> None:
         if weight_layout not in ("out_in", "in_out"):
             raise ValueError(f"weight_layout must be 'out_in' or 'in_out', got {weight_layout!r}")
@@ -406,7 +414,7 @@ class IndexerSelector:
         out = torch.empty((qr.shape[0], self.topk), dtype=torch.int32)
         _core.select_worker_rows(_contiguous(qr.detach()), _contiguous(w.detach()), _contiguous(c.detach()),
                                  _contiguous(s.detach()), _contiguous(self.wq_b.detach()),
-                                 _contiguous(self.key.detach()), segment_array(segments), out, self.heads,
+                                 _contiguous(self.key.detach()), segment_array(segments), kernel_arg(out), self.heads,
                                  self.head_dim, self.rope_dim, self.ratio, self.topk,
                                  self.weight_layout == "out_in", self.threads)
         return out.unsqueeze(0)

@@ -30,7 +30,7 @@ paired.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -119,8 +119,8 @@ def _check_dim(tensor: torch.Tensor, sequence_dim: int) -> int:
     return sequence_dim % tensor.ndim
 
 
-def _agree_layout(group: Any, tensor: torch.Tensor, dim: int, error: Optional[BaseException], what: str,
-                  route: Optional[SequenceDispatchRoute] = None, **settings: int) -> None:
+def _agree_layout(group: Any, tensor: torch.Tensor, dim: int, error: BaseException | None, what: str,
+                  route: SequenceDispatchRoute | None = None, **settings: int) -> None:
     if route is not None:  # the route's defining inputs, identical on consistent ranks
         fingerprint = _core.dispatch_route_fingerprint(route)
     else:
@@ -144,7 +144,7 @@ class SequenceGatherHandle:
     """
 
     def __init__(self, output: torch.Tensor, work: Any) -> None:
-        self._output: Optional[torch.Tensor] = output
+        self._output: torch.Tensor | None = output
         self._work = work
         self.consumed = False
 
@@ -155,6 +155,7 @@ class SequenceGatherHandle:
         if self._work is not None:
             self._work.wait()
         output, self._output, self._work = self._output, None, None
+        assert output is not None  # released only here, once
         return output
 
 
@@ -166,12 +167,13 @@ class DeferredBankLaunch:
     the handle; later calls return the same handle. ``wait()`` is ``start().wait()``.
     """
 
-    launcher: Optional[Callable[[], SequenceGatherHandle]]
-    handle: Optional[SequenceGatherHandle] = None
+    launcher: Callable[[], SequenceGatherHandle] | None
+    handle: SequenceGatherHandle | None = None
 
     def start(self) -> SequenceGatherHandle:
         """Launch once in the differentiable forward, then release captured inputs."""
         if self.handle is None:
+            assert self.launcher is not None  # dropped only once the handle exists
             self.handle = self.launcher()
             self.launcher = None
         return self.handle
@@ -262,7 +264,8 @@ def launch_sequence_dispatch(tensor: torch.Tensor, sequence_dim: int, route: Seq
     return SequenceGatherHandle(_move_dim_from_front(block, dim), works[0] if works else None)
 
 
-def sequence_dispatch(tensor: torch.Tensor, sequence_dim: int, route: SequenceDispatchRoute, group: Any) -> torch.Tensor:
+def sequence_dispatch(tensor: torch.Tensor, sequence_dim: int, route: SequenceDispatchRoute,
+                      group: Any) -> torch.Tensor:
     """Blocking ``launch_sequence_dispatch(...).wait()``."""
     return launch_sequence_dispatch(tensor, sequence_dim, route, group).wait()
 
@@ -284,6 +287,7 @@ class _SequenceGather(torch.autograd.Function):
         send = grad_output.contiguous()
         output = send.new_empty((send.shape[0] // ctx.size, *send.shape[1:]))
         work = dist.reduce_scatter_tensor(output, send, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True)
+        assert work is not None  # async_op=True returns the Work
         work.wait()
         return output, None, None
 
