@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
-
 import readme_snippets
 
 pytest.importorskip("torch")
 
-from multirank import pool_of, results_or_raise  # noqa: E402
+from multirank import pool_of, results_or_raise
 
 
 def test_readme_keeps_two_setup_commands():

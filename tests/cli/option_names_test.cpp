@@ -128,14 +128,16 @@ std::vector<std::string> commands() {
   const auto help = run_tool("--help");
   EXPECT_EQ(help.status, 0) << help.err;
   std::vector<std::string> found;
-  std::istringstream lines(help.out.substr(help.out.find("SUBCOMMANDS:")));
+  const size_t list = help.out.find("Subcommands:");
+  EXPECT_NE(list, std::string::npos) << help.out;
+  std::istringstream lines(list == std::string::npos ? "" : help.out.substr(list));
   std::string line;
   const std::regex entry(R"(^  ([a-z]+)\b.*)");
   while (std::getline(lines, line)) {
     std::smatch match;
     if (std::regex_match(line, match, entry)) found.push_back(match[1]);
   }
-  EXPECT_GE(found.size(), 12u) << help.out;
+  EXPECT_GE(found.size(), 11u) << help.out;
   std::vector<std::string> all;
   for (const std::string& command : found) {
     if (command == "bench") {
@@ -218,7 +220,10 @@ TEST(OptionNames, OldSpellingsStillWork) {
     ASSERT_EQ(old_run.status, 0) << c.old_form << ": " << old_run.err;
     ASSERT_EQ(new_run.status, 0) << c.canonical_form << ": " << new_run.err;
     if (c.old_form.rfind("route", 0) == 0) continue;  // timings differ
-    EXPECT_EQ(old_run.out, new_run.out) << c.old_form;
+    const std::regex timing(R"("plan_ms":[0-9.e+-]+)");
+    EXPECT_EQ(std::regex_replace(old_run.out, timing, ""),
+              std::regex_replace(new_run.out, timing, ""))
+        << c.old_form;
   }
 }
 

@@ -929,15 +929,10 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
 
 void run_ranks(const RunFlags& flags) {
   MpiCommunicator comm(MPI_COMM_WORLD);
+  // The machine's load before the job adds its own (the report warns when it is high).
   double load = 0;
   const int64_t cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (comm.rank() == 0 && getloadavg(&load, 1) == 1 && load > static_cast<double>(cores) &&
-      !flags.json) {
-    std::fprintf(stderr,
-                 "sparsecp run: warning: load average %.1f above the %lld cores at start; the "
-                 "times will be unreliable\n",
-                 load, static_cast<long long>(cores));
-  }
+  if (getloadavg(&load, 1) != 1) load = 0;
   Job job = prepare(flags, comm);
   job.load_average = load;
   job.cores = cores;
