@@ -8,8 +8,8 @@
 # Cached between runs: the environment is rebuilt only when the requirements file changes
 # (stamp .venv/.requirements.sha256); the wheels it was made from stay in .cache/wheels
 # (and pip's own cache in .cache/pip), so a rebuild downloads nothing already fetched; the
-# extension's CMake build folder is build/python/<wheel tag> (pyproject.toml), so
-# reinstalling recompiles only what changed.
+# extension's CMake build folder is build/python/<wheel tag> (passed to pip here: a plain
+# `pip install .` builds in a temporary folder), so reinstalling recompiles only what changed.
 #
 #   scripts/pytest.sh [pytest args...]      e.g. scripts/pytest.sh -k golden
 #   scripts/pytest.sh --venv-only           only make sure .venv is ready (scripts/test.sh runs
@@ -51,7 +51,8 @@ if [ "${1:-}" = "--lint-only" ]; then
 fi
 echo "pytest.sh: pip install . (build folder build/python)" >&2
 start=$(date +%s)
-"$venv/bin/pip" install --quiet --no-deps --no-build-isolation .
+"$venv/bin/pip" install --quiet --no-deps --no-build-isolation \
+  --config-settings=build-dir="build/python/{wheel_tag}" .
 echo "pytest.sh: installed in $(( $(date +%s) - start )) s" >&2
 # 2 cores are shared by up to 4 ranks: one thread each. Every multi-rank task has its own
 # timeout (python/tests/multirank.py); `timeout` bounds the whole run as a last resort.

@@ -13,7 +13,7 @@ fresh leaf tensors once on each path: "fused" (CPU tensors -> the C++ kernel, ``
 --threads) and "torch" (the same call with ``SPARSECP_TORCH_PATH=1``: the chunked torch
 implementation ``_kl_torch.kl_loss_and_grads_torch``, ``query_chunk_size`` 256, under
 ``torch.set_num_threads(--threads)``). The order alternates between repetitions; the
-figures are medians and ranges over --repeat repetitions, and the speedup is the median
+figures are medians and ranges over --repeats repetitions, and the speedup is the median
 of the per-repetition ratios. Both paths' loss and gradients are compared once.
 
 Memory: each path runs in a fresh subprocess (``--probe PATH``) with glibc's mmap and trim
@@ -29,7 +29,7 @@ make is resident (written), so RSS sees them; the fused kernel's own bound is
 
 Usage:
   OPENBLAS_CORETYPE=SkylakeX .venv/bin/python python/benchmarks/kl_speed.py [--rows 2048] [--threads 2] \
-      [--repeat 5] [--json]
+      [--repeats 5] [--json]
 """
 from __future__ import annotations
 
@@ -160,7 +160,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=2, help="kernel threads = torch threads")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeats", dest="repeat", type=int, default=5)
+    parser.add_argument("--repeat", dest="repeat", type=int, help=argparse.SUPPRESS)  # the old spelling
     parser.add_argument("--memory-rows", default="512,2048,4096", help="row counts of the memory probes")
     parser.add_argument("--probe", choices=["fused", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")

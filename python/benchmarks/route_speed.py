@@ -14,7 +14,7 @@ is the median of its --seed-repeat repetitions, as compare_seed_speed.py reports
                    (zigzag: `sparsecp.route("zigzag", ..., rank)`, the per-rank fast path)
   indexer_route    the seed-compatible `sparsecp.torch.indexer_route(lengths, cp, rank, ...)`
                    with its lru caches cleared before each repetition (like the seed's)
-  C++ tool         `sparsecp route --all-ranks --repeat K --json` (in-process timing)
+  C++ tool         `sparsecp route --all-ranks --repeats K --json` (in-process timing)
   seed             the seed's own indexer_balance.py (tools/golden/reindent.py), caches
                    cleared before each repetition
 
@@ -101,7 +101,8 @@ def main() -> int:
     parser.add_argument("--modes", default="zigzag,greedy,hybrid")
     parser.add_argument("--ratio", type=int, default=4)
     parser.add_argument("--batch-seed", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=21, help="Python and C++ repetitions (median)")
+    parser.add_argument("--repeats", dest="repeat", type=int, default=21, help="Python and C++ repetitions (median)")
+    parser.add_argument("--repeat", dest="repeat", type=int, help=argparse.SUPPRESS)  # the old spelling
     parser.add_argument("--seed-repeat", type=int, default=3)
     parser.add_argument("--keep-heap", action="store_true", help="re-run with GLIBC_TUNABLES keeping freed memory")
     parser.add_argument("--json", action="store_true")

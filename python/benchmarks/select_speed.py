@@ -6,7 +6,7 @@ all 8192 rows, 2048 compressed keys, 64 heads x 128, top-k 512, ratio 4, in fp32
 small-integer values. The Python side calls `select_indices(query [rows, heads, head_dim],
 key [keys, head_dim], weights [rows, heads], segments, 4, 512)`, which runs the fused C++
 kernel on the tensors in place; its score rate is 2 x heads x head_dim per visible (row,
-key) pair divided by the median time of --repeat calls. The tool's rates come from
+key) pair divided by the median time of --repeats calls. The tool's rates come from
 `sparsecp bench select --dtype both --json` run right after, with the same thread count.
 
 Usage:
@@ -54,13 +54,14 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--sparsecp", required=True, help="the sparsecp tool")
     parser.add_argument("--threads", type=int, default=0, help="kernel threads (0: OpenMP's default)")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeats", dest="repeat", type=int, default=3)
+    parser.add_argument("--repeat", dest="repeat", type=int, help=argparse.SUPPRESS)  # the old spelling
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     flops = score_flops()
     python = {name: flops / time_python(dtype, args.repeat, args.threads) / 1e9
               for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    command = [args.sparsecp, "bench", "select", "--dtype", "both", "--json", "--repeat", str(args.repeat),
+    command = [args.sparsecp, "bench", "select", "--dtype", "both", "--json", "--repeats", str(args.repeat),
                "--threads", str(args.threads)]
     tool = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     cpp = {"fp32": tool["score_gflops"], "bf16": tool["bf16_score_gflops"]}

@@ -36,7 +36,7 @@ Usage::
     python python/examples/train_indexer_step.py --ranks 4 --heads 64 --head-dim 128 \\
         --att-heads 64 --att-dim 512 --tokens-per-rank 2048 --no-compare   # timing at DeepSeek-V4 head shapes
     sparsecp calibrate --heads 64 --head-dim 128 --q-rank 1536 --threads 1 --out v4.txt
-    python python/examples/train_indexer_step.py ... --q-lora-rank 1536 --cost-model v4.txt  # spill on that model
+    python python/examples/train_indexer_step.py ... --q-rank 1536 --cost-model v4.txt  # spill on that model
 """
 from __future__ import annotations
 
@@ -389,13 +389,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tokens-per-rank", type=int, default=0,
                         help="scale the default documents to this many tokens per rank (0: 1024 for 4 ranks)")
+    # Option names as the sparsecp tool spells them (--q-rank, --repeats); the older
+    # spellings --q-lora-rank and --repeat still work, hidden from --help.
+    flags = {"q_lora_rank": "--q-rank"}
     for name in ("hidden", "q_lora_rank", "heads", "head_dim", "rope_dim", "att_heads", "att_dim"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(IndexerConfig, name))
+        parser.add_argument(flags.get(name, "--" + name.replace("_", "-")), dest=name, type=int,
+                            default=getattr(IndexerConfig, name))
+    parser.add_argument("--q-lora-rank", dest="q_lora_rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cost-model", default=None,
                         help="spill/auto: balance this per-row cost model (a file from `sparsecp calibrate --heads H "
                              "--head-dim D --q-rank R --threads 1`) instead of causal pairs")
     parser.add_argument("--no-compare", action="store_true", help="run only --mode (timing)")
-    parser.add_argument("--repeat", type=int, default=1, help="steps per mode and rank (times: medians)")
+    parser.add_argument("--repeats", type=int, default=1, help="steps per mode and rank (times: medians)")
+    parser.add_argument("--repeat", dest="repeats", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     config = IndexerConfig(**{name: getattr(args, name) for name in
@@ -410,10 +416,10 @@ def main() -> int:
     print(f"{args.ranks} gloo ranks, documents {config.lengths}, index heads {config.heads} x {config.head_dim}, "
           f"attention heads {config.att_heads} x {config.att_dim}, top-k {config.topk}, ratio {config.ratio}",
           file=sys.stderr)
-    runs = run_ranks(args.ranks, config, modes, args.seed, args.repeat)
+    runs = run_ranks(args.ranks, config, modes, args.seed, args.repeats)
     results = {mode: [steps[0] for steps in runs[mode]] for mode in modes}
     summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "lengths": config.lengths,
-                               "ranks": args.ranks, "repeat": args.repeat, "config": dataclasses.asdict(config)}
+                               "ranks": args.ranks, "repeats": args.repeats, "config": dataclasses.asdict(config)}
     for mode in modes:
         summary[mode] = [{"rank": r, "loss": steps[0].loss, "rows_selected": steps[0].rows_selected,
                           "kl_slots": steps[0].slots, "seconds": median_seconds(steps),
@@ -435,7 +441,7 @@ def main() -> int:
         print(json.dumps(summary, indent=1))
         return 0
     for mode in modes:
-        print(f"mode {mode}: per rank CPU seconds (thread time, median of {args.repeat}), selection vs KL")
+        print(f"mode {mode}: per rank CPU seconds (thread time, median of {args.repeats}), selection vs KL")
         for rank in summary[mode]:
             seconds = rank["seconds"]
             select, kl = seconds["selection"][1], seconds["kl loss"][1]

@@ -225,19 +225,23 @@ void validate_hybrid_threshold(Mode mode, std::optional<int64_t> zigzag_min_leng
 }
 
 int64_t local_rows(std::span<const int64_t> lengths, int64_t cp) {
-  bool valid = cp >= 1 && !lengths.empty();
+  // The seed's text, then what is wrong with these inputs.
+  constexpr const char* kSeedText =
+      "Indexer balance needs positive document lengths/ratio and an equal contiguous CP "
+      "partition";
+  SPARSECP_CHECK(cp >= 1, kSeedText, " (CP size ", cp, " is not positive)");
+  SPARSECP_CHECK(!lengths.empty(), kSeedText, " (no document lengths)");
   int64_t total = 0;
-  for (const int64_t length : lengths) {
-    if (!valid) break;
-    valid = length >= 1;
-    if (valid && __builtin_add_overflow(total, length, &total)) {
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t length = lengths[i];
+    SPARSECP_CHECK(length >= 1, kSeedText, " (document ", i, " has length ", length, ")");
+    if (__builtin_add_overflow(total, length, &total)) {
       SPARSECP_FAIL("Indexer balance document lengths sum beyond 64 bits (document of ", length,
                     " tokens)");
     }
   }
-  SPARSECP_CHECK(valid && total % cp == 0,
-                 "Indexer balance needs positive document lengths/ratio and an equal contiguous CP "
-                 "partition");
+  SPARSECP_CHECK(total % cp == 0, kSeedText, " (", total, " tokens do not divide into ", cp,
+                 " equal shards)");
   return total / cp;
 }
 
@@ -246,7 +250,8 @@ std::optional<int64_t> validate_plan_inputs(std::span<const int64_t> lengths, in
                                             std::optional<int64_t> block_size) {
   SPARSECP_CHECK(ratio >= 1,
                  "Indexer balance needs positive document lengths/ratio and an equal contiguous CP "
-                 "partition");
+                 "partition (ratio ",
+                 ratio, " is not positive)");
   const int64_t local = local_rows(lengths, cp);
   Wide work = 0;
   for (const int64_t length : lengths) {

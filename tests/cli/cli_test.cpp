@@ -124,20 +124,57 @@ TEST(Cli, RouteJsonHasTheSeedFieldNames) {
   const auto json = nlohmann::ordered_json::parse(outcome.out);
   std::vector<std::string> keys;
   for (const auto& item : json.items()) keys.push_back(item.key());
-  EXPECT_EQ(keys, (std::vector<std::string>{"segments", "input_splits", "output_splits",
-                                            "send_rows", "receive_rows", "local_sources",
-                                            "local_targets", "query_count"}));
+  // The seed's IndexerRoute fields first, then the whole plan beside its two lower bounds.
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "segments", "input_splits", "output_splits", "send_rows", "receive_rows",
+                      "local_sources", "local_targets", "query_count", "imbalance", "balance_bound",
+                      "rows_moved", "rows_moved_lower_bound"}));
   EXPECT_EQ(json["send_rows"], nlohmann::ordered_json::parse("[2,3]"));
   EXPECT_EQ(json["segments"], nlohmann::ordered_json::parse("[[0,4,0,7,0],[4,5,9,10,0]]"));
 }
 
+// README: `route` prints its figures beside the two lower bounds, as `plan` does.
+TEST(Cli, RoutePrintsThePlanBesideItsLowerBounds) {
+  const Outcome plan = run_tool("plan --lengths 5000,300,2699,1 --cp 4 --mode greedy --json");
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  const auto planned = nlohmann::json::parse(plan.out);
+  const Outcome json =
+      run_tool("route --lengths 5000,300,2699,1 --cp 4 --mode greedy --rank 3 --json");
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto route = nlohmann::json::parse(json.out);
+  EXPECT_EQ(route["balance_bound"], planned["balance_bound"]);
+  EXPECT_EQ(route["imbalance"], planned["imbalance"]);
+  EXPECT_EQ(route["rows_moved"], planned["rows_moved"]);
+  EXPECT_EQ(route["rows_moved_lower_bound"], planned["rows_moved_lower_bound"]);
+  const Outcome text = run_tool("route --lengths 5000,300,2699,1 --cp 4 --mode greedy --rank 3");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("balance bound, no plan can do better"));
+  EXPECT_THAT(text.out, HasSubstr("the fewest any plan this balanced must move"));
+  const Outcome all = run_tool("route --lengths 5000,300,2699,1 --cp 4 --mode greedy --all-ranks");
+  ASSERT_EQ(all.status, 0) << all.err;
+  EXPECT_THAT(all.out, HasSubstr("balance bound"));
+}
+
+// hyper_parallel's text first, then what is wrong with these inputs.
+TEST(Cli, PartitionErrorsSayWhatIsWrong) {
+  const std::string seed =
+      "Indexer balance needs positive document lengths/ratio and an equal contiguous CP "
+      "partition";
+  expect_user_error(run_tool("plan --lengths 5000,300,2699 --cp 4"),
+                    seed + " (7999 tokens do not divide into 4 equal shards)");
+  expect_user_error(run_tool("plan --lengths 5,0 --cp 1 --mode none"),
+                    seed + " (document 1 has length 0)");
+  expect_user_error(run_tool("plan --lengths 8 --cp 2 --ratio 0 --mode none"),
+                    seed + " (ratio 0 is not positive)");
+}
+
 TEST(Cli, RouteAllRanksReportsTiming) {
   const Outcome outcome =
-      run_tool("route --tokens 65536 --cp 8 --mode greedy --all-ranks --repeat 3 --json");
+      run_tool("route --tokens 65536 --cp 8 --mode greedy --all-ranks --repeats 3 --json");
   ASSERT_EQ(outcome.status, 0) << outcome.err;
   const auto json = nlohmann::json::parse(outcome.out);
   EXPECT_GT(json["seconds_per_rank"].get<double>(), 0.0);
-  EXPECT_EQ(json["repeat"], 3);
+  EXPECT_EQ(json["repeats"], 3);
   const Outcome text = run_tool("route --tokens 65536 --cp 8 --mode zigzag --all-ranks");
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("us per rank"));
@@ -167,9 +204,9 @@ TEST(Cli, InvalidInputsGiveOneErrorLineAndStatusTwo) {
                     "indexer_load_balance='hybrid' requires an explicit positive integer "
                     "indexer_zigzag_min_length");
   expect_user_error(
-      run_tool("plan --lengths 8 --cp 2 --mode zigzag --block 2"),
+      run_tool("plan --lengths 8 --cp 2 --mode zigzag --block-size 2"),
       "indexer_balance_block_size requires indexer_load_balance='greedy' or 'hybrid'");
-  expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode greedy --block 5"),
+  expect_user_error(run_tool("plan --lengths 8 --cp 2 --mode greedy --block-size 5"),
                     "Indexer greedy block size 5 exceeds the local query count 4");
   expect_user_error(run_tool("route --lengths 8 --cp 2 --mode zigzag --rank 2"),
                     "Indexer balance rank must be inside its CP group");

@@ -226,7 +226,7 @@ TEST_F(KlCli, ZeroCoefficientAndHelp) {
 TEST_F(KlCli, BenchKlReportsJsonAndVerifies) {
   const testing::ToolRun bench = testing::run_tool(
       "bench kl --rows 8 --doc-length 64 --heads 3 --head-dim 16 --att-heads 2 --att-dim 24 "
-      "--topk 16 --repeat 1 --sgemm-size 32 --json");
+      "--topk 16 --repeats 1 --sgemm-size 32 --json");
   ASSERT_EQ(bench.status, 0) << bench.out << bench.err;
   const auto json = nlohmann::json::parse(bench.out);
   for (const char* key : {"seconds", "gflops", "sgemm_gflops", "fraction_of_sgemm", "scratch_bytes",

@@ -155,19 +155,19 @@ const BadInput kBadInputs[] = {
     {"RatioNegative", "plan --lengths 4,4 --cp 2 --ratio -4", "positive document lengths/ratio"},
     {"LengthZero", "plan --lengths 5,0,3 --cp 2", "positive document lengths/ratio"},
     {"LengthNegative", "plan --lengths 5,-1,4 --cp 2", "positive document lengths/ratio"},
-    {"BlockZero", "plan --lengths 8,8 --cp 2 --mode greedy --block 0",
+    {"BlockZero", "plan --lengths 8,8 --cp 2 --mode greedy --block-size 0",
      "indexer_balance_block_size must be a positive integer"},
-    {"BlockBeyondLocal", "plan --lengths 8,8 --cp 2 --mode greedy --block 9",
+    {"BlockBeyondLocal", "plan --lengths 8,8 --cp 2 --mode greedy --block-size 9",
      "exceeds the local query count 8"},
-    {"BlockForZigzag", "plan --lengths 8,8 --cp 2 --mode zigzag --block 4",
+    {"BlockForZigzag", "plan --lengths 8,8 --cp 2 --mode zigzag --block-size 4",
      "indexer_balance_block_size requires"},
     {"ThresholdForGreedy", "plan --lengths 8,8 --cp 2 --mode greedy --zigzag-min-length 4",
      "indexer_zigzag_min_length requires indexer_load_balance='hybrid'"},
     {"HybridThresholdZero",
-     "plan --lengths 8,8 --cp 2 --mode hybrid --block 4 --zigzag-min-length 0",
+     "plan --lengths 8,8 --cp 2 --mode hybrid --block-size 4 --zigzag-min-length 0",
      "indexer_load_balance='hybrid' requires an explicit positive integer "
      "indexer_zigzag_min_length"},
-    {"BlockZeroForZigzag", "plan --lengths 8,8 --cp 2 --mode zigzag --block 0",
+    {"BlockZeroForZigzag", "plan --lengths 8,8 --cp 2 --mode zigzag --block-size 0",
      "indexer_balance_block_size requires indexer_load_balance='greedy' or 'hybrid'"},
     {"ThresholdZeroForGreedy", "plan --lengths 8,8 --cp 2 --mode greedy --zigzag-min-length 0",
      "indexer_zigzag_min_length requires indexer_load_balance='hybrid'"},
@@ -217,8 +217,8 @@ const BadInput kBadInputs[] = {
     // route
     {"RouteRankNegative", "route --lengths 8,8 --cp 2 --mode zigzag --rank -1", "rank"},
     {"RouteRankBeyondGroup", "route --lengths 8,8 --cp 2 --mode zigzag --rank 2", "rank"},
-    {"RouteRepeatZero", "route --lengths 8,8 --cp 2 --mode zigzag --all-ranks --repeat 0",
-     "--repeat must be within [1, 10000], got 0"},
+    {"RouteRepeatZero", "route --lengths 8,8 --cp 2 --mode zigzag --all-ranks --repeats 0",
+     "--repeats must be within [1, 10000], got 0"},
     // dispatch
     {"DispatchWindowZero", "dispatch --kind swa --lengths 8,8 --cp 2 --window 0",
      "SWA dispatch requires positive dimensions and a valid CP rank"},
@@ -316,7 +316,7 @@ const BadInput kBadInputs[] = {
      "out.npy"},
     // bench select
     {"BenchDocLengthZero", "bench select --doc-length 0", "must be positive"},
-    {"BenchRepeatZero", "bench select --repeat 0", "--repeat must be within [1, 10000], got 0"},
+    {"BenchRepeatZero", "bench select --repeats 0", "--repeats must be within [1, 10000], got 0"},
     {"BenchHeadsZero", "bench select --heads 0", "--heads must be positive, got 0"},
     {"BenchUnknownDtype", "bench select --dtype bogus", "--dtype must be fp32, bf16 or both"},
     {"BenchUnknownIsa", "bench select --isa bogus", "--isa must be auto, portable, avx2 or avx512"},
@@ -324,8 +324,8 @@ const BadInput kBadInputs[] = {
      "buffer size overflows 64 bits"},
     {"BenchBeyondMemory", "bench select --sgemm-size 60000", "GiB of memory"},
     // Counts are capped: a valid but endless number is an error, not a run for ever.
-    {"RouteRepeatHuge", "route --lengths 8,8 --cp 2 --all-ranks --repeat 9223372036854775807",
-     "--repeat must be within [1, 10000]"},
+    {"RouteRepeatHuge", "route --lengths 8,8 --cp 2 --all-ranks --repeats 9223372036854775807",
+     "--repeats must be within [1, 10000]"},
     // Unsigned seeds: CLI11 alone would wrap -1 and saturate 2^64.
     {"SeedNegative", "plan --tokens 1024 --cp 4 --seed -1",
      "--seed: must be a non-negative integer, got '-1'"},
@@ -334,18 +334,19 @@ const BadInput kBadInputs[] = {
     {"BenchSeedFraction", "bench select --seed 1.5", "--seed: must be a non-negative integer"},
     {"RunModelSeedNegative", "run --lengths 8,8 --model-seed -3",
      "--model-seed: must be a non-negative integer, got '-3'"},
-    {"DispatchSeedsHuge", "dispatch --kind swa --tokens 1024 --sweep 4 --seeds 9223372036854775807",
-     "--seeds must be within [1, 100000]"},
-    {"BenchRepeatHuge", "bench select --repeat 9223372036854775807",
-     "--repeat must be within [1, 10000]"},
-    {"SimulateSeedsHuge", "simulate --cp 4 --tokens 1024 --seeds 0-9223372036854775806",
+    {"DispatchSeedsHuge",
+     "dispatch --kind swa --tokens 1024 --cp 4,8 --batches 9223372036854775807",
+     "--batches must be within [1, 100000]"},
+    {"BenchRepeatHuge", "bench select --repeats 9223372036854775807",
+     "--repeats must be within [1, 10000]"},
+    {"SimulateSeedsHuge", "simulate --cp 4 --tokens 1024 --seed 0-9223372036854775806",
      "bad range"},
     {"SpillRepeatsHuge", "spill --lengths 8,8 --cp 2 --repeats 9223372036854775807",
      "--repeats must be within [1, 10000]"},
     {"CalibrateRepeatsHuge", "calibrate --repeats 1000000 --out -",
      "--repeats must be within [1, 10000]"},
     // A tiny greedy block on a huge document: an error from the arithmetic, at once.
-    {"GreedyTinyBlockHugeDocument", "plan --lengths 4294967296 --cp 2 --mode greedy --block 1",
+    {"GreedyTinyBlockHugeDocument", "plan --lengths 4294967296 --cp 2 --mode greedy --block-size 1",
      "Indexer greedy plan would hold more than 16777216 tasks"},
     // Model-shape products of `run` (one rank, MPI singleton): overflow and memory.
     {"RunQRankOverflow", "run --q-rank 4611686018427387904 --tokens 1024 --repeats 1",
@@ -432,7 +433,7 @@ TEST(Limits, RatioLargerThanEveryDocumentIsValid) {
 }
 
 TEST(Limits, CpEqualToTheTokenCountIsValid) {
-  const Outcome outcome = run_tool("plan --lengths 3,5 --cp 8 --mode greedy --block 1 --json");
+  const Outcome outcome = run_tool("plan --lengths 3,5 --cp 8 --mode greedy --block-size 1 --json");
   EXPECT_EQ(outcome.status, 0) << outcome.err;
 }
 
@@ -455,7 +456,7 @@ TEST(Limits, HugeButSmallPlansAreValid) {
   // One document of 2^63 - 1 tokens at ratio 2^63 - 1: two greedy blocks, work 1.
   const Outcome outcome = run_tool(
       "plan --lengths 9223372036854775807 --cp 1 --mode greedy --ratio 9223372036854775807 "
-      "--block 4611686018427387904 --json");
+      "--block-size 4611686018427387904 --json");
   EXPECT_EQ(outcome.status, 0) << outcome.err;
   EXPECT_THAT(outcome.out, HasSubstr("\"total_work\":1"));
 }

@@ -167,7 +167,7 @@ TEST_F(SelectCli, ProjectsFromTheResidual) {
 TEST_F(SelectCli, BenchSelectReportsJsonAndVerifies) {
   const Result bench =
       run("bench select --doc-length 64 --heads 3 --head-dim 16 --q-rank 8 --rope-dim 8 --topk 4 "
-          "--repeat 1 --sgemm-size 32 --json");
+          "--repeats 1 --sgemm-size 32 --json");
   ASSERT_EQ(bench.status, 0) << bench.output;
   for (const char* key : {"\"score_gflops\"", "\"sgemm_gflops\"", "\"seconds\"",
                           "\"baseline_seconds\"", "\"verified\":true"}) {

@@ -906,7 +906,7 @@ TEST(DispatchCommand, ReportsIntervalsAndAllGatherRows) {
   ASSERT_EQ(one.status, 0) << one.err;
   EXPECT_EQ(nlohmann::json::parse(one.out)["ranks"].size(), 1u);
 
-  const Outcome sweep = run_tool("dispatch --kind swa --tokens 4096 --sweep 2,4 --seeds 2 --json");
+  const Outcome sweep = run_tool("dispatch --kind swa --tokens 4096 --cp 2,4 --batches 2 --json");
   ASSERT_EQ(sweep.status, 0) << sweep.err;
   const auto rows = nlohmann::json::parse(sweep.out)["sweep"];
   ASSERT_EQ(rows.size(), 2u);
@@ -922,7 +922,7 @@ TEST(DispatchCommand, RejectsBadInputWithExitStatusTwo) {
                                       "dispatch --kind swa --lengths 5,3,7,1 --cp 4 --rank 4",
                                       "dispatch --kind prefix --lengths 5,3,7,1 --cp 4 --ratio 4",
                                       "dispatch --kind swa --lengths 5,3,7,1 --cp 4 --window 0",
-                                      "dispatch --kind swa --lengths 5,3,7,1",
+                                      "dispatch --kind swa --lengths 5,3,7,1 --cp 4,8 --rank 1",
                                       "dispatch --kind swa --lengths 5,3,7,1 --cp 4 --sweep 4"}) {
     const Outcome outcome = run_tool(arguments);
     EXPECT_EQ(outcome.status, 2) << arguments;

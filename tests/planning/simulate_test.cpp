@@ -548,7 +548,7 @@ TEST(Reports, XmlCheckerCatchesMistakes) {
 
 TEST(SimulateCommand, PrintsJsonCsvTableAndSvg) {
   const std::string cli = SPARSECP_CLI_PATH;
-  const std::string sweep = " simulate --cp 2,4 --dist lognormal,pareto --seeds 1-2 --tokens 4096";
+  const std::string sweep = " simulate --cp 2,4 --dist lognormal,pareto --seed 1-2 --tokens 4096";
   auto [status, out] = run(cli + sweep + " --json");
   ASSERT_EQ(status, 0) << out;
   const auto parsed = nlohmann::json::parse(out);
@@ -580,7 +580,7 @@ TEST(SimulateCommand, PrintsJsonCsvTableAndSvg) {
 TEST(SimulateCommand, RejectsBadInputWithStatusTwo) {
   const std::string cli = SPARSECP_CLI_PATH;
   for (const std::string args :
-       {" simulate --cp 3 --tokens 4096", " simulate --strategies bogus", " simulate --seeds 5-1",
+       {" simulate --cp 3 --tokens 4096", " simulate --strategies bogus", " simulate --seed 5-1",
         " simulate --cp 4,,8", " simulate --lpt-cost exact", " simulate --json --csv",
         " simulate --lengths-file /nonexistent/file"}) {
     const auto [status, out] = run(cli + args + " 2>&1");

@@ -329,8 +329,8 @@ TEST(SpillCommand, JsonMatchesTheLibrary) {
 }
 
 TEST(SpillCommand, BadInputExitsWithStatusTwo) {
-  const auto [status, out] =
-      run(std::string(SPARSECP_CLI_PATH) + " spill --lengths 4,4 --cp 2 --target 0.5 2>&1");
+  const auto [status, out] = run(std::string(SPARSECP_CLI_PATH) +
+                                 " spill --lengths 4,4 --cp 2 --target-imbalance 0.5 2>&1");
   EXPECT_EQ(status, 2);
   EXPECT_THAT(out, HasSubstr("error: spill target imbalance must be at least 1, got 0.5"));
 }

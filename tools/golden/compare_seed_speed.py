@@ -9,7 +9,7 @@ whose median document is a quarter of the local shard:
            once + route every rank", which is what a training step on all ranks does.
            Median over --seed-repeat repetitions, divided by cp.
   sparsecp `sparsecp route --lengths-file F --cp N --ratio R --mode M --all-ranks
-           --repeat K --json`, run right after the seed on the same batch: the tool
+           --repeats K --json`, run right after the seed on the same batch: the tool
            times the same work in-process (plan once + every rank's route, median of
            K) and reports seconds_per_rank.
 
@@ -94,7 +94,7 @@ def time_seed(seed, lengths: tuple, cp: int, ratio: int, mode: str, threshold, r
 def sparsecp_route(sparsecp: str, lengths_file: str, cp: int, ratio: int, mode: str, threshold,
                    repeat: int, full: bool = False) -> dict:
     command = [sparsecp, "route", "--lengths-file", lengths_file, "--cp", str(cp), "--ratio", str(ratio),
-               "--mode", mode, "--all-ranks", "--repeat", str(repeat), "--json"]
+               "--mode", mode, "--all-ranks", "--repeats", str(repeat), "--json"]
     if threshold is not None:
         command += ["--zigzag-min-length", str(threshold)]
     if full:
@@ -171,7 +171,7 @@ def main() -> int:
                     "case": case_name(tokens, cp), "tokens": tokens, "cp": cp, "mode": mode,
                     "documents": len(lengths), "local_rows": local, "zigzag_min_length": threshold,
                     "seed_seconds_per_rank": seed_seconds, "seed_repeat": args.seed_repeat,
-                    "cpp_seconds_per_rank": cpp["seconds_per_rank"], "cpp_repeat": cpp["repeat"],
+                    "cpp_seconds_per_rank": cpp["seconds_per_rank"], "cpp_repeat": cpp["repeats"],
                     "speedup": seed_seconds / cpp["seconds_per_rank"],
                     "seed_ns_per_local_row": seed_seconds * 1e9 / local,
                     "cpp_ns_per_local_row": cpp["seconds_per_rank"] * 1e9 / local,

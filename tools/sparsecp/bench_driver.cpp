@@ -23,7 +23,7 @@ CLI::App& bench_command(CLI::App& app) {
 void BenchRunFlags::add_to(CLI::App& bench) {
   bench.add_option("--threads", threads, "Threads (0 = OpenMP default)")->capture_default_str();
   bench
-      .add_option("--repeat", repeat,
+      .add_option(names("--repeats", {"--repeat"}), repeat,
                   "Repetitions, interleaved (at most 10000); medians are reported")
       ->capture_default_str();
   bench.add_option("--sgemm-size", sgemm_size, "N of the reference N x N x N sgemm")
@@ -34,7 +34,7 @@ void BenchRunFlags::add_to(CLI::App& bench) {
 }
 
 void BenchRunFlags::validate() const {
-  check_repeats(repeat, "--repeat");
+  check_repeats(repeat, "--repeats");
   SPARSECP_CHECK(sgemm_size >= 1 && sgemm_size <= 65536,
                  "--sgemm-size must be within [1, 65536], got ", sgemm_size);
 }

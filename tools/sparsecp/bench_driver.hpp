@@ -32,7 +32,7 @@ struct BenchRunFlags {
   uint64_t seed = 1;
 
   void add_to(CLI::App& bench);
-  // Throws Error naming a bad --repeat or --sgemm-size.
+  // Throws Error naming a bad --repeats or --sgemm-size.
   void validate() const;
 };
 

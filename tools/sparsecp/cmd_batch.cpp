@@ -20,7 +20,7 @@ const Registration registration("batch", [](CLI::App& app) {
   auto command = std::make_shared<BatchCommand>();
   CLI::App* sub = app.add_subcommand(
       "batch",
-      "Print the document lengths of a generated (seeded, deterministic) packed batch, "
+      "Print the document lengths of a generated (seeded, deterministic) packed batch,\n"
       "comma-separated on one line");
   command->batch.add_to(*sub);
   sub->add_option("--cp", command->cp, "CP size the default length scale is derived from")

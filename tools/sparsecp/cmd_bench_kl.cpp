@@ -299,7 +299,7 @@ const Registration registration("bench", [](CLI::App& app) {
       "Examples:\n"
       "  sparsecp bench kl               # DeepSeek-V4 shapes, last 2048 rows of an 8192-token "
       "document\n"
-      "  sparsecp bench kl --rows 4096 --repeat 5 --json\n"
+      "  sparsecp bench kl --rows 4096 --repeats 5 --json\n"
       "Exit status 1 if a check fails. OpenBLAS chooses its sgemm kernel by CPU model and falls "
       "back to an old SSE3 one on CPUs it does not know (see sgemm_core); force one with e.g. "
       "OPENBLAS_CORETYPE=SkylakeX.");

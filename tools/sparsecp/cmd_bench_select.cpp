@@ -342,7 +342,7 @@ const Registration registration("bench", [](CLI::App& app) {
       "Examples:\n"
       "  sparsecp bench select                      # DeepSeek-V4 indexer shape, 8192-token "
       "document\n"
-      "  sparsecp bench select --dtype fp32 --doc-length 4096 --repeat 5 --json\n"
+      "  sparsecp bench select --dtype fp32 --doc-length 4096 --repeats 5 --json\n"
       "Exit status 1 if the paths disagree.");
   bench->callback([b] { run_bench(*b); });
 });

@@ -20,15 +20,19 @@ namespace {
 struct DispatchCommand {
   BatchOptions batch;
   std::string kind;
-  int64_t cp = 0;
+  // --cp: one CP size (per-rank intervals) or several (a sweep); the old --sweep always sweeps.
+  std::vector<int64_t> cps = {8};
+  int64_t cp = 8;  // cps[0] when not sweeping
   std::optional<int64_t> rank;
   int64_t window = 128;
   int64_t ratio = 1;
-  std::vector<int64_t> sweep;
-  int64_t seeds = 1;
+  int64_t batches = 1;
   bool json = false;
   CLI::Option* window_option = nullptr;
   CLI::Option* ratio_option = nullptr;
+  CLI::Option* cp_option = nullptr;
+  CLI::Option* sweep_option = nullptr;
+  bool sweeping() const { return cps.size() > 1 || sweep_option->count() > 0; }
 };
 
 // Every rank's route for one batch, plus the bank size an all-gather would move.
@@ -83,8 +87,8 @@ nlohmann::ordered_json rank_json(const Routes& routes, const SequenceDispatchRou
 }
 
 void run_single(const DispatchCommand& command) {
-  SPARSECP_CHECK(command.cp >= 1, "dispatch needs --cp N (N >= 1) or --sweep");
-  SPARSECP_CHECK(command.seeds == 1, "--seeds requires --sweep");
+  SPARSECP_CHECK(command.cp >= 1, "--cp must be at least 1, got ", command.cp);
+  SPARSECP_CHECK(command.batches == 1, "--batches requires several CP sizes (--cp 4,8,...)");
   const std::vector<int64_t> lengths = command.batch.load(command.cp);
   const Routes routes = build_routes(command, lengths, command.cp);
   if (command.rank) {
@@ -166,25 +170,24 @@ void run_single(const DispatchCommand& command) {
 }
 
 void run_sweep(const DispatchCommand& command) {
-  SPARSECP_CHECK(command.cp == 0, "--sweep replaces --cp; give one of them");
-  SPARSECP_CHECK(!command.rank, "--rank does not apply to --sweep");
-  SPARSECP_CHECK(command.seeds >= 1 && command.seeds <= kMaxSweepBatches,
-                 "--seeds must be within [1, ", kMaxSweepBatches, "], got ", command.seeds);
-  SPARSECP_CHECK(!command.sweep.empty(), "--sweep needs at least one CP size");
+  SPARSECP_CHECK(!command.rank, "--rank does not apply to a sweep of several CP sizes");
+  SPARSECP_CHECK(command.batches >= 1 && command.batches <= kMaxSweepBatches,
+                 "--batches must be within [1, ", kMaxSweepBatches, "], got ", command.batches);
+  SPARSECP_CHECK(!command.cps.empty(), "--cp needs at least one CP size");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (!command.json) {
     std::printf(
-        "%s route, %s, %s, %lld seed(s) from %llu; rows received per rank "
+        "%s route, %s, %s, %lld batch(es) per CP size, seeds from %llu; rows received per rank "
         "(mean over ranks and seeds; max over both)\n",
         command.kind == "swa" ? "SWA halo" : "compressed prefix", parameter_text(command).c_str(),
-        command.batch.describe().c_str(), static_cast<long long>(command.seeds),
+        command.batch.describe().c_str(), static_cast<long long>(command.batches),
         static_cast<unsigned long long>(command.batch.seed));
     std::printf("%6s %10s %10s %12s %12s %14s %12s %10s\n", "cp", "local", "documents",
                 "mean routed", "max routed", "all-gather", "routed/AG", "exchange");
   }
-  for (const int64_t cp : command.sweep) {
+  for (const int64_t cp : command.cps) {
     int64_t received = 0, most = 0, gathered = 0, documents = 0, exchanges = 0, local = 0;
-    for (int64_t i = 0; i < command.seeds; ++i) {
+    for (int64_t i = 0; i < command.batches; ++i) {
       BatchOptions batch = command.batch;
       batch.seed = command.batch.seed + static_cast<uint64_t>(i);
       const std::vector<int64_t> lengths = batch.load(cp);
@@ -198,7 +201,7 @@ void run_sweep(const DispatchCommand& command) {
         gathered += all_gather_rows(routes, route);
       }
     }
-    const double samples = static_cast<double>(cp * command.seeds);
+    const double samples = static_cast<double>(cp * command.batches);
     const double mean = static_cast<double>(received) / samples;
     const double gather_mean = static_cast<double>(gathered) / samples;
     const double fraction =
@@ -207,7 +210,7 @@ void run_sweep(const DispatchCommand& command) {
       nlohmann::ordered_json row;
       row["cp"] = cp;
       row["local_raw_rows"] = local;
-      row["documents_mean"] = static_cast<double>(documents) / static_cast<double>(command.seeds);
+      row["documents_mean"] = static_cast<double>(documents) / static_cast<double>(command.batches);
       row["received_rows_mean"] = mean;
       row["received_rows_max"] = most;
       row["all_gather_rows_mean"] = gather_mean;
@@ -217,9 +220,9 @@ void run_sweep(const DispatchCommand& command) {
     } else {
       std::printf("%6lld %10lld %10.1f %12.1f %12lld %14.1f %11.4f%% %6lld/%lld\n",
                   static_cast<long long>(cp), static_cast<long long>(local),
-                  static_cast<double>(documents) / static_cast<double>(command.seeds), mean,
+                  static_cast<double>(documents) / static_cast<double>(command.batches), mean,
                   static_cast<long long>(most), gather_mean, 100.0 * fraction,
-                  static_cast<long long>(exchanges), static_cast<long long>(command.seeds));
+                  static_cast<long long>(exchanges), static_cast<long long>(command.batches));
     }
   }
   if (command.json) {
@@ -231,7 +234,7 @@ void run_sweep(const DispatchCommand& command) {
       out["ratio"] = command.ratio;
     }
     out["batch"] = command.batch.describe();
-    out["seeds"] = command.seeds;
+    out["batches"] = command.batches;
     out["sweep"] = rows;
     std::cout << out.dump() << "\n";
   }
@@ -244,10 +247,15 @@ void run_dispatch(const DispatchCommand& command) {
                  "--window applies to --kind swa only");
   SPARSECP_CHECK(command.kind == "prefix" || command.ratio_option->count() == 0,
                  "--ratio applies to --kind prefix only");
-  if (command.sweep.empty()) {
-    run_single(command);
-  } else {
+  SPARSECP_CHECK(command.sweep_option->count() == 0 || command.cp_option->count() == 0,
+                 "--sweep (the old spelling of --cp with several CP sizes) replaces --cp; give "
+                 "one of them");
+  if (command.sweeping()) {
     run_sweep(command);
+  } else {
+    DispatchCommand single = command;
+    single.cp = command.cps.front();
+    run_single(single);
   }
 }
 
@@ -255,17 +263,23 @@ const Registration registration("dispatch", [](CLI::App& app) {
   auto command = std::make_shared<DispatchCommand>();
   CLI::App* sub = app.add_subcommand(
       "dispatch",
-      "Show the KV dispatch routes of main attention: which key rows each CP rank receives from "
-      "lower ranks, as one contiguous interval [global_start, global_end) of the bank, versus "
-      "the rows a full all-gather would move. --kind swa: the raw-KV sliding-window halo (never "
-      "crossing a document start). --kind prefix: compressed KV from the start of each document "
-      "a rank touches (blocks owned by the rank holding their last token).");
+      "Show the KV dispatch routes of main attention: which key rows each CP rank receives from\n"
+      "lower ranks, as one contiguous interval [global_start, global_end) of the bank, versus the\n"
+      "rows a full all-gather would move. --kind swa: the raw-KV sliding-window halo (never\n"
+      "crossing a document start). --kind prefix: compressed KV from the start of each document a\n"
+      "rank touches (blocks owned by the rank holding their last token).");
   sub->add_option("--kind", command->kind,
                   "Route: swa (raw-KV sliding-window halo) or prefix "
                   "(compressed-KV document prefixes)")
       ->required();
   command->batch.add_to(*sub);
-  sub->add_option("--cp", command->cp, "CP size (ranks); the batch total must divide evenly");
+  command->cp_option =
+      sub->add_option("--cp", command->cps,
+                      "CP size (ranks; the batch total must divide evenly), or several "
+                      "comma-separated, e.g. 4,8,16,64: a sweep printing the mean and max rows "
+                      "received per rank against a full all-gather")
+          ->delimiter(',')
+          ->capture_default_str();
   sub->add_option("--rank", command->rank,
                   "Show only this rank (0 <= R < --cp), with its per-peer splits");
   command->window_option =
@@ -277,13 +291,11 @@ const Registration registration("dispatch", [](CLI::App& app) {
       sub->add_option("--ratio", command->ratio,
                       "--kind prefix: compression ratio, raw tokens per compressed block (1 or 2)")
           ->capture_default_str();
-  sub->add_option("--sweep", command->sweep,
-                  "Instead of --cp: CP sizes to sweep, e.g. 4,8,16,64; prints mean and max rows "
-                  "received per rank against a full all-gather")
-      ->delimiter(',');
-  sub->add_option("--seeds", command->seeds,
-                  "With --sweep and a generated batch: batches per CP size, seeds --seed, "
-                  "--seed + 1, ... (at most 100000)")
+  // The old spelling of a sweep: always sweeps, even over one CP size.
+  command->sweep_option = sub->add_option("--sweep", command->cps)->delimiter(',')->group("");
+  sub->add_option(names("--batches", {"--seeds"}), command->batches,
+                  "A sweep of a generated batch: batches per CP size, seeds --seed, --seed + 1, "
+                  "... (at most 100000)")
       ->capture_default_str();
   sub->add_flag("--json", command->json,
                 "Print JSON: per-rank global_start, global_end, local_start, local_length, "
@@ -294,8 +306,8 @@ const Registration registration("dispatch", [](CLI::App& app) {
       "Examples:\n"
       "  sparsecp dispatch --kind swa --lengths 5000,300,2699,1 --cp 4 --window 128\n"
       "  sparsecp dispatch --kind prefix --lengths 5000,300,2699,1 --cp 4 --ratio 2 --rank 3\n"
-      "  sparsecp dispatch --kind swa --dist lognormal --tokens 1048576 --sweep 4,8,16,64 "
-      "--seeds 5");
+      "  sparsecp dispatch --kind swa --dist lognormal --tokens 1048576 --cp 4,8,16,64 "
+      "--batches 5");
   sub->callback([command] { run_dispatch(*command); });
 });
 

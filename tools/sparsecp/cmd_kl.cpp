@@ -127,14 +127,14 @@ const Registration registration("kl", [](CLI::App& app) {
   auto c = std::make_shared<KlCommand>();
   CLI::App* sub = app.add_subcommand(
       "kl",
-      "The Lightning Indexer's training loss on .npy tensors: the sparse KL divergence between "
-      "main attention over each row's selected keys (teacher: per-head softmax with the "
-      "attention-sink logit appended, sink dropped, summed over heads, L1-normalised) and "
-      "log_softmax of the indexer scores I[s] = sum_h w[h] * ReLU(q[h] . k[s]) (student), "
-      "times loss_coeff / (B * S); with its gradients for index query, index keys and merge "
-      "weights (seed: shared_compressed_indexer_kl_loss; include/sparsecp/kernels/indexer_kl.hpp "
-      "has the math). Float inputs are float32 or bfloat16 ('bfloat16' / '|V2' descriptors); "
-      "gradients are float32 and the loss float64.");
+      "The Lightning Indexer's training loss on .npy tensors: the sparse KL divergence between\n"
+      "main attention over each row's selected keys (teacher: per-head softmax with the\n"
+      "attention-sink logit appended, sink dropped, summed over heads, L1-normalised) and\n"
+      "log_softmax of the indexer scores I[s] = sum_h w[h] * ReLU(q[h] . k[s]) (student), times\n"
+      "loss_coeff / (B * S); with its gradients for index query, index keys and merge weights\n"
+      "(seed: shared_compressed_indexer_kl_loss; include/sparsecp/kernels/indexer_kl.hpp has the\n"
+      "math). Float inputs are float32 or bfloat16 ('bfloat16' / '|V2' descriptors); gradients\n"
+      "are float32 and the loss float64.");
   sub->add_option("--index-query", c->index_query, "Index Q [B, S, H, D] (.npy)")->required();
   sub->add_option(
          "--index-key", c->index_key,

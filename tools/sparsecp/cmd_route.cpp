@@ -10,6 +10,8 @@
 #include "batch_input.hpp"
 #include "command.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/planning/lower_bound.hpp"
+#include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/route.hpp"
 #include "sparsecp/planning/strategy.hpp"
 #include "strategy_flags.hpp"
@@ -47,6 +49,48 @@ nlohmann::ordered_json route_json(const IndexerRoute& route) {
   return out;
 }
 
+// The strategy's whole plan beside the two lower bounds, as `plan` prints them: the best
+// imbalance any plan can reach, and the fewest rows any plan as balanced must move.
+struct PlanBounds {
+  double imbalance = 1;
+  double balance_bound = 1;
+  int64_t rows_moved = 0;
+  int64_t rows_moved_bound = 0;
+};
+
+PlanBounds plan_bounds(std::span<const int64_t> lengths, const RouteCommand& command,
+                       const Strategy& strategy, const StrategyParams& params) {
+  const StrategyPlan planned = strategy.plan(lengths, command.cp, command.ratio, params);
+  const PlanStats stats = plan_stats(planned.plan, lengths, command.ratio);
+  const int64_t busiest = *std::max_element(stats.work.begin(), stats.work.end());
+  PlanBounds b;
+  b.imbalance = stats.imbalance;
+  b.balance_bound = balance_bound(lengths, command.cp, command.ratio).bound;
+  b.rows_moved = stats.rows_moved;
+  b.rows_moved_bound =
+      rows_moved_lower_bound_at(lengths, command.cp, command.ratio, static_cast<double>(busiest))
+          .total;
+  return b;
+}
+
+void add_bounds(nlohmann::ordered_json& out, const PlanBounds& b) {
+  out["imbalance"] = b.imbalance;
+  out["balance_bound"] = b.balance_bound;
+  out["rows_moved"] = b.rows_moved;
+  out["rows_moved_lower_bound"] = b.rows_moved_bound;
+}
+
+void print_bounds(const PlanBounds& b, int64_t tokens) {
+  const double pct = 100.0 / static_cast<double>(std::max<int64_t>(tokens, 1));
+  std::printf(
+      "the whole plan: work imbalance %.4f (balance bound, no plan can do better: %.4f); rows "
+      "leaving their owner %lld (%.2f%%), the fewest any plan this balanced must move %lld "
+      "(%.2f%%)\n",
+      b.imbalance, b.balance_bound, static_cast<long long>(b.rows_moved),
+      pct * static_cast<double>(b.rows_moved), static_cast<long long>(b.rows_moved_bound),
+      pct * static_cast<double>(b.rows_moved_bound));
+}
+
 int64_t sum(const std::vector<int64_t>& values) {
   int64_t total = 0;
   for (const int64_t value : values) total += value;
@@ -76,7 +120,7 @@ void for_each_route(std::span<const int64_t> lengths, const RouteCommand& comman
 
 void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths,
                    const Strategy& strategy, const StrategyParams& params) {
-  check_repeats(command.repeat, "--repeat");
+  check_repeats(command.repeat, "--repeats");
   std::vector<double> seconds;
   int64_t moved = 0;
   for (int64_t i = 0; i < command.repeat; ++i) {
@@ -88,6 +132,7 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
   }
   const Spread spread = Spread::of(seconds);
   const int64_t local = checked_total(lengths) / command.cp;
+  const PlanBounds bounds = plan_bounds(lengths, command, strategy, params);
   const double per_rank = spread.median / static_cast<double>(command.cp);
   if (command.json) {
     nlohmann::ordered_json out;
@@ -95,7 +140,7 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
     out["ratio"] = command.ratio;
     out["mode"] = strategy.name();
     out["parameters"] = strategy.describe(lengths, command.cp, params);
-    out["repeat"] = command.repeat;
+    out["repeats"] = command.repeat;
     out["local_rows"] = local;
     out["seconds_per_rank"] = per_rank;
     out["seconds_all_ranks"] = spread.median;
@@ -103,6 +148,7 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
     out["seconds_max_all_ranks"] = spread.max;
     out["ns_per_local_row"] = per_rank * 1e9 / static_cast<double>(local);
     out["rows_moved"] = moved;
+    add_bounds(out, bounds);
     if (command.full) {
       out["routes"] = nlohmann::ordered_json::array();
       for_each_route(lengths, command, strategy, params, [&](const IndexerRoute& route) {
@@ -119,6 +165,7 @@ void run_all_ranks(const RouteCommand& command, std::span<const int64_t> lengths
       static_cast<long long>(local), per_rank * 1e6, static_cast<long long>(command.repeat),
       spread.min * 1e3, spread.max * 1e3, per_rank * 1e9 / static_cast<double>(local),
       static_cast<long long>(moved));
+  print_bounds(bounds, local * command.cp);
 }
 
 void print_route(const IndexerRoute& route, int64_t rank) {
@@ -150,7 +197,7 @@ void print_route(const IndexerRoute& route, int64_t rank) {
 void run_route(const RouteCommand& command) {
   SPARSECP_CHECK(command.rank.has_value() != command.all_ranks,
                  "route needs exactly one of --rank R and --all-ranks");
-  SPARSECP_CHECK(command.all_ranks || command.repeat == 1, "--repeat requires --all-ranks");
+  SPARSECP_CHECK(command.all_ranks || command.repeat == 1, "--repeats requires --all-ranks");
   const std::vector<int64_t> lengths = command.batch.load(command.cp);
   checked_total(lengths);
   const Strategy& strategy = command.strategy.strategy("zigzag");
@@ -161,13 +208,17 @@ void run_route(const RouteCommand& command) {
   }
   const IndexerRoute route =
       strategy.route(lengths, command.cp, *command.rank, command.ratio, params);
+  const PlanBounds bounds = plan_bounds(lengths, command, strategy, params);
   if (command.json) {
-    std::cout << route_json(route).dump() << "\n";
+    nlohmann::ordered_json out = route_json(route);  // the seed's fields first
+    add_bounds(out, bounds);
+    std::cout << out.dump() << "\n";
   } else {
     const std::string parameters = strategy.describe(lengths, command.cp, params);
     std::printf("mode %s%s%s\n", std::string(strategy.name()).c_str(),
                 parameters.empty() ? "" : ": ", parameters.c_str());
     print_route(route, *command.rank);
+    print_bounds(bounds, checked_total(lengths));
   }
 }
 
@@ -175,9 +226,10 @@ const Registration registration("route", [](CLI::App& app) {
   auto command = std::make_shared<RouteCommand>();
   CLI::App* sub = app.add_subcommand(
       "route",
-      "Build a rank's IndexerRoute: which local rows it sends to each peer, where received rows "
-      "land, and the segments its selector sees (field names as in hyper_parallel "
-      "indexer_balance's IndexerRoute).");
+      "Build a rank's IndexerRoute: which local rows it sends to each peer, where received rows\n"
+      "land, and the segments its selector sees (field names as in hyper_parallel\n"
+      "indexer_balance's IndexerRoute), beside the whole plan's imbalance and rows moved and\n"
+      "their two lower bounds (as in 'sparsecp plan').");
   command->batch.add_to(*sub);
   add_cp_and_ratio(*sub, &command->cp, command->ratio);
   command->strategy.add_to(*sub,
@@ -187,7 +239,7 @@ const Registration registration("route", [](CLI::App& app) {
   sub->add_option("--rank", command->rank, "The rank whose route to build (0 <= R < --cp)");
   sub->add_flag("--all-ranks", command->all_ranks,
                 "Build every rank's route, as a training step does, and report the time per rank");
-  sub->add_option("--repeat", command->repeat,
+  sub->add_option(names("--repeats", {"--repeat"}), command->repeat,
                   "With --all-ranks: repeat N times in this process (at most 10000) and report the "
                   "median")
       ->capture_default_str();
@@ -196,12 +248,13 @@ const Registration registration("route", [](CLI::App& app) {
       "--json", command->json,
       "Print JSON. With --rank: the route's fields segments, input_splits, output_splits, "
       "send_rows, receive_rows, local_sources, local_targets, query_count. With "
-      "--all-ranks: timing (seconds_per_rank, ns_per_local_row, ...)");
+      "--all-ranks: timing (seconds_per_rank, ns_per_local_row, ...). Both then add the whole "
+      "plan's imbalance, balance_bound, rows_moved and rows_moved_lower_bound");
   sub->footer(
       "Examples:\n"
       "  sparsecp route --lengths 5000,300,2699,1 --cp 4 --mode zigzag --rank 1 --json\n"
       "  sparsecp route --lengths 5000,300,2699,1 --cp 4 --mode spill --rank 3 --json\n"
-      "  sparsecp route --tokens 1048576 --cp 8 --mode greedy --all-ranks --repeat 20\n"
+      "  sparsecp route --tokens 1048576 --cp 8 --mode greedy --all-ranks --repeats 20\n"
       "  sparsecp batch --tokens 1048576 --cp 64 > batch.txt\n"
       "  sparsecp route --lengths-file batch.txt --cp 64 --mode spill --all-ranks\n" +
       lengths_file_help());

@@ -12,6 +12,7 @@
 // measure (interleaved repeats) -> verify (bit-identical results) -> report.
 #include <cblas.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -53,10 +54,11 @@ struct RunFlags {
   ModelFlags model{.heads = 16, .head_dim = 128, .rope_dim = 64, .q_rank = 256, .topk = 512};
   uint64_t model_seed = 7;
   int threads = 1;
-  int64_t repeats = 3;
-  int64_t max_repeats = 9;
-  double time_budget = 25;
+  int64_t repeats = 5;
+  int64_t max_repeats = 60;
+  double time_budget = 30;
   bool calibrate = true;
+  bool cache = true;  // reuse and save calibrated models (cost_model_cache_dir)
   bool overlap = false;
   bool json = false;
   bool check_agreement = true;
@@ -209,7 +211,7 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
   CostModel model;
   on_every_rank(comm, "calibrating the cost model", [&] {
     if (comm.rank() != 0) return;
-    const std::string dir = cost_model_cache_dir();
+    const std::string dir = flags.cache ? cost_model_cache_dir() : "";
     const std::string path = dir.empty() ? "" : dir + "/" + settings.cache_key();
     if (!path.empty() && std::filesystem::exists(path)) {
       try {
@@ -253,6 +255,9 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
 }
 
 struct Job {
+  double load_average = 0;  // the machine's 1-minute load average at start (rank 0)
+  int64_t cores = 0;        // online CPUs (rank 0)
+  std::string stopped;      // why the repeats stopped (measure)
   std::vector<int64_t> lengths;
   int64_t cp = 0;
   RunModel model;
@@ -452,21 +457,53 @@ std::vector<double> slowest_per_repeat(const StrategyRuns& runs) {
   return slowest;
 }
 
-// True when every strategy's slowest-rank time spread lies clear of the baseline's, so
-// more repeats would not change which is faster.
-bool decided(const std::vector<StrategyRuns>& all) {
-  const Spread baseline = Spread::of(slowest_per_repeat(all.front()));
-  for (size_t s = 1; s < all.size(); ++s) {
-    const Spread spread = Spread::of(slowest_per_repeat(all[s]));
-    if (!spread.below(baseline) && !baseline.below(spread)) return false;
+// How much faster `b` is than `a`: per round (the strategies of one round run back to
+// back, so a slow spell of the machine hits both), a's slowest-rank time over b's; the
+// median of those ratios and its 95% interval (median_interval). Outside noise when the
+// interval excludes 1: then more repeats would not change which is faster.
+struct Comparison {
+  const StrategyRuns* a = nullptr;
+  const StrategyRuns* b = nullptr;
+  MedianInterval ratio{1, 1, 1};
+  bool outside_noise = false;
+};
+
+Comparison compare(const StrategyRuns& a, const StrategyRuns& b) {
+  const std::vector<double> ta = slowest_per_repeat(a);
+  const std::vector<double> tb = slowest_per_repeat(b);
+  std::vector<double> ratios;
+  for (size_t i = 0; i < std::min(ta.size(), tb.size()); ++i) {
+    if (tb[i] > 0) ratios.push_back(ta[i] / tb[i]);
   }
-  return true;
+  Comparison c{&a, &b};
+  if (ratios.empty()) return c;
+  c.ratio = median_interval(ratios);
+  c.outside_noise = c.ratio.low > 1 || c.ratio.high < 1;
+  return c;
+}
+
+// Every pair of strategies (the baseline's and each other's), in strategy order.
+std::vector<Comparison> compare_all(const std::vector<StrategyRuns>& all) {
+  std::vector<Comparison> pairs;
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (size_t j = i + 1; j < all.size(); ++j) pairs.push_back(compare(all[i], all[j]));
+  }
+  return pairs;
+}
+
+// True when every pair of strategies is told apart (the same on every rank: the figures
+// are gathered).
+bool decided(const std::vector<StrategyRuns>& all) {
+  const std::vector<Comparison> pairs = compare_all(all);
+  return std::all_of(pairs.begin(), pairs.end(),
+                     [](const Comparison& c) { return c.outside_noise; });
 }
 
 // Runs every strategy once per round, interleaved so that a slow spell of the machine
-// hits them alike, for at least --repeats rounds and then until each strategy's spread
-// is clear of the baseline's, --max-repeats rounds, or --time-budget seconds.
-std::vector<StrategyRuns> measure(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
+// hits them alike, for at least --repeats rounds and then until every pair of strategies
+// is told apart (decided), --max-repeats rounds, or --time-budget seconds.
+std::vector<StrategyRuns> measure(const RunFlags& flags, const Job& job, MpiCommunicator& comm,
+                                  std::string& stopped) {
   std::vector<StrategyRuns> all;
   for (const Strategy* strategy : job.strategies) {
     StrategyRuns runs;
@@ -496,7 +533,18 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, const Job& job, MpiComm
     // The stop decision must be the same on every rank: rank 0's clock decides.
     const int64_t elapsed_ms =
         broadcast(comm, {static_cast<int64_t>((wall_seconds() - started) * 1e3)}, 0)[0];
-    if (decided(all) || static_cast<double>(elapsed_ms) >= flags.time_budget * 1e3) break;
+    char text[120];
+    if (decided(all)) {
+      std::snprintf(text, sizeof text, "every pair of strategies told apart");
+    } else if (static_cast<double>(elapsed_ms) >= flags.time_budget * 1e3) {
+      std::snprintf(text, sizeof text, "the --time-budget of %g s ran out", flags.time_budget);
+    } else if (round + 1 == flags.max_repeats) {
+      std::snprintf(text, sizeof text, "--max-repeats reached");
+    } else {
+      continue;
+    }
+    stopped = text;
+    break;
   }
   return all;
 }
@@ -565,8 +613,8 @@ struct Summary {
   bool bytes_match = true;
   int64_t mismatched_rows = 0;  // rows whose top-k differs from 'none', all ranks
   int64_t unstable_repeats = 0;
-  // Speedup of the slowest rank over 'none': median ratio and the range of ratios the
-  // spreads allow; significant when the spreads do not overlap.
+  // Speedup of the slowest rank over 'none': the median per-round ratio and its 95%
+  // interval (compare); significant when the interval excludes 1.
   double speedup = 1, speedup_low = 1, speedup_high = 1;
   bool significant = false;
   std::optional<OverlapFigures> overlap;  // the rank with the slowest exchange alone
@@ -610,13 +658,13 @@ Summary summarise(const StrategyRuns& runs, const StrategyRuns& baseline, MpiCom
     s.work_imbalance = static_cast<double>(most_work) * n / static_cast<double>(total_work);
   if (total_time > 0) s.time_imbalance = most_time * n / total_time;
   s.slowest = Spread::of(slowest_per_repeat(runs));
-  const Spread base = Spread::of(slowest_per_repeat(baseline));
-  if (s.slowest.median > 0 && s.slowest.min > 0) {
-    s.speedup = base.median / s.slowest.median;
-    s.speedup_low = base.min / s.slowest.max;
-    s.speedup_high = base.max / s.slowest.min;
+  if (&runs != &baseline) {
+    const Comparison c = compare(baseline, runs);
+    s.speedup = c.ratio.median;
+    s.speedup_low = c.ratio.low;
+    s.speedup_high = c.ratio.high;
+    s.significant = c.outside_noise;
   }
-  s.significant = s.slowest.below(base) || base.below(s.slowest);
 
   // Bit-identical top-k on every rank: compare row by row, count mismatches.
   const SelectedKeys& mine = runs.result;
@@ -712,9 +760,12 @@ nlohmann::ordered_json summary_json(const Summary& s) {
   return out;
 }
 
-void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
+void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
+                const std::vector<Comparison>& pairs) {
   nlohmann::ordered_json out;
   out["verified"] = verified(summaries);
+  out["load_average"] = job.load_average;
+  out["cores"] = job.cores;
   out["cp"] = job.cp;
   out["batch"] = flags.batch.describe();
   out["documents"] = job.lengths.size();
@@ -735,8 +786,17 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
     out["cost_model"] = cost;
   }
   out["repeats"] = summaries.front().runs->repeats.size();
+  out["repeats_stopped"] = job.stopped;
   out["strategies"] = nlohmann::ordered_json::array();
   for (const Summary& s : summaries) out["strategies"].push_back(summary_json(s));
+  out["comparisons"] = nlohmann::ordered_json::array();
+  for (const Comparison& c : pairs) {
+    out["comparisons"].push_back(
+        {{"a", c.a->strategy->name()},
+         {"b", c.b->strategy->name()},
+         {"a_over_b", {{"median", c.ratio.median}, {"low", c.ratio.low}, {"high", c.ratio.high}}},
+         {"outside_noise", c.outside_noise}});
+  }
   std::printf("%s\n", out.dump(2).c_str());
 }
 
@@ -754,7 +814,40 @@ void print_rank_table(const Summary& s) {
   }
 }
 
-void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
+// Under load the ranks wait for cores, and the times say more about the other programs.
+std::string load_warning(const Job& job) {
+  if (job.cores <= 0 || job.load_average <= static_cast<double>(job.cores)) return "";
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "warning: the load average was %.1f at start, above this machine's %lld cores: "
+                "other programs compete for the CPUs and the times are unreliable",
+                job.load_average, static_cast<long long>(job.cores));
+  return text;
+}
+
+// Which of two strategies is faster, or that the repeats cannot tell.
+void print_comparison(const Comparison& c) {
+  const std::string a(c.a->strategy->name()), b(c.b->strategy->name());
+  if (c.outside_noise) {
+    const bool b_faster = c.ratio.median > 1;
+    const std::string& fast = b_faster ? b : a;
+    const double factor = b_faster ? c.ratio.median : 1 / c.ratio.median;
+    const double low = b_faster ? c.ratio.low : 1 / c.ratio.high;
+    const double high = b_faster ? c.ratio.high : 1 / c.ratio.low;
+    std::printf("  %-8s vs %-8s %s is faster: %.2fx (%.2f-%.2f)\n", a.c_str(), b.c_str(),
+                fast.c_str(), factor, low, high);
+  } else {
+    std::printf("  %-8s vs %-8s within noise of each other: %s / %s = %.2fx (%.2f-%.2f) ~\n",
+                a.c_str(), b.c_str(), a.c_str(), b.c_str(), c.ratio.median, c.ratio.low,
+                c.ratio.high);
+  }
+}
+
+void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
+                const std::vector<Comparison>& pairs) {
+  if (const std::string warning = load_warning(job); !warning.empty()) {
+    std::printf("%s\n", warning.c_str());
+  }
   std::printf(
       "sparsecp run: %lld ranks, %s: %zu documents, %lld tokens (%lld per rank), ratio %lld\n",
       static_cast<long long>(job.cp), flags.batch.describe().c_str(), job.lengths.size(),
@@ -773,8 +866,8 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
   const size_t repeats = summaries.front().runs->repeats.size();
   std::printf(
       "times: each rank's selection CPU time (ranks may share cores); %zu interleaved "
-      "repeat(s), per-rank figures are medians\n",
-      repeats);
+      "repeat(s) (%s), per-rank figures are medians\n",
+      repeats, job.stopped.c_str());
   for (const Summary& s : summaries) print_rank_table(s);
 
   std::printf("\nside by side (slowest rank = the rank with the most selection CPU time):\n");
@@ -801,9 +894,12 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
                 s.mismatched_rows == 0 && s.unstable_repeats == 0 ? "yes" : "NO");
   }
   std::printf(
-      "  speedup = none's median slowest-rank time / the strategy's, with the range its spread "
-      "allows;\n  ~ = within noise (the spreads overlap): not a measurable difference. work imb = "
-      "busiest rank's causal pairs / mean; time imb = slowest rank's median time / mean.\n");
+      "  speedup = the median over repeats of none's slowest-rank time / the strategy's in the "
+      "same repeat, with its 95%% interval;\n  ~ = within noise (the interval holds 1): not a "
+      "measurable difference. work imb = busiest rank's causal pairs / mean; time imb = slowest "
+      "rank's median time / mean.\n");
+  std::printf("each pair (the same per-repeat ratios and intervals):\n");
+  for (const Comparison& c : pairs) print_comparison(c);
   for (const Summary& s : summaries) {
     if (!s.overlap) continue;
     const OverlapFigures& o = *s.overlap;
@@ -839,10 +935,17 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
 
 void run_ranks(const RunFlags& flags) {
   MpiCommunicator comm(MPI_COMM_WORLD);
+  // The machine's load before the job adds its own (the report warns when it is high).
+  double load = 0;
+  const int64_t cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (getloadavg(&load, 1) != 1) load = 0;
   Job job = prepare(flags, comm);
+  job.load_average = load;
+  job.cores = cores;
   if (flags.check_agreement) agree(flags, job, comm);
   add_cost_model(flags, job, comm);
-  std::vector<StrategyRuns> runs = measure(flags, job, comm);
+  std::vector<StrategyRuns> runs = measure(flags, job, comm, job.stopped);
+  const std::vector<Comparison> pairs = compare_all(runs);
   std::vector<Summary> summaries;
   for (const StrategyRuns& r : runs) summaries.push_back(summarise(r, runs.front(), comm));
   if (flags.overlap) {
@@ -853,9 +956,9 @@ void run_ranks(const RunFlags& flags) {
   barrier(comm);
   if (comm.rank() == 0) {
     if (flags.json) {
-      print_json(flags, job, summaries);
+      print_json(flags, job, summaries, pairs);
     } else {
-      print_text(flags, job, summaries);
+      print_text(flags, job, summaries, pairs);
     }
     std::fflush(stdout);
   }
@@ -908,15 +1011,21 @@ const Registration registration("run", [](CLI::App& app) {
                   "Interleaved repeats of every strategy at least (results must repeat exactly)")
       ->capture_default_str();
   sub->add_option("--max-repeats", flags->max_repeats,
-                  "Repeats at most: more are added while a strategy's spread overlaps none's")
+                  "Repeats at most: more are added while any two strategies are within noise of "
+                  "each other (the 95% interval of their per-repeat time ratio holds 1)")
       ->capture_default_str();
   sub->add_option("--time-budget", flags->time_budget,
-                  "Seconds of measuring after which no repeat is added")
+                  "Seconds of measuring after which no repeat is added (the default keeps the "
+                  "default job, calibration included, under a minute on 2 cores)")
       ->capture_default_str();
   sub->add_flag("!--no-calibrate", flags->calibrate,
                 "spill/auto without a --cost-model balance causal pairs instead of a model "
                 "calibrated at start-up (or read from the cache: $SPARSECP_CACHE_DIR, "
                 "$XDG_CACHE_HOME/sparsecp or ~/.cache/sparsecp)");
+  sub->add_flag("!--no-cache", flags->cache,
+                "Calibrate at start-up even when the cache holds a model for this shape, and "
+                "save nothing (the cache folder: $SPARSECP_CACHE_DIR, else "
+                "$XDG_CACHE_HOME/sparsecp, else ~/.cache/sparsecp)");
   sub->add_flag("--overlap", flags->overlap,
                 "Also measure how much of the input exchange the owner's own Q projection hides");
   sub->add_flag("!--no-agreement-check", flags->check_agreement,
@@ -924,12 +1033,14 @@ const Registration registration("run", [](CLI::App& app) {
                 "lengths, strategies, parameters, model sizes and repeat settings; without it, "
                 "ranks given different inputs can hang or mix up rows");
   sub->add_flag("--json", flags->json,
-                "Print JSON (rank 0): {verified, cp, tokens, model, cost_model, repeats, "
+                "Print JSON (rank 0): {verified, cp, tokens, model, cost_model (when spill or "
+                "auto runs: a_ns, b_ns, c_ns, source), repeats, "
                 "strategies: [{mode, parameters, ranks: [{rank, rows, work, select_cpu_s, "
                 "bytes_sent, bytes_received, predicted_bytes_sent, ...}], work_imbalance, "
                 "time_imbalance, slowest_select_cpu_s: {min, median, max}, "
                 "speedup_slowest_rank: {median, low, high, outside_noise}, bytes..., "
-                "bytes_match_route, mismatched_rows}]}");
+                "bytes_match_route, mismatched_rows}], comparisons: [{a, b, a_over_b: {median, "
+                "low, high}, outside_noise}], load_average, cores, repeats_stopped}");
   sub->footer(
       "Examples (as root, mpirun needs --allow-run-as-root; with more ranks than cores, "
       "--oversubscribe):\n"

@@ -184,10 +184,9 @@ const Registration registration("select", [](CLI::App& app) {
   auto c = std::make_shared<SelectCommand>();
   CLI::App* sub = app.add_subcommand(
       "select",
-      "Lightning Indexer top-k over packed segments on .npy tensors: per row, the topk keys "
-      "with the highest sum_h w[h] * ReLU(q[h] . k), ties to the lower key id, sorted "
-      "ascending, padded with -1 (hyper_parallel's `_select_indices`). Float inputs may be float32 "
-      "or "
+      "Lightning Indexer top-k over packed segments on .npy tensors: per row, the topk keys with\n"
+      "the highest sum_h w[h] * ReLU(q[h] . k), ties to the lower key id, sorted ascending,\n"
+      "padded with -1 (hyper_parallel's `_select_indices`). Float inputs may be float32 or\n"
       "bfloat16 ('bfloat16' / '|V2' descriptors); a leading batch dim must be 1.");
   sub->add_option("--keys", c->keys, "Index K bank [keys, head_dim] (.npy)")->required();
   sub->add_option("--weights", c->weights, "Merge weights [rows, heads] (.npy), already scaled")

@@ -188,7 +188,7 @@ const Registration registration("simulate", [](CLI::App& app) {
       "A progress bar goes to stderr when it is a terminal.\n"
       "Examples:\n"
       "  sparsecp simulate                                  # the standard sweep, as a table\n"
-      "  sparsecp simulate --cp 8 --dist bimodal --seeds 1-3 --strategies zigzag,lpt-search\n"
+      "  sparsecp simulate --cp 8 --dist bimodal --seed 1-3 --strategies zigzag,lpt-search\n"
       "  sparsecp simulate --lengths 5000,300,2699,1 --cp 4 --all-batches\n"
       "  sparsecp simulate --lengths-file a.txt --lengths-file b.txt --cp 16,32 --json > r.json\n"
       "  sparsecp simulate --svg chart.svg --csv > results.csv\n"

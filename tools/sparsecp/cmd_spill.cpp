@@ -31,7 +31,8 @@ namespace {
 struct SpillFlags {
   SweepOptions sweep;
   int64_t ratio = 4;
-  StrategyFlags strategy;  // --target, --fragments, --cost-model (and the seed modes' options)
+  StrategyFlags strategy;  // --target-imbalance, --max-received-fragments, --cost-model (and the
+                           // seed modes' options)
   int64_t repeats = 5;
   bool json = false;
 };
@@ -320,9 +321,10 @@ const Registration registration("spill", [](CLI::App& app) {
   sub->footer(
       "Examples:\n"
       "  sparsecp spill --lengths 5000,300,2699,1 --cp 4\n"
-      "  sparsecp spill --cp 8 --dist lognormal --tokens 1048576 --seeds 1\n"
-      "  sparsecp spill --cp 4,8,16,32,64 --dist lognormal,pareto,mixture --seeds 1-5\n"
-      "  sparsecp spill --cp 16 --tokens 524288 --target 1.0 --cost-model cost_model.txt --json\n" +
+      "  sparsecp spill --cp 8 --dist lognormal --tokens 1048576 --seed 1\n"
+      "  sparsecp spill --cp 4,8,16,32,64 --dist lognormal,pareto,mixture --seed 1-5\n"
+      "  sparsecp spill --cp 16 --tokens 524288 --target-imbalance 1.0 --cost-model cost_model.txt "
+      "--json\n" +
       lengths_file_help());
   sub->callback([flags] { run_spill(*flags); });
 });

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,5 +50,44 @@ inline CLI::Validator unsigned_64_bit() {
       },
       "", "unsigned 64-bit");
 }
+
+// Old spellings of options, kept so that scripts keep working: CLI11 accepts every name
+// of an option, and HelpFormatter leaves these out of --help. One name per meaning across
+// commands (README "Vocabulary"; tests/cli/option_names_test.cpp holds the table).
+inline std::set<std::string>& hidden_option_names() {
+  static std::set<std::string> names;
+  return names;
+}
+
+// CLI11's name list for an option: the canonical `name` first, then its hidden old
+// spellings, e.g. names("--repeats", {"--repeat"}) == "--repeats,--repeat".
+inline std::string names(const std::string& name, std::initializer_list<const char*> old) {
+  std::string all = name;
+  for (const char* alias : old) {
+    hidden_option_names().insert(alias);
+    all += std::string(",") + alias;
+  }
+  return all;
+}
+
+// CLI11's help, without the hidden old spellings of options.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_name(const CLI::Option* option, bool positional) const override {
+    const std::string all = CLI::Formatter::make_option_name(option, positional);
+    if (positional) return all;
+    std::string shown;
+    size_t begin = 0;
+    while (begin < all.size()) {
+      const size_t comma = std::min(all.find(',', begin), all.size());
+      const std::string name = all.substr(begin, comma - begin);
+      if (hidden_option_names().count(name.substr(0, name.find('{'))) == 0) {
+        shown += (shown.empty() ? "" : ",") + name;
+      }
+      begin = comma + 1;
+    }
+    return shown;
+  }
+};
 
 }  // namespace sparsecp::cli

@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
       "OpenBLAS: on a CPU newer than the installed OpenBLAS knows, the tool sets\n"
       "OPENBLAS_CORETYPE to SkylakeX (AVX-512) or Haswell (AVX2) and restarts itself, since\n"
       "OpenBLAS would otherwise use its SSE3 kernels; SPARSECP_BLAS_AS_IS=1 turns this off.");
+  app.formatter(std::make_shared<sparsecp::cli::HelpFormatter>());  // hides old option names
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every command");
   auto& registry = sparsecp::cli::command_registry();

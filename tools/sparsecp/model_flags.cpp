@@ -2,13 +2,15 @@
 
 #include <unistd.h>
 
+#include "command.hpp"
 #include "sparsecp/error.hpp"
 
 namespace sparsecp::cli {
 
 void ModelFlags::add_to(CLI::App& command, unsigned fields) {
   if (fields & kHeads) {
-    command.add_option("--heads,--index-heads", heads, "Index heads")->capture_default_str();
+    command.add_option(names("--heads", {"--index-heads"}), heads, "Index heads")
+        ->capture_default_str();
   }
   if (fields & kHeadDim) {
     command.add_option("--head-dim", head_dim, "Index head dimension")->capture_default_str();
@@ -18,7 +20,9 @@ void ModelFlags::add_to(CLI::App& command, unsigned fields) {
         ->capture_default_str();
   }
   if (fields & kQRank) {
-    command.add_option("--q-rank,--qr-rank", q_rank, "Low-rank query residual width (q_lora_rank)")
+    command
+        .add_option(names("--q-rank", {"--qr-rank", "--q-lora-rank"}), q_rank,
+                    "Low-rank query residual width (q_lora_rank)")
         ->capture_default_str();
   }
   if (fields & kTopk) {

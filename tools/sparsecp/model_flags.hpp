@@ -26,7 +26,8 @@ struct ModelFlags {
   static constexpr unsigned kAll = kHeads | kHeadDim | kRopeDim | kQRank | kTopk;
 
   // Declares the options in `fields` with the current values as defaults. `--heads` also
-  // answers to `--index-heads` and `--q-rank` to `--qr-rank` (older `simulate` names).
+  // answers to `--index-heads` and `--q-rank` to `--qr-rank` and `--q-lora-rank` (hidden old
+  // names).
   void add_to(CLI::App& command, unsigned fields = kAll);
 
   // Throws Error naming the first bad value: every size >= 1 (rope_dim >= 0, even and at

@@ -1,6 +1,7 @@
 #include "strategy_flags.hpp"
 
 #include "batch_input.hpp"
+#include "command.hpp"
 #include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost_model.hpp"
@@ -10,25 +11,25 @@ namespace sparsecp::cli {
 
 void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool with_mode) {
   if (with_mode) command.add_option("--mode", mode, mode_help);
-  command.add_option("--block", given.block_size,
+  command.add_option(names("--block-size", {"--block"}), given.block_size,
                      "greedy/hybrid: rows per pooled block [default: 2048, or the rows per rank "
                      "when fewer; a larger explicit block is an error, as in hyper_parallel]");
   command.add_option("--zigzag-min-length", given.zigzag_min_length,
                      "hybrid: documents of at least this many tokens keep their zigzag chunks "
                      "[default: the rows per rank, tokens / cp]");
   command
-      .add_option("--target", given.target_imbalance,
+      .add_option(names("--target-imbalance", {"--target"}), given.target_imbalance,
                   "spill: target imbalance, max load / mean load (>= 1) on the cost model")
       ->capture_default_str();
   command
-      .add_option("--fragments", given.max_received_fragments,
+      .add_option(names("--max-received-fragments", {"--fragments"}), given.max_received_fragments,
                   "spill: most pieces one rank receives from others (0 = unbounded)")
       ->capture_default_str();
   command.add_option("--cost-model", cost_model,
                      "spill/auto: per-row cost model file from `sparsecp calibrate` [default: "
                      "spill balances causal pairs; auto predicts a nominal accelerator]");
   command
-      .add_option("--bandwidth", given.bandwidth_gbps,
+      .add_option(names("--bandwidth-gbps", {"--bandwidth"}), given.bandwidth_gbps,
                   "auto: exchange bandwidth per rank and direction in GB/s")
       ->capture_default_str();
   command.add_option("--wlb-split-length", given.wlb_split_length,
@@ -43,7 +44,7 @@ void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool
                   "lpt-search: per-rank row cap as a multiple (>= 1) of the local rows")
       ->capture_default_str();
   command
-      .add_option("--lpt-steps", given.lpt_search_steps,
+      .add_option(names("--lpt-search-steps", {"--lpt-steps"}), given.lpt_search_steps,
                   "lpt-search: most improving local-search steps after LPT")
       ->capture_default_str();
   command

@@ -3,9 +3,10 @@
 //
 //   --mode M                 any registered strategy (`sparsecp simulate --list`): the
 //                            seed modes none/zigzag/greedy/hybrid, the peers, spill, auto
-//   --block, --zigzag-min-length   the seed modes' options (defaults resolved against the
+//   --block-size, --zigzag-min-length   the seed modes' options (defaults resolved against the
 //                            batch by sparsecp::resolve_seed_options and printed)
-//   --target, --fragments, --cost-model FILE, --bandwidth   spill and auto
+//   --target-imbalance, --max-received-fragments, --cost-model FILE, --bandwidth-gbps
+//                                  spill and auto
 //   --wlb-split-length       wlb
 //   --snake-block, --lpt-*, --window   the peers' own parameters
 // (--topk, which lpt-search's row cost and auto's row bytes use, is a model-shape option:
@@ -38,7 +39,7 @@ struct StrategyFlags {
   StrategyParams params(const ModelFlags& model = {}) const;
 
   // The strategy --mode names, or `fallback` when --mode was not given. For a seed mode,
-  // --block / --zigzag-min-length where the seed forbids them are the seed's errors.
+  // --block-size / --zigzag-min-length where the seed forbids them are the seed's errors.
   const Strategy& strategy(std::string_view fallback) const;
 };
 

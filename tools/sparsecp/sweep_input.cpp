@@ -1,6 +1,7 @@
 #include "sweep_input.hpp"
 
 #include "batch_input.hpp"
+#include "command.hpp"
 #include "sparsecp/error.hpp"
 
 namespace sparsecp::cli {
@@ -22,7 +23,7 @@ void SweepOptions::add_to(CLI::App& command, std::string default_cps,
                   "uniform, lognormal, pareto, bimodal, mixture")
       ->capture_default_str();
   command
-      .add_option("--seeds", seeds,
+      .add_option(names("--seed", {"--seeds"}), seeds,
                   "Generator seeds: a list '1,2' and/or ranges '1-5' (at most 100000 batches)")
       ->capture_default_str();
   command.add_option("--tokens", tokens, "Tokens per generated batch (divisible by each CP)")
@@ -51,15 +52,15 @@ SweepSpec SweepOptions::spec() const {
   } else {
     spec.distributions = parse_name_list(distributions, "--dist");
     spec.seeds.clear();
-    for (const int64_t seed : parse_integer_list(seeds, "--seeds", true)) {
-      SPARSECP_CHECK(seed >= 0, "--seeds: seed must be non-negative, got ", seed);
+    for (const int64_t seed : parse_integer_list(seeds, "--seed", true)) {
+      SPARSECP_CHECK(seed >= 0, "--seed: seed must be non-negative, got ", seed);
       spec.seeds.push_back(static_cast<uint64_t>(seed));
     }
     spec.tokens = tokens;
     spec.doc_scale = scale;
   }
   SPARSECP_CHECK(sweep_batches(spec) <= kMaxSweepBatches, "the sweep has ", sweep_batches(spec),
-                 " batches (--cp x --dist x --seeds), more than the limit of ", kMaxSweepBatches);
+                 " batches (--cp x --dist x --seed), more than the limit of ", kMaxSweepBatches);
   return spec;
 }
 

@@ -11,7 +11,7 @@
 namespace sparsecp::cli {
 
 // The batches of a sweep (`simulate`, `spill`): --lengths (one batch), --lengths-file
-// (one batch per file, repeatable), else generated batches for every --dist x --seeds,
+// (one batch per file, repeatable), else generated batches for every --dist x --seed,
 // each sized --tokens for its CP size; and the CP sizes --cp.
 struct SweepOptions {
   std::string lengths;

@@ -29,4 +29,15 @@ struct Spread {
   bool below(const Spread& other) const { return max < other.min; }
 };
 
+// The median of `values` with a distribution-free confidence interval of at least 95%
+// (order statistics x_(k) and x_(n-k+1), the largest k whose binomial tail allows it;
+// the whole range for fewer than 6 values). Unlike min..max it narrows as values are
+// added, so that repeating a measurement can settle a comparison.
+struct MedianInterval {
+  double median = 0;
+  double low = 0;
+  double high = 0;
+};
+MedianInterval median_interval(std::vector<double> values);
+
 }  // namespace sparsecp::cli

@@ -1,0 +1,47 @@
+"""The README's PyTorch snippets, extracted as written (the ```python blocks of its "Use from
+PyTorch" section, in order), and a rank task that runs them (test_readme.py)."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+
+
+def section(title: str) -> str:
+    """The README's text under ``## title``, up to the next ``## `` heading."""
+    with open(README, encoding="utf-8") as file:
+        text = file.read()
+    start = text.index("\n## " + title)
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def code_blocks(text: str, language: str = "") -> list[str]:
+    """The fenced code blocks of ``text`` opened with ```language (any when empty)."""
+    blocks = re.findall(r"^```([a-z]*)\n(.*?)^```$", text, flags=re.DOTALL | re.MULTILINE)
+    return [body for lang, body in blocks if not language or lang == language]
+
+
+def pytorch_snippets() -> list[str]:
+    return code_blocks(section("Use from PyTorch"), "python")
+
+
+def run_snippets(rank: int, size: int, snippets: list[str]) -> dict[str, Any]:
+    """Runs the snippets in one namespace on this rank (the pool's process group is
+    initialised, as the README assumes); returns what the test checks."""
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    for index, snippet in enumerate(snippets):
+        exec(compile(snippet, f"README.md PyTorch snippet {index + 1}", "exec"), namespace)  # noqa: S102 (the README, as written)
+    topk_ids, own_ids, loss = namespace["topk_ids"], namespace["own_ids"], namespace["loss"]
+    return {
+        "local": namespace["local"],
+        "topk_ids": (tuple(topk_ids.shape), str(topk_ids.dtype)),
+        "own_ids": tuple(own_ids.shape),
+        "cos": tuple(namespace["cos"].shape),
+        "bank": tuple(namespace["index_key_bank"].shape),
+        "loss": float(loss),
+        "grad": namespace["index_query"].grad is not None and bool(namespace["index_query"].grad.abs().sum() > 0),
+        "valid_ids": bool(((topk_ids >= -1) & (topk_ids < namespace["keys"])).all()),
+    }
