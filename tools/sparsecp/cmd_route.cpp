@@ -60,17 +60,9 @@ struct PlanBounds {
 
 PlanBounds plan_bounds(std::span<const int64_t> lengths, const RouteCommand& command,
                        const Strategy& strategy, const StrategyParams& params) {
-  const StrategyPlan planned = strategy.plan(lengths, command.cp, command.ratio, params);
-  const PlanStats stats = plan_stats(planned.plan, lengths, command.ratio);
-  const int64_t busiest = *std::max_element(stats.work.begin(), stats.work.end());
-  PlanBounds b;
-  b.imbalance = stats.imbalance;
-  b.balance_bound = balance_bound(lengths, command.cp, command.ratio).bound;
-  b.rows_moved = stats.rows_moved;
-  b.rows_moved_bound =
-      rows_moved_lower_bound_at(lengths, command.cp, command.ratio, static_cast<double>(busiest))
-          .total;
-  return b;
+  const Plan planned = strategy.plan(lengths, command.cp, command.ratio, params);
+  return {planned.stats().imbalance, planned.balance_bound().bound, planned.stats().rows_moved,
+          planned.rows_moved_bound().total};
 }
 
 void add_bounds(nlohmann::ordered_json& out, const PlanBounds& b) {
