@@ -31,16 +31,18 @@
 #include "command.hpp"
 #include "model_flags.hpp"
 #include "run_model.hpp"
-#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/io/output_set.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/strategy.hpp"
 #include "sparsecp/transport/agreement.hpp"
+#include "sparsecp/transport/collectives.hpp"
 #include "sparsecp/transport/exchange.hpp"
 #include "sparsecp/transport/mpi_communicator.hpp"
+#include "sparsecp/transport/mpi_session.hpp"
 #include "strategy_flags.hpp"
 #include "timing.hpp"
 
@@ -64,121 +66,11 @@ struct RunFlags {
   bool check_agreement = true;
 };
 
-// ---------------------------------------------------------------------------------------
-// MPI plumbing
-
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  return std::string(text, static_cast<size_t>(length));
-}
-
-// Initialises MPI when the tool is the MPI program (it is, under mpirun) and finalises it
-// when the command ends, after every communicator is gone.
-class MpiSession {
- public:
-  MpiSession() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-      owned_ = true;
-    }
-  }
-  ~MpiSession() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owned_ && !finalized) MPI_Finalize();
-  }
-  MpiSession(const MpiSession&) = delete;
-  MpiSession& operator=(const MpiSession&) = delete;
-
-  // Called on the error path before the error propagates. MPI_Finalize waits for every
-  // rank, so a rank that failed alone (a transport error, out of memory, a bug) and then
-  // finalised would leave the others blocked in a collective, and itself in
-  // MPI_Finalize, forever. Errors that every rank raised together (input checks, the
-  // agreement checks) reach this point on every rank within moments; anything else
-  // aborts the job, naming this rank and the error.
-  void leave_on_error(const char* what) const {
-    if (!owned_) return;
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Request request = MPI_REQUEST_NULL;
-    bool ok = MPI_Ibarrier(MPI_COMM_WORLD, &request) == MPI_SUCCESS;
-    const timespec pause{0, 1000000};  // 1 ms
-    for (int waited = 0; ok && waited < kLeaveTimeoutMs; ++waited) {
-      int done = 0;
-      ok = MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS;
-      if (ok && done) return;  // every rank is leaving on an error: finalise normally
-      nanosleep(&pause, nullptr);
-    }
-    std::fprintf(stderr,
-                 "error: %s\nerror: rank %d failed while other ranks were still running; "
-                 "aborting the job\n",
-                 what, rank);
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-
- private:
-  static constexpr int kLeaveTimeoutMs = 10000;
-  bool owned_ = false;
-};
-
-// A barrier that sleeps while it waits. Ranks usually outnumber cores here (4 ranks on 2
-// cores), and a rank spinning in MPI while it waits for a slower one steals the core that
-// rank needs; the library's waits spin (as MPI and NCCL do), so the tool parks ranks here
-// before every collective that follows uneven work. A transport failure is an error
-// (the communicator returns error codes), never an endless loop.
-void barrier(const MpiCommunicator& comm) {
-  MPI_Request request = MPI_REQUEST_NULL;
-  int code = MPI_Ibarrier(comm.handle(), &request);
-  SPARSECP_CHECK_AS(ErrorKind::kTransport, code == MPI_SUCCESS,
-                    "MPI_Ibarrier failed: ", mpi_error_text(code));
-  const timespec pause{0, 200000};  // 0.2 ms
-  while (true) {
-    int done = 0;
-    code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    SPARSECP_CHECK_AS(ErrorKind::kTransport, code == MPI_SUCCESS,
-                      "MPI_Test of a barrier failed: ", mpi_error_text(code));
-    if (done) return;
-    nanosleep(&pause, nullptr);
-  }
-}
-
-// The value `root` holds, on every rank (a one-hot sum).
-std::vector<int64_t> broadcast(Communicator& comm, std::vector<int64_t> values, int64_t root) {
-  if (comm.rank() != root) std::fill(values.begin(), values.end(), 0);
-  comm.all_reduce(values, ReduceOp::kSum);
-  return values;
-}
-
-// Every rank's `mine` on every rank, rank-major (a sum of one-hot slots).
-std::vector<int64_t> gather(Communicator& comm, const std::vector<int64_t>& mine) {
-  const size_t width = mine.size();
-  std::vector<int64_t> all(static_cast<size_t>(comm.size()) * width, 0);
-  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(comm.rank() * width));
-  comm.all_reduce(all, ReduceOp::kSum);
-  return all;
-}
-
-// Runs `step` on every rank; a failure on any rank becomes an Error on every rank (the
-// failing rank keeps its own message) instead of leaving the others in a collective.
+// A step every rank runs, voted on after a sleeping barrier (steps take uneven time here:
+// ranks outnumber cores): transport/collectives.hpp's on_every_rank.
 template <typename Step>
 void on_every_rank(MpiCommunicator& comm, const char* what, Step&& step) {
-  std::optional<std::string> error;
-  try {
-    step();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  barrier(comm);  // the step may take uneven time
-  std::vector<int64_t> failed = {error ? 1 : 0};
-  comm.all_reduce(failed, ReduceOp::kSum);
-  if (error) throw Error(*error);
-  SPARSECP_CHECK(failed[0] == 0, what, ": another rank failed");
+  sparsecp::on_every_rank(comm, what, std::forward<Step>(step), [&] { sleeping_barrier(comm); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -400,7 +292,7 @@ RankFigures run_once(const RunModel& model, StrategyRuns& runs, bool first, MpiC
   const clockid_t cpu_clock =
       model.config.threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID;
   RankFigures figures;
-  barrier(comm);
+  sleeping_barrier(comm);
   comm.reset_stats();
   IndexerInputExchange exchange = launch_indexer_inputs(model.inputs(), runs.route, comm);
   // Test hook (tests of failure handling): this rank fails alone, mid-exchange.
@@ -424,7 +316,7 @@ RankFigures run_once(const RunModel& model, StrategyRuns& runs, bool first, MpiC
   figures.select_wall = wall_seconds() - start;
   figures.select_cpu = clock_seconds(cpu_clock) - cpu_start;
 
-  barrier(comm);  // ranks finish selecting at different times; wait asleep
+  sleeping_barrier(comm);  // ranks finish selecting at different times; wait asleep
   PendingRows pending = exchange.launch_result(selected);
   start = wall_seconds();
   SelectedKeys owner = pending.wait();
@@ -579,12 +471,12 @@ OverlapFigures measure_overlap(const RunModel& model, const StrategyRuns& runs, 
   };
   std::vector<double> alone, work, after, polled;
   for (int64_t repeat = 0; repeat < repeats; ++repeat) {
-    barrier(comm);
+    sleeping_barrier(comm);
     double start = wall_seconds();
     launch_indexer_inputs(model.inputs(), runs.route, comm).wait();
     alone.push_back(wall_seconds() - start);
     for (const bool poll : {false, true}) {
-      barrier(comm);
+      sleeping_barrier(comm);
       IndexerInputExchange exchange = launch_indexer_inputs(model.inputs(), runs.route, comm);
       start = wall_seconds();
       owner_projection(poll ? &exchange : nullptr);
@@ -953,7 +845,7 @@ void run_ranks(const RunFlags& flags) {
       attach_overlap(summaries[s], measure_overlap(job.model, runs[s], flags.repeats, comm), comm);
     }
   }
-  barrier(comm);
+  sleeping_barrier(comm);
   if (comm.rank() == 0) {
     if (flags.json) {
       print_json(flags, job, summaries, pairs);
