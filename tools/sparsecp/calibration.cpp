@@ -88,91 +88,136 @@ std::string cost_model_cache_dir() {
   return "";
 }
 
-Calibration calibrate(const CalibrationSettings& settings) {
-  settings.validate();
-  const double started = wall_seconds();
+namespace {
+
+// Random bf16 inputs of the largest point, made once: every point uses a prefix of them.
+struct CalibrationInputs {
+  int64_t bank = 1;  // compressed keys: the largest point's last row sees all of them
+  int64_t width = 0;
+  std::vector<uint16_t> qr, wq_b, keys;
+  std::vector<float> weights, cos, sin;
+  std::vector<int32_t> out;
+};
+
+CalibrationInputs make_inputs(const CalibrationSettings& settings) {
   const ModelFlags& m = settings.model;
-  const SelectConfig config = m.select_config(settings.ratio, settings.threads);
-  openblas_set_num_threads(std::max(settings.threads, 1));
-  // The bank covers the largest point's last row.
-  int64_t bank = 1;
+  CalibrationInputs in;
   for (const int64_t v : settings.visible) {
-    bank = std::max(bank, (v * settings.ratio + settings.rows) / settings.ratio + 1);
+    in.bank = std::max(in.bank, (v * settings.ratio + settings.rows) / settings.ratio + 1);
   }
   BufferBudget budget("calibrate");
-  const int64_t width = budget.elements({m.heads, m.head_dim});
+  in.width = budget.elements({m.heads, m.head_dim});
   budget.add(2, {settings.rows, m.q_rank});
-  budget.add(2, {m.q_rank, width});
-  budget.add(2, {bank, m.head_dim});
+  budget.add(2, {m.q_rank, in.width});
+  budget.add(2, {in.bank, m.head_dim});
   budget.add(4, {settings.rows, m.heads});
   budget.add(4, {settings.rows, m.rope_dim});
   budget.add(4, {settings.rows, m.topk});
-  budget.add(4, {settings.rows, width});
+  budget.add(4, {settings.rows, in.width});
   budget.check_fits_memory();
-  const int64_t half = m.rope_dim / 2;
   SplitMix64 random(20261130);
   const auto value = [&](int span) {
     return static_cast<float>(static_cast<int>(random.next() % static_cast<uint64_t>(span)) -
                               span / 2) /
            static_cast<float>(span);
   };
-  std::vector<uint16_t> qr(static_cast<size_t>(settings.rows * m.q_rank));
-  std::vector<uint16_t> wq_b(static_cast<size_t>(m.q_rank * width));
-  std::vector<uint16_t> keys(static_cast<size_t>(bank * m.head_dim));
-  std::vector<float> weights(static_cast<size_t>(settings.rows * m.heads));
-  std::vector<float> cos(static_cast<size_t>(settings.rows * half)), sin(cos.size());
-  for (auto& x : qr) x = float_to_bf16(value(17));
-  for (auto& x : wq_b) x = float_to_bf16(value(17) * 0.05f);
-  for (auto& x : keys) x = float_to_bf16(value(17));
-  for (auto& x : weights) x = 0.1f + std::fabs(value(17));
-  for (size_t i = 0; i < cos.size(); ++i) {
+  const auto half = static_cast<size_t>(m.rope_dim / 2);
+  in.qr.resize(static_cast<size_t>(settings.rows * m.q_rank));
+  in.wq_b.resize(static_cast<size_t>(m.q_rank * in.width));
+  in.keys.resize(static_cast<size_t>(in.bank * m.head_dim));
+  in.weights.resize(static_cast<size_t>(settings.rows * m.heads));
+  in.cos.resize(static_cast<size_t>(settings.rows) * half);
+  in.sin.resize(in.cos.size());
+  for (auto& x : in.qr) x = float_to_bf16(value(17));
+  for (auto& x : in.wq_b) x = float_to_bf16(value(17) * 0.05f);
+  for (auto& x : in.keys) x = float_to_bf16(value(17));
+  for (auto& x : in.weights) x = 0.1f + std::fabs(value(17));
+  for (size_t i = 0; i < in.cos.size(); ++i) {
     const float angle = static_cast<float>(i) * 0.37f;
-    cos[i] = std::cos(angle);
-    sin[i] = std::sin(angle);
+    in.cos[i] = std::cos(angle);
+    in.sin[i] = std::sin(angle);
   }
-  std::vector<int32_t> out(static_cast<size_t>(settings.rows * m.topk));
-  CostModel capped_only;  // sum of min(topk, vis) via the model's prefix
-  capped_only.a = 0;
-  capped_only.b = 0;
-  capped_only.c = 1;
-  capped_only.topk = m.topk;
+  in.out.resize(static_cast<size_t>(settings.rows * m.topk));
+  return in;
+}
 
+// The segments of one point and its exact sums (rows, sum vis, sum min(topk, vis)).
+std::vector<Segment> point_segments(int64_t target, int64_t rows,
+                                    const CalibrationSettings& settings, Point& point) {
+  const int64_t ratio = settings.ratio;
+  std::vector<Segment> segments;
+  point.target = target;
+  point.rows = static_cast<double>(rows);
+  if (target == 0) {  // projection only: every row at position 0 of its own document
+    for (int64_t r = 0; r < rows; ++r) segments.push_back({r, r + 1, 0, 0, 1 % ratio});
+    if (ratio == 1) {  // position 0 sees one key at ratio 1; use it
+      for (Segment& s : segments) {
+        s.key_end = 1;
+        s.residual = 0;
+      }
+      point.visible = point.capped = static_cast<double>(rows);
+    }
+    return segments;
+  }
+  const int64_t end = std::max(rows, target * ratio + rows / 2);
+  segments.push_back({0, rows, 0, end / ratio, end % ratio});
+  const Task task{0, end - rows, end};
+  const CostSample sums =
+      cost_sample(std::span<const Task>(&task, 1), ratio, settings.model.topk, 0);
+  point.visible = sums.visible;
+  point.capped = sums.capped;
+  return segments;
+}
+
+// The median CPU time of selecting `rows` rows of `segments`.
+double time_point(const CalibrationSettings& settings, CalibrationInputs& in,
+                  const ProjectionWeights& projection, const SelectConfig& config,
+                  std::span<const Segment> segments, int64_t rows) {
+  const ModelFlags& m = settings.model;
+  const int64_t half = m.rope_dim / 2;
+  std::vector<double> times;
+  for (int repeat = 0; repeat < settings.repeats; ++repeat) {
+    const double start = thread_cpu_seconds();
+    select_worker_rows(MatrixView::bf16(in.qr.data(), rows, m.q_rank),
+                       MatrixView::f32(in.weights.data(), rows, m.heads),
+                       MatrixView::f32(in.cos.data(), rows, half),
+                       MatrixView::f32(in.sin.data(), rows, half), projection,
+                       MatrixView::bf16(in.keys.data(), in.bank, m.head_dim), segments, config,
+                       std::span<int32_t>(in.out).first(static_cast<size_t>(rows * m.topk)));
+    times.push_back(thread_cpu_seconds() - start);
+  }
+  return median(times);
+}
+
+// "heads 64 head_dim 128 q_rank 1536 ratio 4 isa avx512 threads 1, <CPU>, <date>".
+std::string model_note(const CalibrationSettings& settings) {
+  const ModelFlags& m = settings.model;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  return "heads " + std::to_string(m.heads) + " head_dim " + std::to_string(m.head_dim) +
+         " q_rank " + std::to_string(m.q_rank) + " ratio " + std::to_string(settings.ratio) +
+         " isa " + kernel_isa_name(best_kernel_isa()) + " threads " +
+         std::to_string(settings.threads) + ", " + machine_name() + ", " + date;
+}
+
+}  // namespace
+
+Calibration calibrate(const CalibrationSettings& settings) {
+  settings.validate();
+  const double started = wall_seconds();
+  const ModelFlags& m = settings.model;
+  const SelectConfig config = m.select_config(settings.ratio, settings.threads);
+  openblas_set_num_threads(std::max(settings.threads, 1));
+  CalibrationInputs in = make_inputs(settings);
   // Wq_b is converted once, as a worker does for all its calls of a step.
-  const ProjectionWeights projection(MatrixView::bf16(wq_b.data(), m.q_rank, width));
+  const ProjectionWeights projection(MatrixView::bf16(in.wq_b.data(), m.q_rank, in.width));
   std::vector<Point> points;
   for (const int64_t target : settings.visible) {
     for (const int64_t rows : {settings.rows, std::max<int64_t>(1, settings.rows / 4)}) {
-      std::vector<Segment> segments;
       Point point;
-      point.target = target;
-      point.rows = static_cast<double>(rows);
-      if (target == 0) {  // projection only: every row at position 0 of its own document
-        for (int64_t r = 0; r < rows; ++r) segments.push_back({r, r + 1, 0, 0, 1 % settings.ratio});
-        if (settings.ratio == 1) {  // position 0 sees one key at ratio 1; use it
-          for (Segment& s : segments) {
-            s.key_end = 1;
-            s.residual = 0;
-          }
-          point.visible = point.capped = static_cast<double>(rows);
-        }
-      } else {
-        const int64_t end = std::max(rows, target * settings.ratio + rows / 2);
-        segments.push_back({0, rows, 0, end / settings.ratio, end % settings.ratio});
-        point.visible = static_cast<double>(range_work(end - rows, end, settings.ratio));
-        point.capped = capped_only.range(end - rows, end, settings.ratio);
-      }
-      std::vector<double> times;
-      for (int repeat = 0; repeat < settings.repeats; ++repeat) {
-        const double start = thread_cpu_seconds();
-        select_worker_rows(MatrixView::bf16(qr.data(), rows, m.q_rank),
-                           MatrixView::f32(weights.data(), rows, m.heads),
-                           MatrixView::f32(cos.data(), rows, half),
-                           MatrixView::f32(sin.data(), rows, half), projection,
-                           MatrixView::bf16(keys.data(), bank, m.head_dim), segments, config,
-                           std::span<int32_t>(out).first(static_cast<size_t>(rows * m.topk)));
-        times.push_back(thread_cpu_seconds() - start);
-      }
-      point.seconds = median(times);
+      const std::vector<Segment> segments = point_segments(target, rows, settings, point);
+      point.seconds = time_point(settings, in, projection, config, segments, rows);
       points.push_back(point);
     }
   }
@@ -181,16 +226,9 @@ Calibration calibrate(const CalibrationSettings& settings) {
   const CostFit fit = fit_cost_model(samples, {.per_call_term = true, .topk = m.topk});
   for (size_t i = 0; i < points.size(); ++i) points[i].predicted = fit.predicted[i];
 
-  CostModel model = fit.model;
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  model.note = "heads " + std::to_string(m.heads) + " head_dim " + std::to_string(m.head_dim) +
-               " q_rank " + std::to_string(m.q_rank) + " ratio " + std::to_string(settings.ratio) +
-               " isa " + kernel_isa_name(best_kernel_isa()) + " threads " +
-               std::to_string(settings.threads) + ", " + machine_name() + ", " + date;
   Calibration result;
-  result.model = model;
+  result.model = fit.model;
+  result.model.note = model_note(settings);
   result.per_call_seconds = fit.per_call_seconds;
   result.rms_relative_residual = fit.rms_relative_residual;
   result.points = std::move(points);
