@@ -735,8 +735,8 @@ void print_comparison(const Comparison& c) {
   }
 }
 
-void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
-                const std::vector<Comparison>& pairs) {
+// The job's batch, model, cost model and repeats, then each strategy's per-rank table.
+void print_header(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
   if (const std::string warning = load_warning(job); !warning.empty()) {
     std::printf("%s\n", warning.c_str());
   }
@@ -761,7 +761,10 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
       "repeat(s) (%s), per-rank figures are medians\n",
       repeats, job.stopped.c_str());
   for (const Summary& s : summaries) print_rank_table(s);
+}
 
+// One line per strategy: slowest rank, speedup, imbalances, bytes, verification.
+void print_side_by_side(const std::vector<Summary>& summaries) {
   std::printf("\nside by side (slowest rank = the rank with the most selection CPU time):\n");
   std::printf("  %-8s %26s %22s %9s %9s %21s %12s %9s\n", "mode", "slowest rank ms min/med/max",
               "speedup vs none", "work imb", "time imb", "busiest sent/recv MB", "total MB",
@@ -790,6 +793,11 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
       "same repeat, with its 95%% interval;\n  ~ = within noise (the interval holds 1): not a "
       "measurable difference. work imb = busiest rank's causal pairs / mean; time imb = slowest "
       "rank's median time / mean.\n");
+}
+
+// Pairwise comparisons, overlap, byte check and the verdict.
+void print_footer(const Job& job, const std::vector<Summary>& summaries,
+                  const std::vector<Comparison>& pairs) {
   std::printf("each pair (the same per-repeat ratios and intervals):\n");
   for (const Comparison& c : pairs) print_comparison(c);
   for (const Summary& s : summaries) {
@@ -821,6 +829,13 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
       }
     }
   }
+}
+
+void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
+                const std::vector<Comparison>& pairs) {
+  print_header(flags, job, summaries);
+  print_side_by_side(summaries);
+  print_footer(job, summaries, pairs);
 }
 
 // ---------------------------------------------------------------------------------------
