@@ -66,64 +66,35 @@ class ProgressBar {
   bool enabled_;
 };
 
-void run_simulate(const SimulateCommand& command) {
-  if (command.list) {
-    print_strategies();
-    return;
-  }
-  SPARSECP_CHECK(!(command.json && command.csv), "--json and --csv exclude each other");
-  SweepSpec spec = command.sweep.spec();
-  spec.strategies = parse_strategy_list(command.strategies);
-  spec.ratio = command.ratio;
-  command.model.validate();
-  spec.params = command.strategy.params(command.model);
-  spec.clock = [] { return wall_seconds() * 1e3; };
-  const StrategyParams& params = spec.params;
-
-  const ProgressBar progress(isatty(STDERR_FILENO) == 1);
-  const std::vector<SimulationResult> results =
-      run_sweep(spec, [&](int64_t done, int64_t total) { progress(done, total); });
-  // Some strategies may reject a batch (reported in their rows); if every one rejected
-  // every batch, nothing was simulated and that is the user's error.
-  const auto planned = std::find_if(results.begin(), results.end(),
-                                    [](const SimulationResult& r) { return r.error.empty(); });
-  SPARSECP_CHECK(results.empty() || planned != results.end(),
-                 "nothing could be simulated: ", results.front().error);
-  const std::vector<SummaryRow> rows =
-      command.all_batches ? per_batch_rows(results) : summarize(results);
-
-  if (!command.svg.empty()) {
-    // Bars for the first batch planned (smallest CP listed first in the sweep order).
-    std::vector<SimulationResult> first;
-    for (const auto& result : results) {
-      if (!first.empty() &&
-          (result.cp != first.front().cp || result.workload != first.front().workload ||
-           result.batch != first.front().batch)) {
-        break;
-      }
-      first.push_back(result);
+// The SVG chart: bars for the first batch planned (smallest CP listed first in the sweep
+// order) beside the medians of every batch.
+void write_svg(const std::string& path, const SweepSpec& spec,
+               const std::vector<SimulationResult>& results) {
+  std::vector<SimulationResult> first;
+  for (const auto& result : results) {
+    if (!first.empty() &&
+        (result.cp != first.front().cp || result.workload != first.front().workload ||
+         result.batch != first.front().batch)) {
+      break;
     }
-    const std::vector<SummaryRow> medians = summarize(results);
-    std::ostringstream title;
-    title << "sparsecp simulate: " << spec.strategies.size() << " strategies, ratio " << spec.ratio
-          << ", "
-          << (spec.file_batches.empty()
-                  ? std::to_string(spec.tokens) + " tokens per batch"
-                  : std::to_string(spec.file_batches.size()) + " given batch(es)");
-    OutputSet output;  // whole or absent (io/output_set.hpp)
-    output.add_text(command.svg, render_simulation_svg(first, medians, title.str()), "--svg");
-    output.commit();
-    std::fprintf(stderr, "wrote %s\n", command.svg.c_str());
+    first.push_back(result);
   }
+  const std::vector<SummaryRow> medians = summarize(results);
+  std::ostringstream title;
+  title << "sparsecp simulate: " << spec.strategies.size() << " strategies, ratio " << spec.ratio
+        << ", "
+        << (spec.file_batches.empty()
+                ? std::to_string(spec.tokens) + " tokens per batch"
+                : std::to_string(spec.file_batches.size()) + " given batch(es)");
+  OutputSet output;  // whole or absent (io/output_set.hpp)
+  output.add_text(path, render_simulation_svg(first, medians, title.str()), "--svg");
+  output.commit();
+  std::fprintf(stderr, "wrote %s\n", path.c_str());
+}
 
-  if (command.json) {
-    write_json(std::cout, rows);
-    return;
-  }
-  if (command.csv) {
-    write_csv(std::cout, rows);
-    return;
-  }
+// The text report: what was swept, the settings, the legend and the table.
+void print_text(const SweepSpec& spec, const std::vector<SummaryRow>& rows) {
+  const StrategyParams& params = spec.params;
   std::printf("sparsecp simulate: %zu strategies x %lld batches, ratio %lld",
               spec.strategies.size(), static_cast<long long>(sweep_batches(spec)),
               static_cast<long long>(spec.ratio));
@@ -151,6 +122,40 @@ void run_simulate(const SimulateCommand& command) {
   std::ostringstream table;
   write_table(table, rows);
   std::fputs(table.str().c_str(), stdout);
+}
+
+void run_simulate(const SimulateCommand& command) {
+  if (command.list) {
+    print_strategies();
+    return;
+  }
+  SPARSECP_CHECK(!(command.json && command.csv), "--json and --csv exclude each other");
+  SweepSpec spec = command.sweep.spec();
+  spec.strategies = parse_strategy_list(command.strategies);
+  spec.ratio = command.ratio;
+  command.model.validate();
+  spec.params = command.strategy.params(command.model);
+  spec.clock = [] { return wall_seconds() * 1e3; };
+
+  const ProgressBar progress(isatty(STDERR_FILENO) == 1);
+  const std::vector<SimulationResult> results =
+      run_sweep(spec, [&](int64_t done, int64_t total) { progress(done, total); });
+  // Some strategies may reject a batch (reported in their rows); if every one rejected
+  // every batch, nothing was simulated and that is the user's error.
+  const auto planned = std::find_if(results.begin(), results.end(),
+                                    [](const SimulationResult& r) { return r.error.empty(); });
+  SPARSECP_CHECK(results.empty() || planned != results.end(),
+                 "nothing could be simulated: ", results.front().error);
+  const std::vector<SummaryRow> rows =
+      command.all_batches ? per_batch_rows(results) : summarize(results);
+  if (!command.svg.empty()) write_svg(command.svg, spec, results);
+  if (command.json) {
+    write_json(std::cout, rows);
+  } else if (command.csv) {
+    write_csv(std::cout, rows);
+  } else {
+    print_text(spec, rows);
+  }
 }
 
 const Registration registration("simulate", [](CLI::App& app) {
