@@ -13,7 +13,7 @@ hybrid threshold) keep the seed's text; everything else uses these.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +30,7 @@ def _is_integer(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def integer(name: str, value: Any, minimum: Optional[int] = None, maximum: int = _INT64_MAX) -> int:
+def integer(name: str, value: Any, minimum: int | None = None, maximum: int = _INT64_MAX) -> int:
     """``value`` as a Python int, or IntegerArgumentError naming ``name`` and the value.
 
     Args:
@@ -51,7 +51,7 @@ def integer(name: str, value: Any, minimum: Optional[int] = None, maximum: int =
     return number
 
 
-def optional_integer(name: str, value: Any, minimum: Optional[int] = None) -> Optional[int]:
+def optional_integer(name: str, value: Any, minimum: int | None = None) -> int | None:
     """None stays None (an omitted option); anything else as ``integer``."""
     return None if value is None else integer(name, value, minimum)
 
@@ -63,7 +63,7 @@ def real(name: str, value: Any) -> float:
     return float(value)
 
 
-def integer_list(name: str, values: Any, minimum: Optional[int] = None) -> tuple[int, ...]:
+def integer_list(name: str, values: Any, minimum: int | None = None) -> tuple[int, ...]:
     """A sequence of integers (document lengths, boundaries) as a tuple of Python ints;
     the error names the entry: ``lengths[2]=32.7: expected an integer ...``."""
     if isinstance(values, (str, bytes)):

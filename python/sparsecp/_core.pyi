@@ -63,14 +63,16 @@ def load_cost_model(path: str) -> CostModel:
     """Reads a cost model file (`sparsecp calibrate` writes them)."""
 
 def save_cost_model(path: str, model: CostModel) -> None: ...
-def fit_cost_model(
-    rows: Sequence[float], visible: Sequence[float], capped: Sequence[float],
-    seconds: Sequence[float], topk: int = 512, per_call_term: bool = False,
-) -> tuple[CostModel, float, float, list[float]]:
-    """Non-negative least squares of seconds = k + a*rows + b*visible + c*capped:
-    (model in ns per row, k in seconds, rms relative residual, predicted seconds)."""
-def cost_sample(tasks: Sequence[tuple[int, int, int]], ratio: int, topk: int = 512) -> tuple[float, float, float]:
-    """(rows, sum of visible keys, sum of min(topk, visible keys)) of (document, start, end) tasks."""
+
+def fit_cost_model(rows: Sequence[float], visible: Sequence[float], capped: Sequence[float], seconds: Sequence[float], topk: int = 512, per_call_term: bool = False) -> tuple:
+    """
+    Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, predicted seconds per sample).
+    """
+
+def cost_sample(tasks: Sequence[tuple[int, int, int]], ratio: int, topk: int = 512) -> tuple:
+    """
+    (rows, sum vis, sum min(topk, vis)) of a task list of (document, start, end).
+    """
 
 class RowBytes:
     """Bytes of one moved row (planning/row_bytes.hpp)."""
@@ -240,7 +242,7 @@ def strategies() -> list[tuple[str, str, str, str, int]]:
     """
 
 class Plan:
-    """A strategy's plan of one batch (planning/strategy.hpp)."""
+    """A strategy's plan of one batch (planning/batch_plan.hpp)."""
 
     @property
     def strategy(self) -> str: ...

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+
 import sparsecp
 from sparsecp._checks import IntegerArgumentError
 

@@ -219,7 +219,7 @@ class TndPlan:
         count = row_end - row_begin
         residual = first_position + count - (key_end - key_begin) * core.ratio
         self.segments = np.stack([packed_begin, packed_begin + count, key_begin, key_end, residual], axis=1)
-        self._row_ids: Optional[np.ndarray] = None  # expanded on first use
+        self._row_ids: np.ndarray | None = None  # expanded on first use
         self._device_ids: dict[torch.device, torch.Tensor] = {}
 
     @property

@@ -120,7 +120,8 @@ def _check_dim(tensor: torch.Tensor, sequence_dim: int) -> int:
 
 
 def _agree_layout(group: Any, tensor: torch.Tensor, dim: int, error: BaseException | None, what: str,
-                  route: SequenceDispatchRoute | None = None, **settings: int) -> None:
+                  *, route: SequenceDispatchRoute | None = None,
+                  settings: dict[str, int] | None = None) -> None:
     if route is not None:  # the route's defining inputs, identical on consistent ranks
         fingerprint = _core.dispatch_route_fingerprint(route)
     else:
@@ -130,7 +131,7 @@ def _agree_layout(group: Any, tensor: torch.Tensor, dim: int, error: BaseExcepti
         for axis, extent in enumerate(tensor.shape):
             if axis != dim:
                 fingerprint.add(f"extent of dimension {axis}", int(extent))
-        for name, value in settings.items():
+        for name, value in (settings or {}).items():
             fingerprint.add(name, value)
     agree(group, control_device(group, tensor.device), error, fingerprint, what, invalid_first=True)
 
@@ -300,7 +301,7 @@ def launch_sequence_gather(tensor: torch.Tensor, sequence_dim: int, group: Any) 
 
     dim, error = capture(check)
     _agree_layout(group, tensor, dim if error is None else 0, error, "Sequence gather",
-                  **({"local length": int(tensor.shape[dim])} if error is None else {}))
+                  settings={"local length": int(tensor.shape[dim])} if error is None else None)
     works: list = []
     gathered = _SequenceGather.apply(_move_dim_to_front(tensor, dim), group, works)
     return SequenceGatherHandle(_move_dim_from_front(gathered, dim), works[0])
