@@ -57,16 +57,7 @@ std::span<const Segment> segments_of(const SegmentArray& segments) {
 
 SelectConfig config_of(int64_t heads, int64_t head_dim, int64_t rope_dim, int64_t ratio,
                        int64_t topk, int threads, std::string_view isa) {
-  SelectConfig config;
-  config.heads = heads;
-  config.head_dim = head_dim;
-  config.rope_dim = rope_dim;
-  config.topk = topk;
-  config.ratio = ratio;
-  config.threads = threads;
-  config.isa = parse_isa(isa);
-  validate_select_config(config);
-  return config;
+  return make_select_config(heads, head_dim, rope_dim, topk, ratio, threads, parse_isa(isa));
 }
 
 WeightLayout layout_of(bool out_in) { return out_in ? WeightLayout::kOutIn : WeightLayout::kInOut; }

@@ -113,14 +113,9 @@ void run_select(const SelectCommand& c) {
   const Tensor keys = load_tensor(c.keys, "--keys", 2, "[keys, head_dim]");
   const Tensor weights = load_tensor(c.weights, "--weights", 2, "[rows, heads]");
   const std::vector<Segment> segments = load_segments(c.segments);
-  SelectConfig config;
-  config.heads = weights.shape[1];
-  config.head_dim = keys.shape[1];
-  config.topk = c.topk;
-  config.ratio = c.ratio;
-  config.threads = c.threads;
-  config.isa = parse_isa(c.isa);
-  validate_select_config(config);  // "Indexer topk ... is too large" before allocating
+  // "Indexer topk ... is too large" before allocating.
+  SelectConfig config = make_select_config(weights.shape[1], keys.shape[1], SelectConfig{}.rope_dim,
+                                           c.topk, c.ratio, c.threads, parse_isa(c.isa));
   const int64_t rows = weights.shape[0];
   int64_t out_size = 0;
   SPARSECP_CHECK(

@@ -37,25 +37,12 @@ void ModelFlags::validate() const {
   SPARSECP_CHECK(topk >= 1, "--topk must be positive, got ", topk);
   SPARSECP_CHECK(rope_dim >= 0 && rope_dim % 2 == 0 && rope_dim <= head_dim,
                  "--rope-dim must be even and within [0, head_dim ", head_dim, "], got ", rope_dim);
-  SelectConfig config;
-  config.heads = heads;
-  config.head_dim = head_dim;
-  config.rope_dim = rope_dim;
-  config.topk = topk;
-  validate_select_config(config);  // heads x head_dim within the kernels' limit
+  make_select_config(heads, head_dim, rope_dim, topk);  // heads x head_dim within the limit
 }
 
 SelectConfig ModelFlags::select_config(int64_t ratio, int threads) const {
   validate();
-  SelectConfig config;
-  config.heads = heads;
-  config.head_dim = head_dim;
-  config.rope_dim = rope_dim;
-  config.topk = topk;
-  config.ratio = ratio;
-  config.threads = threads;
-  validate_select_config(config);
-  return config;
+  return make_select_config(heads, head_dim, rope_dim, topk, ratio, threads);
 }
 
 RowBytes ModelFlags::row_bytes(int64_t qr_bytes, int64_t weight_bytes, int64_t rope_bytes) const {

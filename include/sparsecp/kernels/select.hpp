@@ -104,6 +104,12 @@ inline constexpr int kMaxSelectThreads = 1024;
 // [0, head_dim].)
 void validate_select_config(const SelectConfig& config);
 
+// A validated SelectConfig from its fields (validate_select_config's errors), the one place
+// the CLI, the benches and the Python binding assemble one.
+SelectConfig make_select_config(int64_t heads, int64_t head_dim, int64_t rope_dim, int64_t topk,
+                                int64_t ratio = 4, int threads = 0,
+                                KernelIsa isa = KernelIsa::kAuto);
+
 // ---------------------------------------------------------------------------------
 // Projection. Seed `_project_worker_index_query`.
 //

@@ -116,4 +116,17 @@ int64_t validate_projection(MatrixView qr, MatrixView wq_b, MatrixView cos, Matr
 }
 
 }  // namespace select_detail
+SelectConfig make_select_config(int64_t heads, int64_t head_dim, int64_t rope_dim, int64_t topk,
+                                int64_t ratio, int threads, KernelIsa isa) {
+  const SelectConfig config{.heads = heads,
+                            .head_dim = head_dim,
+                            .rope_dim = rope_dim,
+                            .topk = topk,
+                            .ratio = ratio,
+                            .threads = threads,
+                            .isa = isa};
+  validate_select_config(config);
+  return config;
+}
+
 }  // namespace sparsecp
