@@ -147,6 +147,11 @@ void scores_portable(const ScoreArgs& args);
 void student_backward_portable(const StudentBackwardArgs& args);
 void transpose_portable(const TransposeArgs& args);
 
+void gemm_avx2(const GemmArgs& args);  // -mavx2 -mfma
+void teacher_avx2(const TeacherArgs& args);
+void scores_avx2(const ScoreArgs& args);
+void student_backward_avx2(const StudentBackwardArgs& args);
+
 void gemm_avx512(const GemmArgs& args);
 void teacher_avx512(const TeacherArgs& args);
 void scores_avx512(const ScoreArgs& args);
