@@ -185,34 +185,45 @@ TEST(NanPropagation, SelectionEveryInputEveryPoison) {
   }
 }
 
-// A NaN dot product is not ReLU'd away: one NaN channel of q makes every key a row
-// sees score NaN (above +Inf, equal among themselves), so each row selects its lowest
-// visible ids, whatever the finite channels would prefer (key 4 scores highest).
+// A NaN dot product is not ReLU'd away (as torch.relu): head 0 has a NaN channel, so its
+// dot product with every key is NaN, and every score of the row is NaN (above +Inf, equal
+// among themselves): each row selects its lowest visible ids. Were the NaN dropped (the
+// old ReLU, x > 0 ? x : 0), head 1 alone would rank key s by s and pick the highest ids.
 TEST(NanPropagation, SelectionNanDotProductRanksFirst) {
   SelectConfig config;
-  config.heads = 1;
+  config.heads = 2;
   config.head_dim = 16;
   config.topk = 2;
   config.ratio = 1;
   const std::vector<Segment> segments{{0, 5, 0, 5, 0}};  // row r sees keys [0, r + 1)
-  std::vector<float> q(5 * 16, 0.0f), w(5, 1.0f), keys(5 * 16, 0.0f);
+  std::vector<float> q(5 * 32, 0.0f), w(5 * 2, 1.0f), keys(5 * 16, 0.0f);
   for (int64_t s = 0; s < 5; ++s) keys[static_cast<size_t>(s * 16)] = static_cast<float>(s);
   for (int64_t r = 0; r < 5; ++r) {
-    q[static_cast<size_t>(r * 16)] = 1.0f;
-    q[static_cast<size_t>(r * 16 + 1)] = std::numeric_limits<float>::quiet_NaN();
+    q[static_cast<size_t>(r * 32)] = 1.0f;
+    q[static_cast<size_t>(r * 32 + 1)] = std::numeric_limits<float>::quiet_NaN();
+    q[static_cast<size_t>(r * 32 + 16)] = 1.0f;
   }
   const std::vector<int32_t> expected{0, -1, 0, 1, 0, 1, 0, 1, 0, 1};
-  const MatrixView qv = MatrixView::f32(q.data(), 5, 16), wv = MatrixView::f32(w.data(), 5, 1),
-                   kv = MatrixView::f32(keys.data(), 5, 16);
-  for (const KernelIsa isa : every_isa()) {
-    config.isa = isa;
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    std::vector<uint16_t> q16, k16;
+    for (const float v : q) q16.push_back(float_to_bf16(v));
+    for (const float v : keys) k16.push_back(float_to_bf16(v));
+    const bool f = dtype == DType::kFloat32;
+    const MatrixView qv =
+        f ? MatrixView::f32(q.data(), 5, 32) : MatrixView::bf16(q16.data(), 5, 32);
+    const MatrixView kv =
+        f ? MatrixView::f32(keys.data(), 5, 16) : MatrixView::bf16(k16.data(), 5, 16);
+    const MatrixView wv = MatrixView::f32(w.data(), 5, 2);
+    for (const KernelIsa isa : every_isa()) {
+      config.isa = isa;
+      std::vector<int32_t> out(10, 7);
+      select_topk(qv, wv, kv, segments, config, out);
+      EXPECT_EQ(out, expected) << kernel_isa_name(isa) << " " << dtype_name(dtype);
+    }
     std::vector<int32_t> out(10, 7);
-    select_topk(qv, wv, kv, segments, config, out);
-    EXPECT_EQ(out, expected) << kernel_isa_name(isa);
+    select_topk_reference(qv, wv, kv, segments, config, out);
+    EXPECT_EQ(out, expected) << "reference " << dtype_name(dtype);
   }
-  std::vector<int32_t> out(10, 7);
-  select_topk_reference(qv, wv, kv, segments, config, out);
-  EXPECT_EQ(out, expected);
 }
 
 }  // namespace
