@@ -97,8 +97,12 @@ void teacher_portable(const TeacherArgs& t) {
   for (int64_t j = 0; j < t.slots; ++j) t.probabilities[j] = 0.0f;
   for (int64_t h = 0; h < t.heads; ++h) {
     float top = t.sinks[h];
-    for (int64_t j = 0; j < t.slots; ++j)
-      top = std::fmax(top, t.scale * t.logits[j * t.ldl + h]);  // NaN: exp below
+    for (int64_t j = 0; j < t.slots; ++j) {
+      // A comparison, not fmaxf (a call at the baseline ISA). A NaN logit is skipped
+      // here and reaches z through its exp below, as in the SIMD kernels.
+      const float l = t.scale * t.logits[j * t.ldl + h];
+      top = l > top ? l : top;
+    }
     float z = std::exp(t.sinks[h] - top);
     for (int64_t j = 0; j < t.slots; ++j) {
       float& l = t.logits[j * t.ldl + h];
