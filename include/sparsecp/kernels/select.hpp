@@ -117,8 +117,9 @@ struct SelectConfig {
 // typo in a thread count is an error instead.
 inline constexpr int kMaxSelectThreads = 1024;
 
-// Throws Error unless heads, head_dim, topk, ratio >= 1 and 0 <= threads <=
-// kMaxSelectThreads. (rope_dim is checked by the projection only: even and within
+// Throws Error unless heads, head_dim, topk, ratio >= 1, 0 <= threads <=
+// kMaxSelectThreads and config.isa resolves to an ISA this CPU runs
+// (resolve_kernel_isa). (rope_dim is checked by the projection only: even and within
 // [0, head_dim].)
 void validate_select_config(const SelectConfig& config);
 
