@@ -48,10 +48,11 @@
 //   These are the seed's gradients of `loss` (computed in the forward pass; an autograd
 //   backward scales them by the incoming gradient).
 //   NaN and Inf. They are not checked for; they propagate as in the torch formulation:
-//   ReLU(x) = x < 0 ? 0 : x (a NaN z passes, as torch.relu), the mask [z > 0] reads
-//   !(z <= 0) (a NaN z is active), and the gradient products are dense (an inactive
-//   slot adds 0 * Kidx and 0 * q, so an Inf there gives NaN). Every ISA path and the
-//   reference agree on which outputs are NaN (tests/kernels/nan_propagation_test.cpp).
+//   ReLU(x) = x < 0 ? 0 : x (a NaN z passes, as torch.relu and clamp_min), dz is the
+//   product g * w * [z > 0] (a NaN g or w stays NaN where the mask is 0), and the
+//   gradient products are dense (an inactive slot adds 0 * Kidx and 0 * q, so an Inf
+//   there gives NaN). Every ISA path, the reference and the torch path agree on which
+//   outputs are NaN (tests/kernels/nan_propagation_test.cpp, python/tests/test_kl.py).
 //
 // Precision. The fast path computes every dot product and softmax in float32 (bf16
 // inputs are widened exactly; where the CPU has AVX512_BF16 and both factors of a

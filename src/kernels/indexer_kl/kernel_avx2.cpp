@@ -237,9 +237,9 @@ void student_backward_avx2(const StudentBackwardArgs& s) {
       const __m256 z = _mm256_maskload_ps(row, mask);
       const __m256 g = _mm256_set1_ps(s.g[j]);
       dw = _mm256_fmadd_ps(g, _mm256_max_ps(zero, z), dw);  // NaN z passes
-      // Active unless z <= 0: NaN is active, as in the reference.
-      const __m256 active = _mm256_cmp_ps(z, zero, _CMP_NLE_UQ);
-      _mm256_maskstore_ps(row, mask, _mm256_and_ps(active, _mm256_mul_ps(g, w)));
+      // dz = g * w * [z > 0] as a product (as in torch): a NaN g or w stays NaN.
+      const __m256 unit = _mm256_and_ps(_mm256_cmp_ps(z, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f));
+      _mm256_maskstore_ps(row, mask, _mm256_mul_ps(_mm256_mul_ps(g, w), unit));
     }
     _mm256_maskstore_ps(s.dw + h0, mask, dw);
   }

@@ -386,9 +386,10 @@ void student_backward_avx512(const StudentBackwardArgs& s) {
       const __m512 z = _mm512_maskz_loadu_ps(mask, row);
       const __m512 g = _mm512_set1_ps(s.g[j]);
       dw = _mm512_fmadd_ps(g, _mm512_max_ps(zero, z), dw);  // NaN z passes
-      // Active unless z <= 0: NaN is active, as in the reference.
-      const __mmask16 active = _mm512_mask_cmp_ps_mask(mask, z, zero, _CMP_NLE_UQ);
-      _mm512_mask_storeu_ps(row, mask, _mm512_maskz_mul_ps(active, g, w));
+      // dz = g * w * [z > 0] as a product (as in torch): a NaN g or w stays NaN.
+      const __mmask16 active = _mm512_cmp_ps_mask(z, zero, _CMP_GT_OQ);
+      const __m512 unit = _mm512_maskz_mov_ps(active, _mm512_set1_ps(1.0f));
+      _mm512_mask_storeu_ps(row, mask, _mm512_mul_ps(_mm512_mul_ps(g, w), unit));
     }
     _mm512_mask_storeu_ps(s.dw + h0, mask, dw);
   }

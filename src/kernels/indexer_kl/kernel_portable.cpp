@@ -132,9 +132,9 @@ void student_backward_portable(const StudentBackwardArgs& s) {
     const float g = s.g[j];
     for (int64_t h = 0; h < s.heads; ++h) {
       const float relu = z[h] < 0.0f ? 0.0f : z[h];  // NaN passes
-      const bool active = !(z[h] <= 0.0f);           // NaN is active (the reference's mask)
+      const float mask = z[h] > 0.0f ? 1.0f : 0.0f;
       s.dw[h] += g * relu;
-      z[h] = active ? g * s.weights[h] : 0.0f;
+      z[h] = g * s.weights[h] * mask;  // a product, as in torch: NaN g or w stays NaN
     }
   }
 }
