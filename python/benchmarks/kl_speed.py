@@ -27,9 +27,14 @@ hold; the figures are given with and without them. Every allocation torch and th
 make is resident (written), so RSS sees them; the fused kernel's own bound is
 ``indexer_kl_scratch_bytes``.
 
+Kernel ISA: the fused path runs what ``isa="auto"`` resolves to, reported as ``isa``:
+``SPARSECP_ISA=portable|avx2|avx512`` in the environment forces one (the probes inherit it),
+e.g. ``SPARSECP_ISA=avx2`` to measure the AVX2 kernel on an AVX-512 CPU.
+
 Usage:
   OPENBLAS_CORETYPE=SkylakeX .venv/bin/python python/benchmarks/kl_speed.py [--rows 2048] [--threads 2] \
       [--repeats 5] [--json]
+  SPARSECP_ISA=avx2 .venv/bin/python python/benchmarks/kl_speed.py --json
 """
 from __future__ import annotations
 

@@ -259,5 +259,9 @@ def route(plan_or_mode: Plan | str, lengths: Sequence[int], cp: int, rank: int, 
 
 
 def kernel_isa() -> str:
-    """The SIMD kernel the CPU selection uses on this machine: avx512, avx2 or portable."""
+    """The SIMD kernels the CPU selection and KL loss run (avx512, avx2 or portable).
+
+    The environment variable ``SPARSECP_ISA`` (portable, avx2, avx512) forces one, for
+    every kernel called with ``isa="auto"``; an ISA the CPU lacks raises ValueError.
+    """
     return _core.kernel_isa()

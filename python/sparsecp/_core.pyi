@@ -537,7 +537,9 @@ def csa_tnd_plan(segments: Annotated[NDArray[numpy.int64], dict(shape=(None, Non
     """Seed csa_tnd_plan: None when no row sees a key."""
 
 def kernel_isa() -> str:
-    """The ISA the selection kernels use on this CPU (auto's choice)."""
+    """
+    The ISA the selection and KL kernels run with isa='auto': SPARSECP_ISA if set, else the best this CPU supports.
+    """
 
 def kernel_isa_supported(name: str) -> bool: ...
 

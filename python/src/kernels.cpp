@@ -173,8 +173,10 @@ void bind_kernels(nb::module_& m) {
       nb::arg("segments"), nb::arg("ratio"), "Seed csa_tnd_plan: None when no row sees a key.");
 
   m.def(
-      "kernel_isa", [] { return std::string(kernel_isa_name(best_kernel_isa())); },
-      "The ISA the selection kernels use on this CPU (auto's choice).");
+      "kernel_isa",
+      [] { return std::string(kernel_isa_name(resolve_kernel_isa(KernelIsa::kAuto))); },
+      "The ISA the selection and KL kernels run with isa='auto': SPARSECP_ISA if set, else "
+      "the best this CPU supports.");
   m.def(
       "kernel_isa_supported",
       [](std::string_view name) { return kernel_isa_supported(parse_isa(name)); }, nb::arg("name"));

@@ -353,3 +353,41 @@ def test_unit_incoming_gradient_hands_the_saved_gradients_over(monkeypatch):
     loss.backward(retain_graph=True)
     loss.backward()
     assert all(torch.equal(t.grad, 2 * g) for t, g in zip(student, first))  # the saved ones were not handed over
+
+
+SUPPORTED_ISAS = [isa for isa in ("portable", "avx2", "avx512") if sparsecp._core.kernel_isa_supported(isa)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["index_query", "index_key", "merge_weight", "attention_query", "compressed_key",
+                                  "sinks"])
+def test_nan_propagates_like_the_torch_path_on_every_isa(name, dtype, monkeypatch):
+    """One NaN in any input: the fused kernel, on every ISA this CPU runs (SPARSECP_ISA),
+    is NaN exactly where the chunked torch formulation is (it used to ReLU NaN away)."""
+    inputs = make_inputs(SEED + 77, dtype=dtype)
+    flat = inputs[name].view(-1)
+    flat[flat.numel() // 2] = float("nan")
+    monkeypatch.setenv("SPARSECP_TORCH_PATH", "1")
+    want = run(inputs)
+    monkeypatch.delenv("SPARSECP_TORCH_PATH")
+    assert any(bool(t.isnan().any()) for t in want)
+    for isa in SUPPORTED_ISAS:
+        monkeypatch.setenv("SPARSECP_ISA", isa)
+        assert sparsecp.kernel_isa() == isa
+        got = run(inputs)
+        for g, w, what in zip(got, want, ("loss", "index_query", "index_key", "merge_weight")):
+            assert torch.equal(g.isnan(), w.isnan()), (isa, what)
+
+
+def test_unknown_or_unsupported_isa_in_the_environment_raises(monkeypatch):
+    inputs = make_inputs(SEED + 78)
+    monkeypatch.setenv("SPARSECP_ISA", "avx3")
+    with pytest.raises(ValueError, match="SPARSECP_ISA must be auto, portable, avx2 or avx512, got 'avx3'"):
+        run(inputs)
+    with pytest.raises(ValueError, match="SPARSECP_ISA must be"):
+        sparsecp.kernel_isa()
+    for isa in ("avx2", "avx512"):
+        if not sparsecp._core.kernel_isa_supported(isa):
+            monkeypatch.setenv("SPARSECP_ISA", isa)
+            with pytest.raises(ValueError, match="is not supported by this CPU"):
+                run(inputs)

@@ -179,8 +179,8 @@ TEST_F(KlCli, BadFilesAndShapesExitTwoWithOneErrorLine) {
   shifted.replace(shifted.find("--main-key-offset 0"), 19, "--main-key-offset 1");
   expect_one_error(testing::run_tool(shifted + out),
                    "index_key has 6 rows, fewer than main_key_offset 1");
-  expect_one_error(testing::run_tool(arguments(c) + out + " --isa avx2"),
-                   "--isa must be auto, portable or avx512, got 'avx2'");
+  expect_one_error(testing::run_tool(arguments(c) + out + " --isa avx3"),
+                   "--isa must be auto, portable, avx2 or avx512, got 'avx3'");
   expect_one_error(testing::run_tool(arguments(c)), "kl needs --out-dir, --json or both");
   expect_one_error(testing::run_tool("kl --index-query " + path("q.npy")), "required");
 }

@@ -27,9 +27,12 @@ using testing::KlShapeSpec;
 using testing::random_kl_case;
 using testing::relative_l2;
 
+// Every ISA this CPU runs (an AVX-512 machine tests the AVX2 and portable kernels too).
 std::vector<KernelIsa> kl_isas() {
-  std::vector<KernelIsa> isas{KernelIsa::kPortable};
-  if (kernel_isa_supported(KernelIsa::kAvx512)) isas.push_back(KernelIsa::kAvx512);
+  std::vector<KernelIsa> isas;
+  for (const KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (kernel_isa_supported(isa)) isas.push_back(isa);
+  }
   return isas;
 }
 

@@ -1,12 +1,14 @@
 // Fast selection vs its plain reference: exact on small-integer inputs over awkward
 // shapes, every ISA this CPU runs, both dtypes; tolerance checks on real inputs;
 // invariance to threads and batching.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 #include <stdexcept>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "../../src/kernels/select/select_internal.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/kernels/select.hpp"
+#include "support/error_of.hpp"
 #include "support/select_test_support.hpp"
 
 namespace sparsecp {
@@ -303,6 +306,54 @@ TEST(SelectThreads, WorkerExceptionsKeepTheirOwnTypeAndMessage) {
   });
   for (const auto& count : runs) EXPECT_EQ(count.load(), 1);
   EXPECT_TRUE(thread_in_range.load());
+}
+
+// SPARSECP_ISA forces what kAuto runs, for the selection and the KL kernels alike (one
+// mechanism: resolve_kernel_isa); an unknown value or an ISA the CPU lacks is an error
+// naming it, from every entry point, before any output is written.
+TEST(KernelIsaSelection, EnvironmentForcesAutoAndRefusesClearly) {
+  struct Restore {
+    ~Restore() { unsetenv("SPARSECP_ISA"); }
+  } restore;
+  unsetenv("SPARSECP_ISA");
+  EXPECT_EQ(resolve_kernel_isa(KernelIsa::kAuto), best_kernel_isa());
+  setenv("SPARSECP_ISA", "", 1);
+  EXPECT_EQ(resolve_kernel_isa(KernelIsa::kAuto), best_kernel_isa());
+  for (const KernelIsa isa : supported_isas()) {
+    setenv("SPARSECP_ISA", kernel_isa_name(isa), 1);
+    EXPECT_EQ(resolve_kernel_isa(KernelIsa::kAuto), isa);
+    // An explicit ISA wins over the environment.
+    EXPECT_EQ(resolve_kernel_isa(KernelIsa::kPortable), KernelIsa::kPortable);
+  }
+  setenv("SPARSECP_ISA", "auto", 1);
+  EXPECT_EQ(resolve_kernel_isa(KernelIsa::kAuto), best_kernel_isa());
+
+  setenv("SPARSECP_ISA", "avx3", 1);
+  EXPECT_EQ(testing::error_of([] { resolve_kernel_isa(KernelIsa::kAuto); }),
+            "SPARSECP_ISA must be auto, portable, avx2 or avx512, got 'avx3'");
+  SelectConfig config;
+  config.heads = 1;
+  config.head_dim = 4;
+  config.topk = 1;
+  config.ratio = 1;
+  std::vector<float> q(4, 1.0f), w(1, 1.0f), k(4, 1.0f);
+  std::vector<int32_t> out(1, 7);
+  const std::vector<Segment> segments{{0, 1, 0, 1, 0}};
+  EXPECT_EQ(testing::error_of([&] {
+              select_topk(MatrixView::f32(q.data(), 1, 4), MatrixView::f32(w.data(), 1, 1),
+                          MatrixView::f32(k.data(), 1, 4), segments, config, out);
+            }),
+            "SPARSECP_ISA must be auto, portable, avx2 or avx512, got 'avx3'");
+  EXPECT_EQ(out[0], 7);  // nothing written
+  for (const KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (kernel_isa_supported(isa)) continue;
+    setenv("SPARSECP_ISA", kernel_isa_name(isa), 1);
+    EXPECT_THAT(testing::error_of([] { resolve_kernel_isa(KernelIsa::kAuto); }),
+                ::testing::HasSubstr("is not supported by this CPU"));
+    unsetenv("SPARSECP_ISA");
+    EXPECT_THAT(testing::error_of([&] { resolve_kernel_isa(isa); }),
+                ::testing::HasSubstr("is not supported by this CPU"));
+  }
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "batch_input.hpp"
 #include "command.hpp"
@@ -67,16 +70,20 @@ double sgemm_gflops(const TimedPath& path, int64_t n) {
 
 std::string blas_core_name() { return openblas_get_corename(); }
 
-KernelIsa parse_isa(const std::string& name, std::initializer_list<KernelIsa> allowed) {
-  std::string names;
-  size_t index = 0;
-  for (const KernelIsa isa : allowed) {
-    if (name == kernel_isa_name(isa)) return isa;
-    names += index == 0 ? "" : (index + 1 == allowed.size() ? " or " : ", ");
-    names += kernel_isa_name(isa);
-    ++index;
+KernelIsa parse_isa(const std::string& name) { return parse_kernel_isa(name, "--isa"); }
+
+std::vector<KernelIsa> bench_isas(const std::string& name) {
+  if (name == "all") {
+    std::vector<KernelIsa> isas;
+    for (const KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+      if (kernel_isa_supported(isa)) isas.push_back(isa);
+    }
+    return isas;
   }
-  SPARSECP_FAIL("--isa must be ", names, ", got '", name, "'");
+  const std::vector<std::string> known{"auto", "portable", "avx2", "avx512"};
+  SPARSECP_CHECK(std::find(known.begin(), known.end(), name) != known.end(),
+                 "--isa must be auto, portable, avx2, avx512 or all, got '", name, "'");
+  return {resolve_kernel_isa(parse_isa(name))};
 }
 
 }  // namespace sparsecp::cli

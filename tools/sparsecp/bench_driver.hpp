@@ -61,10 +61,16 @@ double sgemm_gflops(const TimedPath& path, int64_t n);
 // one. Every bench reports it.
 std::string blas_core_name();
 
-// "auto" / "portable" / "avx2" / "avx512" -> KernelIsa, one of `allowed` (a kernel may
-// not have every ISA); Error naming the value and the allowed names otherwise.
-KernelIsa parse_isa(const std::string& name, std::initializer_list<KernelIsa> allowed = {
-                                                 KernelIsa::kAuto, KernelIsa::kPortable,
-                                                 KernelIsa::kAvx2, KernelIsa::kAvx512});
+// "auto" / "portable" / "avx2" / "avx512" -> KernelIsa (every kernel has every ISA);
+// Error naming the value otherwise.
+KernelIsa parse_isa(const std::string& name);
+
+// The ISAs a bench's --isa names, resolved: "all" is each ISA this CPU runs (portable,
+// avx2, avx512), to be timed side by side in one run; "auto" is SPARSECP_ISA or the best
+// the CPU has; an ISA the CPU lacks is an error naming it.
+std::vector<KernelIsa> bench_isas(const std::string& name);
+inline constexpr const char* kBenchIsaHelp =
+    "Kernel ISA: auto (SPARSECP_ISA, else the best this CPU runs), portable, avx2, avx512, or "
+    "all (each ISA this CPU runs, side by side in one run)";
 
 }  // namespace sparsecp::cli

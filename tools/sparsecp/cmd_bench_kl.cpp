@@ -175,42 +175,85 @@ void run_bench_kl(const BenchKlCommand& c) {
   options.attention_scale = 1.0 / std::sqrt(static_cast<double>(c.att_dim));
   options.loss_coeff = 1.0;
   options.threads = c.threads;
-  options.isa = parse_isa(c.isa, {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx512});
+  const std::vector<KernelIsa> isas = bench_isas(c.isa);
   const IndexerKlInputs in32 = data.inputs(c, DType::kFloat32);
   const IndexerKlInputs in16 = data.inputs(c, DType::kBFloat16);
   const double flops = indexer_kl_flops(in32, options);
 
-  Run fp32(data, c), bf16(data, c);
-  std::vector<TimedPath> paths = {
-      sgemm_path(c.sgemm_size),
-      {"fused fp32", [&] { fp32.loss = indexer_kl_loss(in32, options, fp32.spans()); }},
-      {"fused bf16", [&] { bf16.loss = indexer_kl_loss(in16, options, bf16.spans()); }}};
-  time_interleaved(paths, c.repeat);
-  const double t32 = paths[1].median_seconds();
-  const double t16 = paths[2].median_seconds();
-
-  // Checks: fp32 against bf16 (the same values), and the first rows against the double
-  // reference (bounds as in tests/kernels/indexer_kl_test.cpp, looser for real-valued q).
-  const double bf16_difference = run_difference(bf16, fp32);
-  double reference_difference = 0.0;
-  if (c.verify_rows > 0) {
-    const BenchData sub = first_rows(c, data, c.verify_rows);
-    Run fast(sub, c), reference(sub, c);
-    const IndexerKlInputs in = sub.inputs(c, DType::kFloat32);
-    fast.loss = indexer_kl_loss(in, options, fast.spans());
-    reference.loss = indexer_kl_loss_reference(in, options, reference.spans());
-    reference_difference = run_difference(fast, reference);
+  // One fp32 and one bf16 path per ISA, all interleaved with the sgemm in one run.
+  struct PerIsa {
+    KernelIsa isa;
+    IndexerKlOptions options;
+    std::unique_ptr<Run> fp32, bf16;
+  };
+  std::vector<PerIsa> runs;
+  for (const KernelIsa isa : isas) {
+    IndexerKlOptions o = options;
+    o.isa = isa;
+    runs.push_back({isa, o, std::make_unique<Run>(data, c), std::make_unique<Run>(data, c)});
   }
-  const bool verified =
-      std::isfinite(fp32.loss) && bf16_difference <= 1e-4 && reference_difference <= 1e-4;
-
+  std::vector<TimedPath> paths = {sgemm_path(c.sgemm_size)};
+  for (PerIsa& r : runs) {
+    const std::string suffix = isas.size() > 1 ? std::string(" ") + kernel_isa_name(r.isa) : "";
+    paths.push_back({"fused fp32" + suffix,
+                     [&] { r.fp32->loss = indexer_kl_loss(in32, r.options, r.fp32->spans()); }});
+    paths.push_back({"fused bf16" + suffix,
+                     [&] { r.bf16->loss = indexer_kl_loss(in16, r.options, r.bf16->spans()); }});
+  }
+  time_interleaved(paths, c.repeat);
   const double sgemm = sgemm_gflops(paths[0], c.sgemm_size);
   const int threads = c.threads > 0 ? c.threads : omp_get_max_threads();
-  const KernelIsa isa = options.isa != KernelIsa::kAuto            ? options.isa
-                        : kernel_isa_supported(KernelIsa::kAvx512) ? KernelIsa::kAvx512
-                                                                   : KernelIsa::kPortable;
-  IndexerKlOptions sized = options;
-  sized.threads = threads;
+
+  // Checks per ISA: fp32 against bf16 (the same values), and the first rows against the
+  // double reference (bounds as in tests/kernels/indexer_kl_test.cpp, looser for
+  // real-valued q).
+  const BenchData sub = first_rows(c, data, c.verify_rows);
+  Run reference(sub, c);
+  if (c.verify_rows > 0) {
+    reference.loss =
+        indexer_kl_loss_reference(sub.inputs(c, DType::kFloat32), options, reference.spans());
+  }
+  bool verified = true;
+  nlohmann::ordered_json per_isa = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    PerIsa& r = runs[i];
+    const double t32 = paths[1 + 2 * i].median_seconds();
+    const double t16 = paths[2 + 2 * i].median_seconds();
+    const double bf16_difference = run_difference(*r.bf16, *r.fp32);
+    double reference_difference = 0.0;
+    if (c.verify_rows > 0) {
+      Run fast(sub, c);
+      fast.loss = indexer_kl_loss(sub.inputs(c, DType::kFloat32), r.options, fast.spans());
+      reference_difference = run_difference(fast, reference);
+    }
+    const bool ok =
+        std::isfinite(r.fp32->loss) && bf16_difference <= 1e-4 && reference_difference <= 1e-4;
+    verified = verified && ok;
+    IndexerKlOptions sized = r.options;
+    sized.threads = threads;
+    nlohmann::ordered_json e;
+    e["isa"] = kernel_isa_name(r.isa);
+    e["seconds"] = t32;
+    e["gflops"] = flops / t32 / 1e9;
+    e["seconds_min"] = paths[1 + 2 * i].spread().min;
+    e["seconds_max"] = paths[1 + 2 * i].spread().max;
+    e["fraction_of_sgemm"] = flops / t32 / 1e9 / sgemm;
+    e["bf16_seconds"] = t16;
+    e["bf16_gflops"] = flops / t16 / 1e9;
+    e["bf16_fraction_of_sgemm"] = flops / t16 / 1e9 / sgemm;
+    e["bf16_speedup"] = t32 / t16;
+    e["bf16_dot_products"] =
+        r.isa == KernelIsa::kAvx512 && kernel_isa_bf16_dot_products() ? "vdpbf16ps" : "widened";
+    e["scratch_bytes"] = indexer_kl_scratch_bytes(in32, sized);
+    e["bf16_scratch_bytes"] = indexer_kl_scratch_bytes(in16, sized);
+    e["loss"] = r.fp32->loss;
+    e["bf16_max_relative_difference"] = bf16_difference;
+    e["reference_max_relative_difference"] = reference_difference;
+    e["verified"] = ok;
+    per_isa.push_back(e);
+  }
+  // The flat fields describe the last (with --isa all: the best) ISA; `per_isa` has each.
+  const nlohmann::ordered_json& last = per_isa.back();
   nlohmann::ordered_json out;
   out["rows"] = c.rows;
   out["doc_length"] = c.doc_length;
@@ -221,51 +264,51 @@ void run_bench_kl(const BenchKlCommand& c) {
   out["att_dim"] = c.att_dim;
   out["topk"] = c.topk;
   out["threads"] = threads;
-  out["isa"] = kernel_isa_name(isa);
   out["repeat"] = c.repeat;
   out["gflop"] = flops / 1e9;
-  out["seconds"] = t32;
-  out["gflops"] = flops / t32 / 1e9;
-  out["seconds_min"] = paths[1].spread().min;
-  out["seconds_max"] = paths[1].spread().max;
   out["sgemm_gflops"] = sgemm;
   out["sgemm_core"] = blas_core_name();
-  out["fraction_of_sgemm"] = flops / t32 / 1e9 / sgemm;
-  out["bf16_seconds"] = t16;
-  out["bf16_gflops"] = flops / t16 / 1e9;
-  out["bf16_speedup"] = t32 / t16;
-  out["scratch_bytes"] = indexer_kl_scratch_bytes(in32, sized);
-  out["bf16_scratch_bytes"] = indexer_kl_scratch_bytes(in16, sized);
-  out["loss"] = fp32.loss;
-  out["bf16_max_relative_difference"] = bf16_difference;
-  out["reference_max_relative_difference"] = reference_difference;
+  for (const auto& [key, value] : last.items()) out[key] = value;
+  out["per_isa"] = per_isa;
   out["verified"] = verified;
   if (c.json) {
     std::cout << out.dump() << "\n";
   } else {
+    std::string names;
+    for (const KernelIsa isa : isas)
+      names += std::string(names.empty() ? "" : ", ") + kernel_isa_name(isa);
     std::printf(
         "bench kl: %lld rows (last of a %lld-token document), %lld keys, index heads %lld x %lld, "
-        "attention heads %lld x %lld, topk %lld, %d threads, %s kernel, median of %lld\n",
+        "attention heads %lld x %lld, topk %lld, %d threads, kernel %s, median of %lld\n",
         static_cast<long long>(c.rows), static_cast<long long>(c.doc_length),
         static_cast<long long>(data.keys), static_cast<long long>(c.heads),
         static_cast<long long>(c.head_dim), static_cast<long long>(c.att_heads),
-        static_cast<long long>(c.att_dim), static_cast<long long>(c.topk), threads,
-        kernel_isa_name(isa), static_cast<long long>(c.repeat));
+        static_cast<long long>(c.att_dim), static_cast<long long>(c.topk), threads, names.c_str(),
+        static_cast<long long>(c.repeat));
     std::printf(
         "  counted work          %10.1f GFLOP (per selected pair 2*Hm*Dm + 2*H*D + 4*H*D)\n",
         flops / 1e9);
     std::printf("  BLAS sgemm %5lld^3     %10.1f GFLOP/s  (OpenBLAS kernel %s)\n",
                 static_cast<long long>(c.sgemm_size), sgemm, blas_core_name().c_str());
-    std::printf("  fused fp32            %10.3f s  %8.1f GFLOP/s  (%.0f%% of sgemm)\n", t32,
-                flops / t32 / 1e9, 100.0 * out["fraction_of_sgemm"].get<double>());
-    std::printf("  fused bf16            %10.3f s  %8.1f GFLOP/s  (%.2fx fp32)\n", t16,
-                flops / t16 / 1e9, t32 / t16);
-    std::printf("  scratch memory        %10.2f MiB fp32, %.2f MiB bf16 (independent of rows)\n",
-                static_cast<double>(out["scratch_bytes"].get<size_t>()) / (1 << 20),
-                static_cast<double>(out["bf16_scratch_bytes"].get<size_t>()) / (1 << 20));
-    std::printf("  loss %.9g; bf16 vs fp32 %.1e, first %lld rows vs reference %.1e: %s\n",
-                fp32.loss, bf16_difference, static_cast<long long>(c.verify_rows),
-                reference_difference, verified ? "verified" : "NOT VERIFIED");
+    for (const auto& e : per_isa) {
+      const std::string isa = e["isa"].get<std::string>();
+      std::printf("  fused fp32 %-10s %10.3f s  %8.1f GFLOP/s  (%.0f%% of sgemm)\n", isa.c_str(),
+                  e["seconds"].get<double>(), e["gflops"].get<double>(),
+                  100.0 * e["fraction_of_sgemm"].get<double>());
+      std::printf("  fused bf16 %-10s %10.3f s  %8.1f GFLOP/s  (%.2fx fp32, %s)\n", isa.c_str(),
+                  e["bf16_seconds"].get<double>(), e["bf16_gflops"].get<double>(),
+                  e["bf16_speedup"].get<double>(),
+                  e["bf16_dot_products"].get<std::string>().c_str());
+      std::printf(
+          "  %-10s scratch %.2f MiB fp32, %.2f MiB bf16 (independent of rows); loss %.9g; "
+          "bf16 vs fp32 %.1e, first %lld rows vs reference %.1e: %s\n",
+          isa.c_str(), static_cast<double>(e["scratch_bytes"].get<size_t>()) / (1 << 20),
+          static_cast<double>(e["bf16_scratch_bytes"].get<size_t>()) / (1 << 20),
+          e["loss"].get<double>(), e["bf16_max_relative_difference"].get<double>(),
+          static_cast<long long>(c.verify_rows),
+          e["reference_max_relative_difference"].get<double>(),
+          e["verified"].get<bool>() ? "verified" : "NOT VERIFIED");
+    }
   }
   if (!verified) throw ExitStatus{1};
 }
@@ -288,18 +331,20 @@ const Registration registration("bench", [](CLI::App& app) {
   bench->add_option("--att-heads", b->att_heads, "Attention heads Hm")->capture_default_str();
   bench->add_option("--att-dim", b->att_dim, "Attention head dim Dm")->capture_default_str();
   bench->add_option("--topk", b->topk, "Selected keys per row")->capture_default_str();
-  bench->add_option("--isa", b->isa, "Kernel: auto, portable or avx512")->capture_default_str();
+  bench->add_option("--isa", b->isa, kBenchIsaHelp)->capture_default_str();
   b->add_to(*bench);
   bench->add_option("--verify-rows", b->verify_rows, "Rows checked against the reference")
       ->capture_default_str();
   bench->add_flag("--json", b->json,
                   "Print one JSON object: seconds, gflops, sgemm_gflops, fraction_of_sgemm, "
-                  "bf16_seconds, bf16_speedup, scratch_bytes, verified, ...");
+                  "bf16_seconds, bf16_speedup, scratch_bytes, verified, ... of the (last) ISA, "
+                  "and per_isa: the same fields for each ISA run");
   bench->footer(
       "Examples:\n"
       "  sparsecp bench kl               # DeepSeek-V4 shapes, last 2048 rows of an 8192-token "
       "document\n"
       "  sparsecp bench kl --rows 4096 --repeats 5 --json\n"
+      "  sparsecp bench kl --isa all --rows 256   # every ISA this CPU runs, side by side\n"
       "Exit status 1 if a check fails. OpenBLAS chooses its sgemm kernel by CPU model and falls "
       "back to an old SSE3 one on CPUs it does not know (see sgemm_core); force one with e.g. "
       "OPENBLAS_CORETYPE=SkylakeX.");

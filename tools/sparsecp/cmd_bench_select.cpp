@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "batch_input.hpp"
@@ -112,7 +113,7 @@ Problem make_problem(const BenchSelectFlags& c) {
                  "--dtype must be fp32, bf16 or both, got '", c.dtype, "'");
   Problem p;
   p.config = c.model.select_config(c.ratio, c.threads);
-  p.config.isa = parse_isa(c.isa);
+  p.config.isa = bench_isas(c.isa).back();
   validate_select_config(p.config);
   const int64_t per_doc = c.rows == 0 ? c.doc_length : c.rows;
   BufferBudget budget("bench select");
@@ -168,12 +169,12 @@ Problem make_problem(const BenchSelectFlags& c) {
 
 void run_bench(const BenchSelectFlags& c) {
   Problem p = make_problem(c);
-  const SelectConfig& config = p.config;
+  const std::vector<KernelIsa> isas = bench_isas(c.isa);
   const int64_t rows = p.rows, width = p.width, q_rank = c.model.q_rank;
   const int64_t half = c.model.rope_dim / 2;
   const bool run_fp32 = c.dtype != "bf16", run_bf16 = c.dtype != "fp32";
-  std::vector<int32_t> fused(static_cast<size_t>(rows * c.model.topk)), fused16(fused.size()),
-      base(fused.size());
+  const size_t out_size = static_cast<size_t>(rows * c.model.topk);
+  std::vector<int32_t> base(out_size);
   std::vector<float> projected(static_cast<size_t>(rows * width));
   const MatrixView weights = MatrixView::f32(p.weights.data(), rows, c.model.heads);
   const ProjectionWeights wq(MatrixView::f32(p.wq.data(), q_rank, width));
@@ -181,24 +182,48 @@ void run_bench(const BenchSelectFlags& c) {
   const MatrixView cos = MatrixView::f32(p.cos.data(), rows, half);
   const MatrixView sin = MatrixView::f32(p.sin.data(), rows, half);
 
+  // Fused paths per ISA (with --isa all, each ISA this CPU runs), interleaved in one run.
+  struct PerIsa {
+    KernelIsa isa;
+    SelectConfig config;
+    std::vector<int32_t> fused, fused16;
+  };
+  std::vector<PerIsa> per(isas.size());
+  for (size_t i = 0; i < isas.size(); ++i) {
+    per[i].isa = isas[i];
+    per[i].config = p.config;
+    per[i].config.isa = isas[i];
+    per[i].fused.assign(out_size, 0);
+    per[i].fused16.assign(out_size, 0);
+  }
+  const auto suffix = [&](const PerIsa& r) {
+    return isas.size() > 1 ? std::string(" ") + kernel_isa_name(r.isa) : std::string();
+  };
   std::vector<TimedPath> paths = {sgemm_path(c.sgemm_size)};
+  for (PerIsa& r : per) {
+    if (run_fp32) {
+      paths.push_back({"fused fp32" + suffix(r), [&] {
+                         select_topk(MatrixView::f32(p.q.data(), rows, width), weights,
+                                     MatrixView::f32(p.keys.data(), p.bank, c.model.head_dim),
+                                     p.segments, r.config, r.fused);
+                       }});
+    }
+    if (run_bf16) {
+      paths.push_back({"fused bf16" + suffix(r), [&] {
+                         select_topk(MatrixView::bf16(p.q16.data(), rows, width), weights,
+                                     MatrixView::bf16(p.keys16.data(), p.bank, c.model.head_dim),
+                                     p.segments, r.config, r.fused16);
+                       }});
+    }
+  }
+  const SelectConfig& config = per.back().config;
   if (run_fp32) {
-    paths.push_back({"fused fp32", [&] {
-                       select_topk(MatrixView::f32(p.q.data(), rows, width), weights,
-                                   MatrixView::f32(p.keys.data(), p.bank, c.model.head_dim),
-                                   p.segments, config, fused);
-                     }});
     paths.push_back({"projection fp32", [&] {
                        project_index_query(MatrixView::f32(p.qr.data(), rows, q_rank), wq, cos, sin,
                                            config, projected);
                      }});
   }
   if (run_bf16) {
-    paths.push_back({"fused bf16", [&] {
-                       select_topk(MatrixView::bf16(p.q16.data(), rows, width), weights,
-                                   MatrixView::bf16(p.keys16.data(), p.bank, c.model.head_dim),
-                                   p.segments, config, fused16);
-                     }});
     paths.push_back({"projection bf16", [&] {
                        project_index_query(MatrixView::bf16(p.qr16.data(), rows, q_rank), wq16, cos,
                                            sin, config, projected);
@@ -220,12 +245,50 @@ void run_bench(const BenchSelectFlags& c) {
   const double proj_flops =
       2.0 * static_cast<double>(rows) * static_cast<double>(q_rank) * static_cast<double>(width);
   const double sgemm = sgemm_gflops(paths.front(), c.sgemm_size);
+  // Every path must select the same keys (small-integer inputs: exact on every ISA).
+  const std::vector<int32_t>& first = run_fp32 ? per.front().fused : per.front().fused16;
   bool verified = true;
-  if (run_fp32 && run_bf16) verified = verified && fused == fused16;
-  if (c.baseline) verified = verified && (run_fp32 ? fused : fused16) == base;
+  for (const PerIsa& r : per) {
+    if (run_fp32) verified = verified && r.fused == first;
+    if (run_bf16) verified = verified && r.fused16 == first;
+  }
+  if (c.baseline) verified = verified && first == base;
   const int threads = c.threads > 0 ? c.threads : omp_get_max_threads();
-  const KernelIsa isa = config.isa == KernelIsa::kAuto ? best_kernel_isa() : config.isa;
-  const TimedPath* main = path(run_fp32 ? "fused fp32" : "fused bf16");
+
+  nlohmann::ordered_json per_isa = nlohmann::ordered_json::array();
+  for (const PerIsa& r : per) {
+    const TimedPath* main = path((run_fp32 ? "fused fp32" : "fused bf16") + suffix(r));
+    nlohmann::ordered_json e;
+    e["isa"] = kernel_isa_name(r.isa);
+    e["seconds"] = main->median_seconds();
+    e["seconds_min"] = main->spread().min;
+    e["seconds_max"] = main->spread().max;
+    e["gflops"] = flops / main->median_seconds() / 1e9;
+    e["fraction_of_sgemm"] = flops / main->median_seconds() / 1e9 / sgemm;
+    // The names of earlier versions, kept as aliases.
+    e["score_gflops"] = e["gflops"];
+    e["score_fraction_of_sgemm"] = e["fraction_of_sgemm"];
+    if (run_bf16) {
+      const double t16 = path("fused bf16" + suffix(r))->median_seconds();
+      e["bf16_seconds"] = t16;
+      e["bf16_gflops"] = flops / t16 / 1e9;
+      e["bf16_fraction_of_sgemm"] = flops / t16 / 1e9 / sgemm;
+      e["bf16_score_gflops"] = e["bf16_gflops"];
+      e["bf16_dot_products"] =
+          r.isa == KernelIsa::kAvx512 && kernel_isa_bf16_dot_products() ? "vdpbf16ps" : "widened";
+    }
+    if (run_fp32 && run_bf16) {
+      e["bf16_speedup"] = path("fused fp32" + suffix(r))->median_seconds() /
+                          path("fused bf16" + suffix(r))->median_seconds();
+    }
+    if (c.baseline) {
+      e["speedup_vs_baseline"] =
+          path("baseline (GEMM/head)")->median_seconds() / main->median_seconds();
+    }
+    e["scratch_bytes"] =
+        select_scratch_bytes(r.config, run_bf16 ? DType::kBFloat16 : DType::kFloat32, threads);
+    per_isa.push_back(e);
+  }
 
   nlohmann::ordered_json out;
   out["rows"] = rows;
@@ -237,50 +300,39 @@ void run_bench(const BenchSelectFlags& c) {
   out["topk"] = c.model.topk;
   out["ratio"] = c.ratio;
   out["threads"] = threads;
-  out["isa"] = kernel_isa_name(isa);
   out["repeat"] = c.repeat;
   out["score_gflop"] = flops / 1e9;
+  out["gflop"] = flops / 1e9;
   out["sgemm_gflops"] = sgemm;
   out["sgemm_core"] = blas_core_name();
-  out["seconds"] = main->median_seconds();
-  out["seconds_min"] = main->spread().min;
-  out["seconds_max"] = main->spread().max;
-  out["score_gflops"] = flops / main->median_seconds() / 1e9;
-  out["score_fraction_of_sgemm"] = flops / main->median_seconds() / 1e9 / sgemm;
+  // The flat fields describe the last (with --isa all: the best) ISA; `per_isa` has each.
+  for (const auto& [key, value] : per_isa.back().items()) out[key] = value;
   if (run_fp32) {
     out["projection_seconds"] = path("projection fp32")->median_seconds();
     out["projection_gflops"] = proj_flops / path("projection fp32")->median_seconds() / 1e9;
   }
   if (run_bf16) {
-    out["bf16_seconds"] = path("fused bf16")->median_seconds();
-    out["bf16_score_gflops"] = flops / path("fused bf16")->median_seconds() / 1e9;
     out["bf16_projection_gflops"] = proj_flops / path("projection bf16")->median_seconds() / 1e9;
   }
-  if (run_fp32 && run_bf16) {
-    out["bf16_speedup"] =
-        path("fused fp32")->median_seconds() / path("fused bf16")->median_seconds();
-  }
-  if (c.baseline) {
-    out["baseline_seconds"] = path("baseline (GEMM/head)")->median_seconds();
-    out["speedup_vs_baseline"] =
-        path("baseline (GEMM/head)")->median_seconds() / main->median_seconds();
-  }
-  out["scratch_bytes"] =
-      select_scratch_bytes(config, run_bf16 ? DType::kBFloat16 : DType::kFloat32, threads);
+  if (c.baseline) out["baseline_seconds"] = path("baseline (GEMM/head)")->median_seconds();
+  out["per_isa"] = per_isa;
   out["verified"] = verified;
   if (c.json) {
     std::cout << out.dump() << "\n";
   } else {
+    std::string names;
+    for (const KernelIsa isa : isas) {
+      names += std::string(names.empty() ? "" : ", ") + kernel_isa_name(isa);
+    }
     std::printf(
         "bench select: %lld rows (%lld document(s) of %lld tokens), %lld keys, heads %lld x %lld, "
-        "q_rank %lld, topk %lld, ratio %lld, %d threads, %s kernel; medians of %lld interleaved "
+        "q_rank %lld, topk %lld, ratio %lld, %d threads, kernel %s; medians of %lld interleaved "
         "repeats (min-max)\n",
         static_cast<long long>(rows), static_cast<long long>(c.documents),
         static_cast<long long>(c.doc_length), static_cast<long long>(p.bank),
         static_cast<long long>(c.model.heads), static_cast<long long>(c.model.head_dim),
         static_cast<long long>(q_rank), static_cast<long long>(c.model.topk),
-        static_cast<long long>(c.ratio), threads, kernel_isa_name(isa),
-        static_cast<long long>(c.repeat));
+        static_cast<long long>(c.ratio), threads, names.c_str(), static_cast<long long>(c.repeat));
     std::printf("  score work             %10.1f GFLOP (2*heads*head_dim per visible pair)\n",
                 flops / 1e9);
     for (const TimedPath& t : paths) {
@@ -296,15 +348,20 @@ void run_bench(const BenchSelectFlags& c) {
       }
       std::printf("\n");
     }
-    if (run_fp32 && run_bf16)
-      std::printf("  bf16 / fp32 fused speedup: %.2fx\n", out["bf16_speedup"].get<double>());
-    if (c.baseline) {
-      std::printf("  fused is %.2fx faster than the baseline\n",
-                  out["speedup_vs_baseline"].get<double>());
+    for (const auto& e : per_isa) {
+      if (e.contains("bf16_speedup")) {
+        std::printf("  %s bf16 / fp32 fused speedup: %.2fx (%s)\n",
+                    e["isa"].get<std::string>().c_str(), e["bf16_speedup"].get<double>(),
+                    e["bf16_dot_products"].get<std::string>().c_str());
+      }
+      if (c.baseline) {
+        std::printf("  %s fused is %.2fx faster than the baseline\n",
+                    e["isa"].get<std::string>().c_str(), e["speedup_vs_baseline"].get<double>());
+      }
     }
     std::printf("  scratch memory         %10.2f MiB (threads x tile, independent of rows)\n",
                 static_cast<double>(out["scratch_bytes"].get<size_t>()) / (1 << 20));
-    std::printf("  results %s\n", verified ? "identical across fused fp32, fused bf16 and baseline"
+    std::printf("  results %s\n", verified ? "identical across every fused path and the baseline"
                                            : "DIFFER between paths");
   }
   if (!verified) throw ExitStatus{1};
@@ -330,14 +387,15 @@ const Registration registration("bench", [](CLI::App& app) {
   bench->add_option("--ratio", b->ratio, "Compression ratio")->capture_default_str();
   bench->add_option("--dtype", b->dtype, "fp32, bf16 or both (bf16/fp32 ratio in one run)")
       ->capture_default_str();
-  bench->add_option("--isa", b->isa, "Kernel: auto, portable, avx2 or avx512")
-      ->capture_default_str();
+  bench->add_option("--isa", b->isa, kBenchIsaHelp)->capture_default_str();
   b->add_to(*bench);
   bench->add_flag("--no-baseline{false}", b->baseline, "Skip the materialising baseline");
   bench->add_flag("--json", b->json,
-                  "Print one JSON object: score_gflops, sgemm_gflops, seconds (+_min/_max), "
-                  "baseline_seconds, bf16_score_gflops, bf16_speedup, projection_gflops, "
-                  "speedup_vs_baseline, scratch_bytes, verified, ...");
+                  "Print one JSON object: gflops, fraction_of_sgemm, sgemm_gflops, seconds "
+                  "(+_min/_max), baseline_seconds, bf16_gflops, bf16_speedup, projection_gflops, "
+                  "speedup_vs_baseline, scratch_bytes, verified, ... of the (last) ISA, and "
+                  "per_isa: the same fields for each ISA run (score_gflops, "
+                  "score_fraction_of_sgemm, bf16_score_gflops: older names of the same)");
   bench->footer(
       "Examples:\n"
       "  sparsecp bench select                      # DeepSeek-V4 indexer shape, 8192-token "

@@ -81,7 +81,7 @@ void run_kl(const KlCommand& c) {
   options.loss_coeff = c.loss_coeff;
   options.main_key_offset = c.main_key_offset;
   options.threads = c.threads;
-  options.isa = parse_isa(c.isa, {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx512});
+  options.isa = parse_isa(c.isa);
 
   std::vector<float> grad_q(static_cast<size_t>(q.array.elements()));
   std::vector<float> grad_k(static_cast<size_t>(kidx.array.elements()));
@@ -167,7 +167,10 @@ const Registration registration("kl", [](CLI::App& app) {
                   "and grad_weights.npy (float32, the inputs' shapes)");
   sub->add_option("--threads", c->threads, "Threads (0 = OpenMP default); never changes results")
       ->capture_default_str();
-  sub->add_option("--isa", c->isa, "Kernel: auto, portable or avx512")->capture_default_str();
+  sub->add_option(
+         "--isa", c->isa,
+         "Kernel: auto (SPARSECP_ISA, else the best this CPU runs), portable, avx2 or avx512")
+      ->capture_default_str();
   sub->add_flag("--reference", c->reference, "Use the plain double-precision reference (slow)");
   sub->add_flag("--json", c->json, "Print {\"loss\": ...} as JSON");
   sub->footer(

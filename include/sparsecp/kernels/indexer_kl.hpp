@@ -46,8 +46,13 @@
 //               naming s (a duplicated id adds twice); rows of index_key outside
 //               [off, off + K) get zero gradient.
 //   These are the seed's gradients of `loss` (computed in the forward pass; an autograd
-//   backward scales them by the incoming gradient). NaN and Inf inputs propagate; they
-//   are not checked for.
+//   backward scales them by the incoming gradient).
+//   NaN and Inf. They are not checked for; they propagate as in the torch formulation:
+//   ReLU(x) = x < 0 ? 0 : x (a NaN z passes, as torch.relu and clamp_min), dz is the
+//   product g * w * [z > 0] (a NaN g or w stays NaN where the mask is 0), and the
+//   gradient products are dense (an inactive slot adds 0 * Kidx and 0 * q, so an Inf
+//   there gives NaN). Every ISA path, the reference and the torch path agree on which
+//   outputs are NaN (tests/kernels/nan_propagation_test.cpp, python/tests/test_kl.py).
 //
 // Precision. The fast path computes every dot product and softmax in float32 (bf16
 // inputs are widened exactly; where the CPU has AVX512_BF16 and both factors of a
@@ -124,8 +129,8 @@ struct IndexerKlOptions {
   // [main_key_offset, main_key_offset + K) of index_key; ids are global index_key rows.
   int64_t main_key_offset = 0;
   int threads = 0;                   // 0 = OpenMP default. Never changes results.
-  KernelIsa isa = KernelIsa::kAuto;  // kAuto: AVX-512 if the CPU has it, else portable.
-                                     // kAvx2 runs the portable kernels (no AVX2 kernels).
+  KernelIsa isa = KernelIsa::kAuto;  // kAuto: SPARSECP_ISA, else the best the CPU has
+                                     // (select.hpp): AVX-512 > AVX2+FMA > portable.
 };
 
 // Where the gradients go: float32, each the size of its input (element counts

@@ -19,7 +19,8 @@
 //   (the seed's `_apply_v41_rope` casting back); the values are returned as fp32.
 //
 // Scoring and top-k (seed "Packed Lightning Indexer", `_select_indices`):
-//   I[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :])   (ReLU(x) = x > 0 ? x : 0)
+//   I[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :])   (ReLU(x) = x < 0 ? 0 : x:
+//   a NaN dot product passes, as torch.relu; NaN and Inf inputs are not checked for)
 //   over exactly the keys row t sees: the row at document position p of a segment
 //   sees bank keys [key_begin, key_begin + floor((p + 1) / ratio)) (route.hpp).
 //   Output per row: the `topk` best visible key ids — higher score first, equal scores
@@ -56,6 +57,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "sparsecp/segment.hpp"
@@ -69,19 +71,35 @@ namespace sparsecp {
 // [heads * head_dim, q_rank], i.e. PyTorch's `q_b_proj.weight` (qr @ Wq_b^T).
 enum class WeightLayout { kInOut, kOutIn };
 
-// Which SIMD kernel scores. kAuto picks the best the CPU supports, once per process
-// (AVX-512 with AVX512_BF16 dot products > AVX-512 > AVX2+FMA > portable). Forcing an
-// ISA the CPU lacks throws Error. Results may differ between ISAs in the last bits
-// of real-valued scores (different but fixed summation orders); they never differ
-// on exact (small-integer) inputs.
+// Which SIMD kernels run, for the selection and the indexer KL loss alike. kAuto is
+// the environment variable SPARSECP_ISA (portable, avx2, avx512 or auto) where it is
+// set and not empty, else the best the CPU supports (AVX-512, with AVX512_BF16 dot
+// products for bf16 where the CPU has them > AVX2+FMA > portable). Forcing an ISA the
+// CPU lacks, by option or by SPARSECP_ISA, throws Error naming it; so does an unknown
+// SPARSECP_ISA value. Results may differ between ISAs in the last bits of real-valued
+// results (different but fixed summation orders); selections never differ on exact
+// (small-integer) inputs.
 enum class KernelIsa { kAuto, kPortable, kAvx2, kAvx512 };
 
 // Name of an ISA: "auto", "portable", "avx2", "avx512".
 const char* kernel_isa_name(KernelIsa isa);
 
-// The ISA kAuto resolves to on this CPU, and whether the CPU can run `isa`.
+// The ISA named `name` ("auto", "portable", "avx2", "avx512"); throws Error naming
+// `what` (e.g. "--isa", "SPARSECP_ISA") and the value otherwise.
+KernelIsa parse_kernel_isa(std::string_view name, std::string_view what);
+
+// The best ISA this CPU supports (ignores SPARSECP_ISA), and whether it can run `isa`.
 KernelIsa best_kernel_isa();
 bool kernel_isa_supported(KernelIsa isa);
+
+// What a call with `isa` runs: kAuto resolved (SPARSECP_ISA, else best_kernel_isa());
+// throws Error if the result is not supported by this CPU. Never returns kAuto.
+KernelIsa resolve_kernel_isa(KernelIsa isa);
+
+// Whether the avx512 kernels multiply bf16 pairs with AVX512_BF16 (VDPBF16PS) on this CPU;
+// otherwise bf16 inputs are widened to fp32 exactly (the avx2 and portable kernels always
+// widen: bf16 is a storage format there).
+bool kernel_isa_bf16_dot_products();
 
 // Shape and options of one selection call (DeepSeek-V4 indexer defaults).
 struct SelectConfig {
@@ -99,8 +117,9 @@ struct SelectConfig {
 // typo in a thread count is an error instead.
 inline constexpr int kMaxSelectThreads = 1024;
 
-// Throws Error unless heads, head_dim, topk, ratio >= 1 and 0 <= threads <=
-// kMaxSelectThreads. (rope_dim is checked by the projection only: even and within
+// Throws Error unless heads, head_dim, topk, ratio >= 1, 0 <= threads <=
+// kMaxSelectThreads and config.isa resolves to an ISA this CPU runs
+// (resolve_kernel_isa). (rope_dim is checked by the projection only: even and within
 // [0, head_dim].)
 void validate_select_config(const SelectConfig& config);
 

@@ -154,7 +154,10 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
 
             # Teacher: per-head softmax over the selected keys plus the sink column.
             qa = attention_query[b, :, s0:s1].to(compute)  # [Hm, C, Dm]
-            selected_teacher = teacher_keys[local]  # [C, T, Dm]
+            # Padding slots gather key 0 as a placeholder: zero it (in place, on the fresh
+            # gathered copy), or a NaN/Inf in key 0 would leak into every padded row
+            # through 0 * NaN (the C++ kernels never read padding).
+            selected_teacher = teacher_keys[local].masked_fill_(~valid[..., None], 0)  # [C, T, Dm]
             logits = torch.einsum("hcd,ctd->cht", qa, selected_teacher) * attention_scale
             logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
             sink = sink_logits[None, :, None].expand(logits.shape[0], -1, 1)
@@ -165,7 +168,7 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
             # Student: weighted ReLU scores over the same slots.
             q = index_query[b, s0:s1].to(compute)  # [C, H, D]
             w = merge_weight[b, s0:s1].to(compute)  # [C, H]
-            selected_student = student_keys[local]  # [C, T, D]
+            selected_student = student_keys[local].masked_fill_(~valid[..., None], 0)  # [C, T, D]
             z = torch.einsum("chd,ctd->cht", q, selected_student)  # [C, H, T]
             relu = z.clamp_min(0)
             scores = torch.einsum("ch,cht->ct", w, relu).double()

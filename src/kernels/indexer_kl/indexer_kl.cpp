@@ -38,11 +38,18 @@ namespace {
 
 constexpr int64_t kBlockRows = 4;  // rows per work item and per commit buffer
 
-kd::KlKernels resolve_kernels(KernelIsa isa) {
-  if (isa == KernelIsa::kAuto) {
-    isa = kernel_isa_supported(KernelIsa::kAvx512) ? KernelIsa::kAvx512 : KernelIsa::kPortable;
-  }
+kd::KlKernels resolve_kernels(KernelIsa requested) {
+  const KernelIsa isa = resolve_kernel_isa(requested);  // SPARSECP_ISA for kAuto
 #if defined(__x86_64__) || defined(_M_X64)
+  if (isa == KernelIsa::kAvx2) {
+    // No bf16 dot product instruction: bf16 is a storage format, widened exactly.
+    return {kd::gemm_avx2,
+            nullptr,
+            kd::teacher_avx2,
+            kd::scores_avx2,
+            kd::student_backward_avx2,
+            kd::transpose_portable};
+  }
   if (isa == KernelIsa::kAvx512) {
     kd::KlKernels k{kd::gemm_avx512,
                     nullptr,

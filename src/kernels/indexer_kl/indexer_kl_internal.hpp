@@ -43,7 +43,8 @@ inline float element(const TensorView& view, int64_t i) {
 // GEMM over row pointers: C[i][j] = sum_k A_i[k * a_step] * B_k[j] for i < m, j < n,
 // k < depth, with A_i = a[i] and B_k = b[k]; C row-major with row stride ldc (C is
 // overwritten). A elements are fp32 or bf16 (widened exactly), B is fp32. The sum runs
-// over k in order 0..depth-1 (one FMA chain per C element): a C element's bits do not
+// over k in order 0..depth-1 (one FMA chain per C element in the SIMD kernels, one
+// multiply-add chain in the portable one): a C element's bits do not
 // depend on m, n or its position. The four products of the loss are this one shape:
 //   teacher  [slots, Hm] = Katt rows (A, via the ids)  x  qatt^T of the row (B rows)
 //   student  [slots, H]  = Kidx rows (A)               x  q^T of the row
@@ -146,6 +147,11 @@ void teacher_portable(const TeacherArgs& args);
 void scores_portable(const ScoreArgs& args);
 void student_backward_portable(const StudentBackwardArgs& args);
 void transpose_portable(const TransposeArgs& args);
+
+void gemm_avx2(const GemmArgs& args);  // -mavx2 -mfma
+void teacher_avx2(const TeacherArgs& args);
+void scores_avx2(const ScoreArgs& args);
+void student_backward_avx2(const StudentBackwardArgs& args);
 
 void gemm_avx512(const GemmArgs& args);
 void teacher_avx512(const TeacherArgs& args);

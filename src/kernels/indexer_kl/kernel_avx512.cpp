@@ -366,8 +366,10 @@ void scores_avx512(const ScoreArgs& s) {
     for (int64_t h0 = 0; h0 < s.heads; h0 += 16) {
       const __mmask16 mask = lane_mask(s.heads - h0);
       const __m512 z = _mm512_maskz_loadu_ps(mask, s.z + j * s.ldz + h0);
+      // ReLU as max(0, z): VMAXPS returns its second operand when either is NaN, so a NaN
+      // z passes (max(z, 0) would drop it).
       acc =
-          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, s.weights + h0), _mm512_max_ps(z, zero), acc);
+          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, s.weights + h0), _mm512_max_ps(zero, z), acc);
     }
     s.scores[j] = _mm512_reduce_add_ps(acc);
   }
@@ -383,9 +385,11 @@ void student_backward_avx512(const StudentBackwardArgs& s) {
       float* row = s.z + j * s.ldz + h0;
       const __m512 z = _mm512_maskz_loadu_ps(mask, row);
       const __m512 g = _mm512_set1_ps(s.g[j]);
-      dw = _mm512_fmadd_ps(g, _mm512_max_ps(z, zero), dw);
-      const __mmask16 active = _mm512_mask_cmp_ps_mask(mask, z, zero, _CMP_GT_OQ);
-      _mm512_mask_storeu_ps(row, mask, _mm512_maskz_mul_ps(active, g, w));
+      dw = _mm512_fmadd_ps(g, _mm512_max_ps(zero, z), dw);  // NaN z passes
+      // dz = g * w * [z > 0] as a product (as in torch): a NaN g or w stays NaN.
+      const __mmask16 active = _mm512_cmp_ps_mask(z, zero, _CMP_GT_OQ);
+      const __m512 unit = _mm512_maskz_mov_ps(active, _mm512_set1_ps(1.0f));
+      _mm512_mask_storeu_ps(row, mask, _mm512_mul_ps(_mm512_mul_ps(g, w), unit));
     }
     _mm512_mask_storeu_ps(s.dw + h0, mask, dw);
   }

@@ -93,8 +93,10 @@ double indexer_kl_loss_reference(const IndexerKlInputs& in, const IndexerKlOptio
         for (int64_t j = 0; j < n; ++j) {
           const double dot = dots[j * H + h];
           dw += g[j] * std::max(dot, 0.0);
-          if (dot <= 0.0) continue;
-          const double dz = g[j] * w(h);
+          // As the torch formulation: dz = g * w * [dot > 0], a product (so a NaN g or w
+          // gives NaN even where the mask is 0), and dense (an inactive slot adds 0 * Kidx
+          // and 0 * q, so an Inf there gives NaN).
+          const double dz = g[j] * w(h) * (dot > 0.0 ? 1.0 : 0.0);
           const int64_t key_row = b * s.index_keys + s.offset + slots[j];
           for (int64_t d = 0; d < D; ++d) {
             dq[d] += dz * kidx(slots[j], d);

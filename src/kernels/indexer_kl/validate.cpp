@@ -58,8 +58,7 @@ KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& o
                             const IndexerKlGradients* gradients, bool check_ids) {
   SPARSECP_CHECK(options.threads >= 0, "Indexer KL thread count must be non-negative, got ",
                  options.threads);
-  SPARSECP_CHECK(kernel_isa_supported(options.isa), "Indexer KL kernel ISA '",
-                 kernel_isa_name(options.isa), "' is not supported by this CPU");
+  (void)resolve_kernel_isa(options.isa);  // throws for an ISA (or SPARSECP_ISA) the CPU lacks
   SPARSECP_CHECK(std::isfinite(options.attention_scale) &&
                      std::abs(options.attention_scale) <= std::numeric_limits<float>::max(),
                  "Indexer KL attention_scale must be finite (in float32), got ",

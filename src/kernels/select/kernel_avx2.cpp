@@ -35,8 +35,8 @@ inline void chunk(const float* q, int64_t dim, const float* keys, const float* w
 #pragma GCC unroll 6
   for (int i = 0; i < HR; ++i) {
     const __m256 weight = _mm256_broadcast_ss(w + i);
-    score[0] = _mm256_fmadd_ps(weight, _mm256_max_ps(acc[i][0], zero), score[0]);
-    score[1] = _mm256_fmadd_ps(weight, _mm256_max_ps(acc[i][1], zero), score[1]);
+    score[0] = _mm256_fmadd_ps(weight, _mm256_max_ps(zero, acc[i][0]), score[0]);
+    score[1] = _mm256_fmadd_ps(weight, _mm256_max_ps(zero, acc[i][1]), score[1]);
   }
 }
 

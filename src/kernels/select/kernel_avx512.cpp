@@ -55,7 +55,7 @@ __attribute__((noinline)) void chunk_f32(const float* q, int64_t q_stride, const
     const __m512 weight = _mm512_set1_ps(w[i]);
 #pragma GCC unroll 3
     for (int j = 0; j < NV; ++j) {
-      sum[j] = _mm512_fmadd_ps(weight, _mm512_max_ps(acc[i][j], zero), sum[j]);
+      sum[j] = _mm512_fmadd_ps(weight, _mm512_max_ps(zero, acc[i][j]), sum[j]);
     }
   }
 #pragma GCC unroll 3
@@ -95,7 +95,7 @@ __attribute__((noinline)) void chunk_bf16(const uint32_t* q, int64_t q_stride, c
     const __m512 weight = _mm512_set1_ps(w[i]);
 #pragma GCC unroll 3
     for (int j = 0; j < NV; ++j) {
-      sum[j] = _mm512_fmadd_ps(weight, _mm512_max_ps(acc[i][j], zero), sum[j]);
+      sum[j] = _mm512_fmadd_ps(weight, _mm512_max_ps(zero, acc[i][j]), sum[j]);
     }
   }
 #pragma GCC unroll 3

@@ -23,7 +23,7 @@ void score_row_f32_portable(const ScoreRowArgs& args) {
         }
         const float w = args.weights[h0 + i];
         for (int64_t lane = 0; lane < kPanelKeys; ++lane) {
-          score[lane] += w * (dot[lane] > 0.0f ? dot[lane] : 0.0f);
+          score[lane] += w * (dot[lane] < 0.0f ? 0.0f : dot[lane]);
         }
       }
     }

@@ -74,7 +74,7 @@ void select_topk_reference(MatrixView q, MatrixView weights, MatrixView keys,
           for (int64_t d = 0; d < dim; ++d) {
             dot += query[static_cast<size_t>(h * dim + d)] * element(keys, s, d);
           }
-          score += element(weights, t, h) * (dot > 0.0f ? dot : 0.0f);
+          score += element(weights, t, h) * (dot < 0.0f ? 0.0f : dot);
         }
         candidates.push_back(select_detail::candidate(score, s));
       }

@@ -17,6 +17,8 @@
 #include <functional>
 #include <memory>
 #include <new>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "select_internal.hpp"
@@ -111,6 +113,46 @@ KernelIsa best_kernel_isa() {
   return KernelIsa::kPortable;
 }
 
+bool kernel_isa_bf16_dot_products() {
+  return kernel_isa_supported(KernelIsa::kAvx512) && sd::cpu_has_avx512_bf16();
+}
+
+KernelIsa parse_kernel_isa(std::string_view name, std::string_view what) {
+  for (const KernelIsa isa :
+       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (name == kernel_isa_name(isa)) return isa;
+  }
+  SPARSECP_FAIL(what, " must be auto, portable, avx2 or avx512, got '", name, "'");
+}
+
+namespace {
+// Names of the ISAs this CPU runs, for error messages.
+std::string supported_isa_names() {
+  std::string names = "portable";
+  for (const KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (kernel_isa_supported(isa)) names += std::string(", ") + kernel_isa_name(isa);
+  }
+  return names;
+}
+}  // namespace
+
+KernelIsa resolve_kernel_isa(KernelIsa isa) {
+  if (isa == KernelIsa::kAuto) {
+    // Read on every call (not cached): a process may set it between calls.
+    const char* env = std::getenv("SPARSECP_ISA");
+    if (env != nullptr && *env != '\0') {
+      const KernelIsa forced = parse_kernel_isa(env, "SPARSECP_ISA");
+      SPARSECP_CHECK(forced == KernelIsa::kAuto || kernel_isa_supported(forced), "SPARSECP_ISA='",
+                     env, "' is not supported by this CPU (it runs ", supported_isa_names(), ")");
+      isa = forced;
+    }
+    if (isa == KernelIsa::kAuto) isa = best_kernel_isa();
+  }
+  SPARSECP_CHECK(kernel_isa_supported(isa), "kernel ISA '", kernel_isa_name(isa),
+                 "' is not supported by this CPU (it runs ", supported_isa_names(), ")");
+  return isa;
+}
+
 namespace {
 
 constexpr int64_t kTileKeys = 256;  // keys per tile: 16 panels
@@ -122,10 +164,8 @@ struct Kernel {
   bool avx512_pack = false;  // transpose panels with AVX-512
 };
 
-Kernel resolve_kernel(KernelIsa isa, DType key_dtype) {
-  if (isa == KernelIsa::kAuto) isa = best_kernel_isa();
-  SPARSECP_CHECK(kernel_isa_supported(isa), "Indexer kernel ISA '", kernel_isa_name(isa),
-                 "' is not supported by this CPU");
+Kernel resolve_kernel(KernelIsa requested, DType key_dtype) {
+  const KernelIsa isa = resolve_kernel_isa(requested);
 #if SPARSECP_SELECT_X86
   if (isa == KernelIsa::kAvx512) {
     if (key_dtype == DType::kBFloat16 && sd::cpu_has_avx512_bf16()) {

@@ -16,6 +16,7 @@ void validate_select_config(const SelectConfig& c) {
   SPARSECP_CHECK(c.threads >= 0, "Indexer thread count must be non-negative, got ", c.threads);
   SPARSECP_CHECK(c.threads <= kMaxSelectThreads, "Indexer thread count ", c.threads,
                  " exceeds the supported maximum ", kMaxSelectThreads);
+  (void)resolve_kernel_isa(c.isa);  // throws for an ISA (or SPARSECP_ISA) the CPU lacks
   constexpr int64_t kLimit = int64_t{1} << 24;
   SPARSECP_CHECK(c.heads <= kLimit && c.head_dim <= kLimit && c.heads * c.head_dim <= kLimit,
                  "Indexer heads x head_dim ", c.heads, " x ", c.head_dim, " is too large");
