@@ -106,7 +106,7 @@
 #include <cstdint>
 #include <span>
 
-#include "sparsecp/kernels/select.hpp"  // KernelIsa, kernel_isa_name, kernel_isa_supported
+#include "sparsecp/kernels/isa.hpp"
 #include "sparsecp/tensor.hpp"
 
 namespace sparsecp {
