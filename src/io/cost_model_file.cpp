@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/output_set.hpp"
 
 namespace sparsecp {
 
@@ -17,11 +18,9 @@ CostModel load_cost_model(const std::string& path) {
 
 void save_cost_model(const std::string& path, const CostModel& model) {
   validate_cost_model(model);
-  std::ofstream file(path);
-  SPARSECP_CHECK(file.good(), "cannot write cost model file '", path, "'");
-  file << format_cost_model(model);
-  file.flush();
-  SPARSECP_CHECK(file.good(), "cannot write cost model file '", path, "'");
+  OutputSet output;  // whole or absent: a reader never sees half a model
+  output.add_text(path, format_cost_model(model), "cost model file");
+  output.commit();
 }
 
 }  // namespace sparsecp

@@ -96,6 +96,28 @@ TEST(CostModel, FileRoundTripAndMissingFile) {
   EXPECT_THAT(error_of([&] { load_cost_model(path); }), HasSubstr("cannot open cost model file"));
 }
 
+TEST(CostModel, SavingIsWholeOrNothing) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("sparsecp_cost_model_save_" + std::to_string(testing::test_seed()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "m.txt").string();
+  save_cost_model(path, CostModel::linear(2, 0.25, 0.5, 64));
+  // A full device fails loudly instead of reporting a saved model.
+  EXPECT_THAT(error_of([] { save_cost_model("/dev/full", CostModel::linear(1, 1, 1, 8)); }),
+              HasSubstr("No space left on device"));
+  // A directory in the way fails, and leaves no temporary beside it.
+  EXPECT_THAT(error_of([&] { save_cost_model(dir.string(), CostModel::linear(1, 1, 1, 8)); }),
+              HasSubstr("is a directory"));
+  // An invalid model is refused before anything is written: the earlier file stays.
+  EXPECT_FALSE(error_of([&] { save_cost_model(path, CostModel::linear(-1, 1, 1, 8)); }).empty());
+  EXPECT_EQ(load_cost_model(path).a, 2);
+  int entries = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir)) ++entries;
+  EXPECT_EQ(entries, 1);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CostModel, ParseErrorsNameTheLine) {
   EXPECT_THAT(error_of([] { parse_cost_model("a 1\nb 2\nc 3\n", "m.txt"); }),
               HasSubstr("m.txt: missing 'topk'"));

@@ -12,7 +12,8 @@ namespace sparsecp {
 
 // Reads a cost model file. Errors name the path (and the line, for a malformed one).
 CostModel load_cost_model(const std::string& path);
-// Writes `model` (validated first) in format_cost_model's text form. Errors name the path.
+// Writes `model` (validated first) in format_cost_model's text form, whole or not at all
+// (io/output_set.hpp: a temporary beside it, renamed into place). Errors name the path.
 void save_cost_model(const std::string& path, const CostModel& model);
 
 }  // namespace sparsecp
