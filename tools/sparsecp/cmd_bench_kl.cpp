@@ -149,7 +149,10 @@ double run_difference(const Run& a, const Run& b) {
       {loss, relative_error(a.q, b.q), relative_error(a.k, b.k), relative_error(a.w, b.w)});
 }
 
-void run_bench_kl(const BenchKlCommand& c) {
+// The sizes and options bench kl needs, checked before anything is allocated: a product
+// that overflows is an error naming the sizes, and a problem larger than memory fails at
+// once instead of after minutes of paging.
+void check_bench_kl(const BenchKlCommand& c) {
   SPARSECP_CHECK(c.ratio >= 1 && c.doc_length >= 1 && c.rows >= 1 && c.rows <= c.doc_length,
                  "bench kl needs --ratio >= 1 and 1 <= --rows <= --doc-length, got ratio ", c.ratio,
                  ", rows ", c.rows, ", doc length ", c.doc_length);
@@ -170,6 +173,104 @@ void run_bench_kl(const BenchKlCommand& c) {
     budget.add(4 * 3, {c.sgemm_size, c.sgemm_size});
     budget.check_fits_memory();
   }
+}
+
+// One ISA's figures and checks (the `per_isa` entries of the JSON).
+nlohmann::ordered_json isa_entry(KernelIsa isa, const IndexerKlOptions& options, int threads,
+                                 double flops, double sgemm, const IndexerKlInputs& in32,
+                                 const IndexerKlInputs& in16, const TimedPath& fp32,
+                                 const TimedPath& bf16, double loss, double bf16_difference,
+                                 double reference_difference, bool ok) {
+  IndexerKlOptions sized = options;
+  sized.threads = threads;
+  nlohmann::ordered_json e;
+  e["isa"] = kernel_isa_name(isa);
+  e["seconds"] = fp32.median_seconds();
+  e["gflops"] = flops / fp32.median_seconds() / 1e9;
+  e["seconds_min"] = fp32.spread().min;
+  e["seconds_max"] = fp32.spread().max;
+  e["fraction_of_sgemm"] = flops / fp32.median_seconds() / 1e9 / sgemm;
+  e["bf16_seconds"] = bf16.median_seconds();
+  e["bf16_gflops"] = flops / bf16.median_seconds() / 1e9;
+  e["bf16_fraction_of_sgemm"] = flops / bf16.median_seconds() / 1e9 / sgemm;
+  e["bf16_speedup"] = fp32.median_seconds() / bf16.median_seconds();
+  e["bf16_dot_products"] =
+      isa == KernelIsa::kAvx512 && kernel_isa_bf16_dot_products() ? "vdpbf16ps" : "widened";
+  e["scratch_bytes"] = indexer_kl_scratch_bytes(in32, sized);
+  e["bf16_scratch_bytes"] = indexer_kl_scratch_bytes(in16, sized);
+  e["loss"] = loss;
+  e["bf16_max_relative_difference"] = bf16_difference;
+  e["reference_max_relative_difference"] = reference_difference;
+  e["verified"] = ok;
+  return e;
+}
+
+// The JSON report. The flat fields describe the last (with --isa all: the best) ISA;
+// `per_isa` has each.
+nlohmann::ordered_json bench_kl_json(const BenchKlCommand& c, int64_t keys, int threads,
+                                     double flops, double sgemm,
+                                     const nlohmann::ordered_json& per_isa, bool verified) {
+  const nlohmann::ordered_json& last = per_isa.back();
+  nlohmann::ordered_json out;
+  out["rows"] = c.rows;
+  out["doc_length"] = c.doc_length;
+  out["keys"] = keys;
+  out["heads"] = c.heads;
+  out["head_dim"] = c.head_dim;
+  out["att_heads"] = c.att_heads;
+  out["att_dim"] = c.att_dim;
+  out["topk"] = c.topk;
+  out["threads"] = threads;
+  out["repeat"] = c.repeat;
+  out["gflop"] = flops / 1e9;
+  out["sgemm_gflops"] = sgemm;
+  out["sgemm_core"] = blas_core_name();
+  for (const auto& [key, value] : last.items()) out[key] = value;
+  out["per_isa"] = per_isa;
+  out["verified"] = verified;
+  return out;
+}
+
+// The text report: the problem, the sgemm reference and each ISA's figures.
+void print_bench_kl(const BenchKlCommand& c, int64_t keys, const std::vector<KernelIsa>& isas,
+                    double flops, double sgemm, int threads,
+                    const nlohmann::ordered_json& per_isa) {
+  std::string names;
+  for (const KernelIsa isa : isas)
+    names += std::string(names.empty() ? "" : ", ") + kernel_isa_name(isa);
+  std::printf(
+      "bench kl: %lld rows (last of a %lld-token document), %lld keys, index heads %lld x %lld, "
+      "attention heads %lld x %lld, topk %lld, %d threads, kernel %s, median of %lld\n",
+      static_cast<long long>(c.rows), static_cast<long long>(c.doc_length),
+      static_cast<long long>(keys), static_cast<long long>(c.heads),
+      static_cast<long long>(c.head_dim), static_cast<long long>(c.att_heads),
+      static_cast<long long>(c.att_dim), static_cast<long long>(c.topk), threads, names.c_str(),
+      static_cast<long long>(c.repeat));
+  std::printf("  counted work          %10.1f GFLOP (per selected pair 2*Hm*Dm + 2*H*D + 4*H*D)\n",
+              flops / 1e9);
+  std::printf("  BLAS sgemm %5lld^3     %10.1f GFLOP/s  (OpenBLAS kernel %s)\n",
+              static_cast<long long>(c.sgemm_size), sgemm, blas_core_name().c_str());
+  for (const auto& e : per_isa) {
+    const std::string isa = e["isa"].get<std::string>();
+    std::printf("  fused fp32 %-10s %10.3f s  %8.1f GFLOP/s  (%.0f%% of sgemm)\n", isa.c_str(),
+                e["seconds"].get<double>(), e["gflops"].get<double>(),
+                100.0 * e["fraction_of_sgemm"].get<double>());
+    std::printf("  fused bf16 %-10s %10.3f s  %8.1f GFLOP/s  (%.2fx fp32, %s)\n", isa.c_str(),
+                e["bf16_seconds"].get<double>(), e["bf16_gflops"].get<double>(),
+                e["bf16_speedup"].get<double>(), e["bf16_dot_products"].get<std::string>().c_str());
+    std::printf(
+        "  %-10s scratch %.2f MiB fp32, %.2f MiB bf16 (independent of rows); loss %.9g; "
+        "bf16 vs fp32 %.1e, first %lld rows vs reference %.1e: %s\n",
+        isa.c_str(), static_cast<double>(e["scratch_bytes"].get<size_t>()) / (1 << 20),
+        static_cast<double>(e["bf16_scratch_bytes"].get<size_t>()) / (1 << 20),
+        e["loss"].get<double>(), e["bf16_max_relative_difference"].get<double>(),
+        static_cast<long long>(c.verify_rows), e["reference_max_relative_difference"].get<double>(),
+        e["verified"].get<bool>() ? "verified" : "NOT VERIFIED");
+  }
+}
+
+void run_bench_kl(const BenchKlCommand& c) {
+  check_bench_kl(c);
   const BenchData data = make_bench_data(c);
   IndexerKlOptions options;
   options.attention_scale = 1.0 / std::sqrt(static_cast<double>(c.att_dim));
@@ -217,8 +318,6 @@ void run_bench_kl(const BenchKlCommand& c) {
   nlohmann::ordered_json per_isa = nlohmann::ordered_json::array();
   for (size_t i = 0; i < runs.size(); ++i) {
     PerIsa& r = runs[i];
-    const double t32 = paths[1 + 2 * i].median_seconds();
-    const double t16 = paths[2 + 2 * i].median_seconds();
     const double bf16_difference = run_difference(*r.bf16, *r.fp32);
     double reference_difference = 0.0;
     if (c.verify_rows > 0) {
@@ -229,86 +328,17 @@ void run_bench_kl(const BenchKlCommand& c) {
     const bool ok =
         std::isfinite(r.fp32->loss) && bf16_difference <= 1e-4 && reference_difference <= 1e-4;
     verified = verified && ok;
-    IndexerKlOptions sized = r.options;
-    sized.threads = threads;
-    nlohmann::ordered_json e;
-    e["isa"] = kernel_isa_name(r.isa);
-    e["seconds"] = t32;
-    e["gflops"] = flops / t32 / 1e9;
-    e["seconds_min"] = paths[1 + 2 * i].spread().min;
-    e["seconds_max"] = paths[1 + 2 * i].spread().max;
-    e["fraction_of_sgemm"] = flops / t32 / 1e9 / sgemm;
-    e["bf16_seconds"] = t16;
-    e["bf16_gflops"] = flops / t16 / 1e9;
-    e["bf16_fraction_of_sgemm"] = flops / t16 / 1e9 / sgemm;
-    e["bf16_speedup"] = t32 / t16;
-    e["bf16_dot_products"] =
-        r.isa == KernelIsa::kAvx512 && kernel_isa_bf16_dot_products() ? "vdpbf16ps" : "widened";
-    e["scratch_bytes"] = indexer_kl_scratch_bytes(in32, sized);
-    e["bf16_scratch_bytes"] = indexer_kl_scratch_bytes(in16, sized);
-    e["loss"] = r.fp32->loss;
-    e["bf16_max_relative_difference"] = bf16_difference;
-    e["reference_max_relative_difference"] = reference_difference;
-    e["verified"] = ok;
+    const nlohmann::ordered_json e =
+        isa_entry(r.isa, r.options, threads, flops, sgemm, in32, in16, paths[1 + 2 * i],
+                  paths[2 + 2 * i], r.fp32->loss, bf16_difference, reference_difference, ok);
     per_isa.push_back(e);
   }
-  // The flat fields describe the last (with --isa all: the best) ISA; `per_isa` has each.
-  const nlohmann::ordered_json& last = per_isa.back();
-  nlohmann::ordered_json out;
-  out["rows"] = c.rows;
-  out["doc_length"] = c.doc_length;
-  out["keys"] = data.keys;
-  out["heads"] = c.heads;
-  out["head_dim"] = c.head_dim;
-  out["att_heads"] = c.att_heads;
-  out["att_dim"] = c.att_dim;
-  out["topk"] = c.topk;
-  out["threads"] = threads;
-  out["repeat"] = c.repeat;
-  out["gflop"] = flops / 1e9;
-  out["sgemm_gflops"] = sgemm;
-  out["sgemm_core"] = blas_core_name();
-  for (const auto& [key, value] : last.items()) out[key] = value;
-  out["per_isa"] = per_isa;
-  out["verified"] = verified;
+  const nlohmann::ordered_json out =
+      bench_kl_json(c, data.keys, threads, flops, sgemm, per_isa, verified);
   if (c.json) {
     std::cout << out.dump() << "\n";
   } else {
-    std::string names;
-    for (const KernelIsa isa : isas)
-      names += std::string(names.empty() ? "" : ", ") + kernel_isa_name(isa);
-    std::printf(
-        "bench kl: %lld rows (last of a %lld-token document), %lld keys, index heads %lld x %lld, "
-        "attention heads %lld x %lld, topk %lld, %d threads, kernel %s, median of %lld\n",
-        static_cast<long long>(c.rows), static_cast<long long>(c.doc_length),
-        static_cast<long long>(data.keys), static_cast<long long>(c.heads),
-        static_cast<long long>(c.head_dim), static_cast<long long>(c.att_heads),
-        static_cast<long long>(c.att_dim), static_cast<long long>(c.topk), threads, names.c_str(),
-        static_cast<long long>(c.repeat));
-    std::printf(
-        "  counted work          %10.1f GFLOP (per selected pair 2*Hm*Dm + 2*H*D + 4*H*D)\n",
-        flops / 1e9);
-    std::printf("  BLAS sgemm %5lld^3     %10.1f GFLOP/s  (OpenBLAS kernel %s)\n",
-                static_cast<long long>(c.sgemm_size), sgemm, blas_core_name().c_str());
-    for (const auto& e : per_isa) {
-      const std::string isa = e["isa"].get<std::string>();
-      std::printf("  fused fp32 %-10s %10.3f s  %8.1f GFLOP/s  (%.0f%% of sgemm)\n", isa.c_str(),
-                  e["seconds"].get<double>(), e["gflops"].get<double>(),
-                  100.0 * e["fraction_of_sgemm"].get<double>());
-      std::printf("  fused bf16 %-10s %10.3f s  %8.1f GFLOP/s  (%.2fx fp32, %s)\n", isa.c_str(),
-                  e["bf16_seconds"].get<double>(), e["bf16_gflops"].get<double>(),
-                  e["bf16_speedup"].get<double>(),
-                  e["bf16_dot_products"].get<std::string>().c_str());
-      std::printf(
-          "  %-10s scratch %.2f MiB fp32, %.2f MiB bf16 (independent of rows); loss %.9g; "
-          "bf16 vs fp32 %.1e, first %lld rows vs reference %.1e: %s\n",
-          isa.c_str(), static_cast<double>(e["scratch_bytes"].get<size_t>()) / (1 << 20),
-          static_cast<double>(e["bf16_scratch_bytes"].get<size_t>()) / (1 << 20),
-          e["loss"].get<double>(), e["bf16_max_relative_difference"].get<double>(),
-          static_cast<long long>(c.verify_rows),
-          e["reference_max_relative_difference"].get<double>(),
-          e["verified"].get<bool>() ? "verified" : "NOT VERIFIED");
-    }
+    print_bench_kl(c, data.keys, isas, flops, sgemm, threads, per_isa);
   }
   if (!verified) throw ExitStatus{1};
 }

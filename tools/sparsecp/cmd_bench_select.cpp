@@ -167,6 +167,59 @@ Problem make_problem(const BenchSelectFlags& c) {
   return p;
 }
 
+// The text report, from the JSON report and the timed paths.
+void print_bench_select(const BenchSelectFlags& c, const Problem& p,
+                        const std::vector<KernelIsa>& isas, const std::vector<TimedPath>& paths,
+                        const nlohmann::ordered_json& out, double proj_flops) {
+  std::string names;
+  for (const KernelIsa isa : isas) {
+    names += std::string(names.empty() ? "" : ", ") + kernel_isa_name(isa);
+  }
+  std::printf(
+      "bench select: %lld rows (%lld document(s) of %lld tokens), %lld keys, heads %lld x %lld, "
+      "q_rank %lld, topk %lld, ratio %lld, %d threads, kernel %s; medians of %lld interleaved "
+      "repeats (min-max)\n",
+      static_cast<long long>(p.rows), static_cast<long long>(c.documents),
+      static_cast<long long>(c.doc_length), static_cast<long long>(p.bank),
+      static_cast<long long>(c.model.heads), static_cast<long long>(c.model.head_dim),
+      static_cast<long long>(c.model.q_rank), static_cast<long long>(c.model.topk),
+      static_cast<long long>(c.ratio), out["threads"].get<int>(), names.c_str(),
+      static_cast<long long>(c.repeat));
+  const double flops = out["gflop"].get<double>() * 1e9;
+  const double sgemm = out["sgemm_gflops"].get<double>();
+  std::printf("  score work             %10.1f GFLOP (2*heads*head_dim per visible pair)\n",
+              flops / 1e9);
+  for (const TimedPath& t : paths) {
+    const Spread s = t.spread();
+    const double work = t.name == "sgemm" ? 2.0 * std::pow(static_cast<double>(c.sgemm_size), 3)
+                        : t.name.rfind("projection", 0) == 0 ? proj_flops
+                                                             : flops;
+    std::printf("  %-22s %10.4f s (%.4f-%.4f)  %8.1f GFLOP/s", t.name.c_str(), s.median, s.min,
+                s.max, work / s.median / 1e9);
+    if (t.name == "sgemm") std::printf("  (OpenBLAS kernel %s)", blas_core_name().c_str());
+    if (t.name.rfind("fused", 0) == 0) {
+      std::printf("  (%.0f%% of sgemm)", 100.0 * work / s.median / 1e9 / sgemm);
+    }
+    std::printf("\n");
+  }
+  for (const auto& e : out["per_isa"]) {
+    if (e.contains("bf16_speedup")) {
+      std::printf("  %s bf16 / fp32 fused speedup: %.2fx (%s)\n",
+                  e["isa"].get<std::string>().c_str(), e["bf16_speedup"].get<double>(),
+                  e["bf16_dot_products"].get<std::string>().c_str());
+    }
+    if (c.baseline) {
+      std::printf("  %s fused is %.2fx faster than the baseline\n",
+                  e["isa"].get<std::string>().c_str(), e["speedup_vs_baseline"].get<double>());
+    }
+  }
+  std::printf("  scratch memory         %10.2f MiB (threads x tile, independent of rows)\n",
+              static_cast<double>(out["scratch_bytes"].get<size_t>()) / (1 << 20));
+  std::printf("  results %s\n", out["verified"].get<bool>()
+                                    ? "identical across every fused path and the baseline"
+                                    : "DIFFER between paths");
+}
+
 void run_bench(const BenchSelectFlags& c) {
   Problem p = make_problem(c);
   const std::vector<KernelIsa> isas = bench_isas(c.isa);
@@ -320,49 +373,7 @@ void run_bench(const BenchSelectFlags& c) {
   if (c.json) {
     std::cout << out.dump() << "\n";
   } else {
-    std::string names;
-    for (const KernelIsa isa : isas) {
-      names += std::string(names.empty() ? "" : ", ") + kernel_isa_name(isa);
-    }
-    std::printf(
-        "bench select: %lld rows (%lld document(s) of %lld tokens), %lld keys, heads %lld x %lld, "
-        "q_rank %lld, topk %lld, ratio %lld, %d threads, kernel %s; medians of %lld interleaved "
-        "repeats (min-max)\n",
-        static_cast<long long>(rows), static_cast<long long>(c.documents),
-        static_cast<long long>(c.doc_length), static_cast<long long>(p.bank),
-        static_cast<long long>(c.model.heads), static_cast<long long>(c.model.head_dim),
-        static_cast<long long>(q_rank), static_cast<long long>(c.model.topk),
-        static_cast<long long>(c.ratio), threads, names.c_str(), static_cast<long long>(c.repeat));
-    std::printf("  score work             %10.1f GFLOP (2*heads*head_dim per visible pair)\n",
-                flops / 1e9);
-    for (const TimedPath& t : paths) {
-      const Spread s = t.spread();
-      const double work = t.name == "sgemm" ? 2.0 * std::pow(static_cast<double>(c.sgemm_size), 3)
-                          : t.name.rfind("projection", 0) == 0 ? proj_flops
-                                                               : flops;
-      std::printf("  %-22s %10.4f s (%.4f-%.4f)  %8.1f GFLOP/s", t.name.c_str(), s.median, s.min,
-                  s.max, work / s.median / 1e9);
-      if (t.name == "sgemm") std::printf("  (OpenBLAS kernel %s)", blas_core_name().c_str());
-      if (t.name.rfind("fused", 0) == 0) {
-        std::printf("  (%.0f%% of sgemm)", 100.0 * work / s.median / 1e9 / sgemm);
-      }
-      std::printf("\n");
-    }
-    for (const auto& e : per_isa) {
-      if (e.contains("bf16_speedup")) {
-        std::printf("  %s bf16 / fp32 fused speedup: %.2fx (%s)\n",
-                    e["isa"].get<std::string>().c_str(), e["bf16_speedup"].get<double>(),
-                    e["bf16_dot_products"].get<std::string>().c_str());
-      }
-      if (c.baseline) {
-        std::printf("  %s fused is %.2fx faster than the baseline\n",
-                    e["isa"].get<std::string>().c_str(), e["speedup_vs_baseline"].get<double>());
-      }
-    }
-    std::printf("  scratch memory         %10.2f MiB (threads x tile, independent of rows)\n",
-                static_cast<double>(out["scratch_bytes"].get<size_t>()) / (1 << 20));
-    std::printf("  results %s\n", verified ? "identical across every fused path and the baseline"
-                                           : "DIFFER between paths");
+    print_bench_select(c, p, isas, paths, out, proj_flops);
   }
   if (!verified) throw ExitStatus{1};
 }
