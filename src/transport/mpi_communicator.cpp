@@ -11,11 +11,6 @@
 #include "sparsecp/error.hpp"
 
 namespace sparsecp {
-namespace {
-
-// Point-to-point fallback messages use one tag on the private duplicate; MPI's
-// non-overtaking rule matches them in posting order.
-constexpr int kRowTag = 0x5C9;
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -24,6 +19,12 @@ std::string mpi_error_text(int code) {
     return "MPI error " + std::to_string(code);
   return std::string(text, static_cast<size_t>(length));
 }
+
+namespace {
+
+// Point-to-point fallback messages use one tag on the private duplicate; MPI's
+// non-overtaking rule matches them in posting order.
+constexpr int kRowTag = 0x5C9;
 
 // The first failure a communicator saw (empty while healthy).
 using Failure = std::shared_ptr<std::string>;

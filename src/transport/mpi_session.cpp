@@ -12,15 +12,6 @@ namespace {
 
 constexpr int kLeaveTimeoutMs = 10000;
 
-std::string error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
-    return "MPI error " + std::to_string(code);
-  }
-  return std::string(text, static_cast<size_t>(length));
-}
-
 }  // namespace
 
 MpiSession::MpiSession() {
@@ -64,13 +55,13 @@ void sleeping_barrier(const MpiCommunicator& comm) {
   MPI_Request request = MPI_REQUEST_NULL;
   int code = MPI_Ibarrier(comm.handle(), &request);
   SPARSECP_CHECK_AS(ErrorKind::kTransport, code == MPI_SUCCESS,
-                    "MPI_Ibarrier failed: ", error_text(code));
+                    "MPI_Ibarrier failed: ", mpi_error_text(code));
   const timespec pause{0, 200000};  // 0.2 ms
   while (true) {
     int done = 0;
     code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     SPARSECP_CHECK_AS(ErrorKind::kTransport, code == MPI_SUCCESS,
-                      "MPI_Test of a barrier failed: ", error_text(code));
+                      "MPI_Test of a barrier failed: ", mpi_error_text(code));
     if (done) return;
     nanosleep(&pause, nullptr);
   }

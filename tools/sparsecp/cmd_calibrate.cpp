@@ -9,8 +9,8 @@
 #include "batch_input.hpp"
 #include "calibration.hpp"
 #include "command.hpp"
-#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/io/output_set.hpp"
 
 namespace sparsecp::cli {

@@ -2,8 +2,8 @@
 
 #include "batch_input.hpp"
 #include "command.hpp"
-#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/plan.hpp"
 

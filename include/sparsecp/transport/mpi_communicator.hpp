@@ -38,6 +38,9 @@
 
 namespace sparsecp {
 
+// MPI's text for an error code ("MPI error N" when MPI cannot say).
+std::string mpi_error_text(int code);
+
 struct MpiCommunicatorOptions {
   // Largest count (in rows) or displacement put into one MPI call before the
   // exchange is split into point-to-point messages. Must be in [1, INT_MAX].
