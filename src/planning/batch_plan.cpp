@@ -83,12 +83,12 @@ PlanStats plan_stats(const TaskPlan& tasks, std::span<const int64_t> lengths, in
   stats.total_work = std::accumulate(stats.work.begin(), stats.work.end(), int64_t{0});
   stats.imbalance = imbalance_of(stats.work);
   stats.cost_imbalance = imbalance_of(stats.cost);
-  stats.bytes_moved = stats.rows_moved * (row_bytes.input_bytes() + row_bytes.result_bytes());
+  stats.bytes_moved = row_bytes.wire_bytes(stats.rows_moved, stats.rows_moved);
   for (int64_t rank = 0; rank < cp; ++rank) {
     const auto r = static_cast<size_t>(rank);
-    stats.max_bytes_sent_per_rank = std::max(stats.max_bytes_sent_per_rank,
-                                             stats.rows_sent[r] * row_bytes.input_bytes() +
-                                                 stats.rows_received[r] * row_bytes.result_bytes());
+    stats.max_bytes_sent_per_rank =
+        std::max(stats.max_bytes_sent_per_rank,
+                 row_bytes.wire_bytes(stats.rows_sent[r], stats.rows_received[r]));
   }
   return stats;
 }

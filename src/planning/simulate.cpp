@@ -226,8 +226,7 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
       result.workload = batch.workload;
       result.batch = batch.batch;
       result.rows_moved_bound = rows_moved_bound;
-      result.bytes_moved_bound = rows_moved_bound * (spec.params.row_bytes.input_bytes() +
-                                                     spec.params.row_bytes.result_bytes());
+      result.bytes_moved_bound = spec.params.row_bytes.wire_bytes(rows_moved_bound, rows_moved_bound);
       results.push_back(std::move(result));
     }
     ++done;

@@ -16,9 +16,11 @@
 
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/cost_model_file.hpp"
+#include "sparsecp/planning/batch_plan.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/lower_bound.hpp"
 #include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/row_bytes.hpp"
 #include "sparsecp/planning/strategies/auto.hpp"
 #include "sparsecp/planning/strategies/spill.hpp"
 #include "sparsecp/planning/strategy.hpp"
@@ -228,6 +230,22 @@ TEST(Spill, RowCapSaturatesForShardsBeyond2To62) {
   EXPECT_EQ(spill.plan.rows(0), INT64_MAX);
   EXPECT_EQ(spill.rows_moved, 0);
   EXPECT_TRUE(spill.target_met);
+}
+
+TEST(PlanStats, WireBytesSaturateOnHugeBatches) {
+  // Two ranks swap two documents of 2^61 rows: 2^62 rows move, and 2^62 x 5632 bytes
+  // does not fit in 64 bits (a fuzz_strategies UBSan report on plan_spill's huge
+  // batches). The byte figures saturate; the row figures stay exact.
+  constexpr int64_t kHalf = int64_t{1} << 61;
+  const std::vector<int64_t> lengths = {kHalf, kHalf};
+  const TaskPlan swapped = TaskPlan::from_ranks({{Task{1, 0, kHalf}}, {Task{0, 0, kHalf}}});
+  check_plan_covers(swapped, lengths);
+  const PlanStats stats = plan_stats(swapped, lengths, INT64_MAX);
+  EXPECT_EQ(stats.rows_moved, 2 * kHalf);
+  EXPECT_EQ(stats.bytes_moved, INT64_MAX);
+  EXPECT_EQ(stats.max_bytes_sent_per_rank, INT64_MAX);
+  // Small counts are exact: 3 inputs sent and 2 results sent with the defaults.
+  EXPECT_EQ(RowBytes{}.wire_bytes(3, 2), 3 * 3584 + 2 * 2048);
 }
 
 TEST(SpillStrategy, RegisteredAndRoutable) {

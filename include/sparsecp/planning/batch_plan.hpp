@@ -64,7 +64,8 @@ struct PlanStats {
   double cost_imbalance = 1.0;  // max(cost) / mean(cost); 1.0 when total cost is 0
   int64_t rows_moved = 0;       // sum of rows_sent
   int64_t max_rows_moved_per_rank = 0;
-  // rows_moved * (input + result bytes of the plan's RowBytes).
+  // rows_moved * (input + result bytes of the plan's RowBytes), saturating at INT64_MAX
+  // (RowBytes::wire_bytes), as is max_bytes_sent_per_rank.
   int64_t bytes_moved = 0;
   // The most bytes one rank puts on the wire in the two all-to-alls: its moved rows'
   // inputs as owner plus the results of rows it selects for other owners as worker.

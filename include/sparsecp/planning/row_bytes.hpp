@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace sparsecp {
 
@@ -29,6 +30,25 @@ struct RowBytes {
   }
   // Worker -> owner bytes of one row (2048 with the defaults).
   int64_t result_bytes() const { return topk * index_bytes; }
+
+  // Wire bytes of a rank (or a plan) that sends `inputs_sent` rows' inputs and
+  // `results_sent` rows' results. Figures for reports: they saturate at INT64_MAX
+  // rather than wrap, which only batches of more than ~10^15 moved rows reach.
+  int64_t wire_bytes(int64_t inputs_sent, int64_t results_sent) const {
+    return saturating_add(saturating_mul(inputs_sent, input_bytes()),
+                          saturating_mul(results_sent, result_bytes()));
+  }
+
+ private:
+  // Both operands are non-negative counts here.
+  static int64_t saturating_mul(int64_t a, int64_t b) {
+    int64_t value = 0;
+    return __builtin_mul_overflow(a, b, &value) ? std::numeric_limits<int64_t>::max() : value;
+  }
+  static int64_t saturating_add(int64_t a, int64_t b) {
+    int64_t value = 0;
+    return __builtin_add_overflow(a, b, &value) ? std::numeric_limits<int64_t>::max() : value;
+  }
 };
 
 }  // namespace sparsecp
