@@ -272,3 +272,24 @@ def test_checkpoint_context_fn_in_one_process(kernel_calls):
     assert len(kernel_calls) == 1 and torch.equal(values.grad, want)
     forward, recompute = sct.selection_replay_contexts()
     assert hasattr(forward, "__enter__") and hasattr(recompute, "__exit__")
+
+
+def test_training_step_example_with_checkpointing():
+    """python/examples/train_indexer_step.py's --checkpoint: the step under activation
+    checkpointing, with and without replay, gives the un-checkpointed step's ids, loss and
+    gradients bit for bit (4 gloo ranks, spill)."""
+    import rank_tasks
+
+    seed = SEED + 305
+    print(f"seed {seed}")
+    config = dict(lengths=(2900, 300, 700, 45, 151), hidden=32, q_lora_rank=16, heads=2, head_dim=32, rope_dim=16,
+                  att_heads=2, att_dim=16)
+    pool = pool_of(SIZE)
+    runs = {mode: results_or_raise(pool.run(rank_tasks.train_indexer_step, mode, seed, config, timeout=120))
+            for mode in ("spill", "spill+plain", "spill+replay")}
+    for mode in ("spill+plain", "spill+replay"):
+        for got, want in zip(runs[mode], runs["spill"]):
+            assert got["loss"] == want["loss"] and np.array_equal(got["topk"], want["topk"]), mode
+            assert got["rows_selected"] == want["rows_selected"], mode
+            for name, grad in want["grads"].items():
+                assert np.array_equal(got["grads"][name], grad), (mode, name)
