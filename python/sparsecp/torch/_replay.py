@@ -243,13 +243,16 @@ class _Both:
 @contextlib.contextmanager
 def _hidden() -> Iterator[None]:
     """Suspend torch's Python dispatch modes (selective checkpointing's caches) for selection
-    work: SAC counts ops by order, and a replay does not run these ops."""
+    work: SAC counts ops by order, and a replay does not run these ops. (torch's own helpers
+    for it are private; a torch without them runs the work unhidden.)"""
     from torch.utils import _python_dispatch
 
-    if not _python_dispatch._get_current_dispatch_mode_stack():
+    stack = getattr(_python_dispatch, "_get_current_dispatch_mode_stack", None)
+    disable = getattr(_python_dispatch, "_disable_current_modes", None)
+    if stack is None or disable is None or not stack():
         yield
         return
-    with _python_dispatch._disable_current_modes():
+    with disable():
         yield
 
 
