@@ -345,3 +345,17 @@ def rl_replay(rank: int, size: int, seed: int) -> dict[str, Any]:
     return {"rollout": [t.numpy() for t in rollout_topk], "training": [t.numpy() for t in training_topk],
             "other": [t.numpy() for t in other_topk], "counts": replayed_counts, "calls": replay.calls(),
             "nbytes": replay.nbytes, "again": [t.numpy() for t in again] if rank % 2 else None}
+
+
+def invalid_while_recording(rank: int, size: int, seed: int) -> str:
+    """Inside a recording, rank 1 passes invalid lengths: the call fails as it does outside one,
+    on every rank (the agreement), instead of leaving the others blocked; returns the error."""
+    model, batch = Model(seed), make_batch(seed + 1, rank, size)
+    lengths = (float(LENGTHS[0]), *LENGTHS[1:]) if rank == 1 else LENGTHS
+    replay = sct.SelectionReplay()
+    try:
+        with replay.record():
+            model.layers[0](model.embed(batch.hidden), batch, dist.group.WORLD, new_counts(), lengths=lengths)
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}; recorded {replay.recorded}"
+    return "no error"

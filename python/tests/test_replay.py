@@ -293,3 +293,12 @@ def test_training_step_example_with_checkpointing():
             assert got["rows_selected"] == want["rows_selected"], mode
             for name, grad in want["grads"].items():
                 assert np.array_equal(got["grads"][name], grad), (mode, name)
+
+
+def test_invalid_inputs_inside_a_recording_fail_on_every_rank():
+    seed = SEED + 306
+    print(f"seed {seed}")
+    results = results_or_raise(pool_of(SIZE).run(replay_model.invalid_while_recording, seed, timeout=60))
+    for rank, error in enumerate(results):
+        assert error.startswith("ValueError: ") and error.endswith("; recorded False"), (rank, error)
+        assert "lengths" in error or "rank 1" in error, (rank, error)

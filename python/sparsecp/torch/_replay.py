@@ -340,6 +340,8 @@ class _RecordingExchange:
         self.replayed = bool(getattr(inner, "replayed", False))
 
     def __getattr__(self, name: str) -> Any:  # route, owner_queries, group, consumed, ...
+        if name.startswith("_"):  # never for private names (copy, pickle look them up before __init__)
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     def wait(self) -> WorkerInputs:
@@ -452,16 +454,26 @@ def _group_fields(group: Any) -> list[tuple[str, Any]]:
         return [("rank", None), ("group size", None)]
 
 
+def _converted(convert: Callable[[], Any], value: Any) -> Any:
+    """``convert()``, or the value's repr when it is invalid: describing a call never raises, so
+    that a recorded call with bad inputs fails as the entry point fails (on every rank)."""
+    try:
+        return convert()
+    except Exception:
+        return "invalid: " + repr(value)[:80]
+
+
 def describe(kind: str, arguments: dict[str, Any]) -> Call:
     """The fields of a call that its result depends on (bound arguments by name)."""
     fields: list[tuple[str, Any]] = []
     if kind in ("balanced_indexer_select", _LAUNCH):
         embeddings = arguments["position_embeddings" if kind != _LAUNCH else "embeddings"]
         cos, sin = tuple(embeddings) if isinstance(embeddings, (tuple, list)) and len(embeddings) == 2 else (None, None)
-        fields += [("lengths", lengths_tuple(arguments["lengths"])), ("ratio", arguments["ratio"]),
+        lengths, params = arguments["lengths"], arguments["strategy_params"]
+        fields += [("lengths", _converted(lambda: lengths_tuple(lengths), lengths)), ("ratio", arguments["ratio"]),
                    ("mode", arguments["mode"]), ("block_size", arguments["block_size"]),
                    ("zigzag_min_length", arguments["zigzag_min_length"]),
-                   ("strategy parameters", tuple(sorted(arguments["strategy_params"].items())))]
+                   ("strategy parameters", _converted(lambda: tuple(sorted(params.items())), params))]
         fields += _group_fields(arguments["group"])
         for name, tensor in (("qr", arguments["query_residual"]), ("weights", arguments["weights"]), ("cos", cos),
                              ("sin", sin)):
@@ -470,7 +482,8 @@ def describe(kind: str, arguments: dict[str, Any]) -> Call:
         for name in ("query", "key", "weights"):
             fields += _tensor_fields(name, arguments[name])
         segments = arguments["segments"]
-        table = np.asarray(getattr(segments, "array", segments), dtype=np.int64).reshape(-1, 5)
+        table = _converted(lambda: np.asarray(getattr(segments, "array", segments), dtype=np.int64).reshape(-1, 5),
+                           segments)
         fields += [("segments", table), ("ratio", arguments["ratio"]), ("topk", arguments["topk"])]
     return Call(kind, tuple(fields))
 
@@ -480,6 +493,11 @@ def describe_difference(recorded: Call, now: Call) -> str | None:
     if recorded.kind != now.kind:
         return f"the recording has {recorded.kind} here"
     for (name, was), (_, value) in zip(recorded.fields, now.fields):
+        if isinstance(was, str) or isinstance(value, str):  # an invalid value (its repr)
+            if type(was) is not type(value) or was != value:
+                return f"{name} {was if isinstance(was, str) else 'valid'} recorded, " \
+                       f"{value if isinstance(value, str) else 'valid'} now"
+            continue
         if name == "lengths" and was != value:
             if len(was) != len(value):
                 return f"lengths: {len(was)} documents recorded, {len(value)} now"
