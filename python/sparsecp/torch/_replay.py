@@ -109,6 +109,9 @@ class SelectionReplay:
     order (it may be entered many times: a training forward and its recompute both replay an RL
     rollout's recording). Use one ``SelectionReplay`` per recomputed region (per checkpointed
     layer): a recompute replays its own region's calls, and regions recompute in reverse order.
+    Calls are matched by their arguments and their order, not by which layer makes them: two
+    layers with the same lengths, ratio and shapes are told apart only by order, so one
+    SelectionReplay shared by separately recomputed layers would give a layer another's ids.
 
     Attributes:
         recorded: True once a ``record()`` block finished without an exception.
