@@ -37,6 +37,14 @@ Usage::
         --att-heads 64 --att-dim 512 --tokens-per-rank 2048 --no-compare   # timing at DeepSeek-V4 head shapes
     sparsecp calibrate --heads 64 --head-dim 128 --q-rank 1536 --threads 1 --out v4.txt
     python python/examples/train_indexer_step.py ... --q-rank 1536 --cost-model v4.txt  # spill on that model
+    python python/examples/train_indexer_step.py --ranks 4 --no-compare --repeats 7 \\
+        --checkpoint none,plain,replay      # activation checkpointing: recompute selects again, or replays
+
+With ``--checkpoint plain`` the layer's forward runs under non-reentrant activation
+checkpointing and its recompute (in the backward) plans, exchanges and selects again; with
+``replay`` it runs with ``context_fn=sparsecp.torch.selection_replay_contexts`` and the
+recompute reuses the forward's ids (phase "selection" then counts the forward's only). The
+gradients are bit for bit the same either way.
 """
 from __future__ import annotations
 
@@ -56,6 +64,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 import sparsecp.torch as indexer_balance
 
@@ -191,21 +200,27 @@ class StepResult:
 
 
 class _Phases:
-    """Wall and thread-CPU seconds per named phase."""
+    """Wall and thread-CPU seconds per named phase (phases may nest: a checkpoint's recompute
+    runs its phases inside "backward")."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, tuple[float, float]] = {}
 
-    def __call__(self, name: str) -> _Phases:
-        self.name = name
-        return self
+    def __call__(self, name: str) -> _Phase:
+        return _Phase(self, name)
+
+
+class _Phase:
+    def __init__(self, phases: _Phases, name: str) -> None:
+        self.phases, self.name = phases, name
 
     def __enter__(self) -> None:
         self.start = (time.perf_counter(), time.thread_time())
 
     def __exit__(self, *exc: Any) -> None:
-        wall, cpu = self.seconds.get(self.name, (0.0, 0.0))
-        self.seconds[self.name] = (wall + time.perf_counter() - self.start[0], cpu + time.thread_time() - self.start[1])
+        wall, cpu = self.phases.seconds.get(self.name, (0.0, 0.0))
+        self.phases.seconds[self.name] = (wall + time.perf_counter() - self.start[0],
+                                          cpu + time.thread_time() - self.start[1])
 
 
 def compact_bank(batch: Batch, shard: slice) -> tuple[int, int]:
@@ -216,50 +231,77 @@ def compact_bank(batch: Batch, shard: slice) -> tuple[int, int]:
     return first, min(max(end, first + 1), batch.compressed.shape[0])
 
 
+CHECKPOINTING = ("none", "plain", "replay")
+
+
+def variant_name(mode: str, checkpointing: str) -> str:
+    """The label of a (mode, checkpointing) run: the mode alone without checkpointing."""
+    return mode if checkpointing == "none" else f"{mode}+{checkpointing}"
+
+
 def train_step(layer: IndexerLayer, optimizer: torch.optim.Optimizer, batch: Batch, rank: int, size: int,
-               mode: str, group: Any | None) -> StepResult:
-    """One step on this rank's contiguous shard (``group=None``: one process, whole batch)."""
+               mode: str, group: Any | None, checkpointing: str = "none") -> StepResult:
+    """One step on this rank's contiguous shard (``group=None``: one process, whole batch).
+
+    ``checkpointing``: "none"; "plain" (the layer's forward under non-reentrant activation
+    checkpointing: the backward recomputes it, selection and all-to-alls included); "replay"
+    (the same with ``context_fn=sparsecp.torch.selection_replay_contexts``: the recompute
+    reuses the forward's ids)."""
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
     c = layer.config
     local = c.tokens // size
     shard = slice(rank * local, (rank + 1) * local)
     hidden, qr = batch.hidden[shard][None], batch.query_residual[shard][None]
     cos, sin = batch.cos[shard][None], batch.sin[shard][None]
     phases = _Phases()
+    started = (time.perf_counter(), time.thread_time())
     optimizer.zero_grad(set_to_none=True)
 
-    with phases("merge weights"):
-        weights = layer.merge_weights(hidden)  # [1, S, H], with grad
-    with phases("selection"):
-        if group is not None:
-            modelled = c.cost_model is not None and mode not in ("none", "zigzag", "greedy", "hybrid")
-            wave = indexer_balance.launch_indexer_inputs(qr, weights.detach(), (cos, sin), c.lengths, c.ratio, mode,
-                                                         group, **({"cost_model": c.cost_model} if modelled else {}))
-    with phases("index key bank"):
-        key = layer.index_key(batch.compressed[None], batch.key_cos[None], batch.key_sin[None])  # [1, K, D]
-    with phases("selection"):
-        selector = indexer_balance.IndexerSelector(layer.q_b_proj.weight.detach(), key.detach()[0], c.ratio, c.topk,
-                                                   head_dim=c.head_dim, rope_dim=c.rope_dim, threads=1)
-        if group is None:
-            segments = indexer_balance.indexer_route(c.lengths, 1, 0, c.ratio, "none").segments
-            topk = selector(qr, weights.detach(), (cos, sin), segments)[0]
-            rows_selected = local
-        else:
-            worker_qr, worker_weights, worker_cos, worker_sin = wave.wait()
-            selected = selector(worker_qr, worker_weights, (worker_cos, worker_sin), wave.route.segments)[0]
-            rows_selected = worker_qr.shape[1]
-            pending = wave.launch_result(selected)
-    with phases("index query"):
-        query = layer.index_query(qr, cos, sin)  # the owner's own rows, with grad
-    with phases("teacher"):
-        first, end = compact_bank(batch, shard)
-        attention_query, attention_key = layer.teacher(hidden, batch.compressed[first:end][None])
-    with phases("selection"):
-        if group is not None:
-            topk = pending.wait()
-    with phases("kl loss"):  # the fused kernel: loss and the three gradients
-        loss = indexer_balance.shared_compressed_indexer_kl_loss(
-            query, key, weights, attention_query, attention_key, topk[None], layer.sinks.detach(),
-            attention_scale=c.att_dim ** -0.5, loss_coeff=c.loss_coeff, main_key_offset=first)
+    def layer_forward(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The layer's forward: (KL loss, this rank's ids [S, topk], rows selected as a worker)."""
+        with phases("merge weights"):
+            weights = layer.merge_weights(hidden)  # [1, S, H], with grad
+        with phases("selection"):
+            if group is not None:
+                modelled = c.cost_model is not None and mode not in ("none", "zigzag", "greedy", "hybrid")
+                wave = indexer_balance.launch_indexer_inputs(qr, weights.detach(), (cos, sin), c.lengths, c.ratio,
+                                                             mode, group,
+                                                             **({"cost_model": c.cost_model} if modelled else {}))
+        with phases("index key bank"):
+            key = layer.index_key(batch.compressed[None], batch.key_cos[None], batch.key_sin[None])  # [1, K, D]
+        with phases("selection"):
+            selector = indexer_balance.IndexerSelector(layer.q_b_proj.weight.detach(), key.detach()[0], c.ratio,
+                                                       c.topk, head_dim=c.head_dim, rope_dim=c.rope_dim, threads=1)
+            if group is None:
+                segments = indexer_balance.indexer_route(c.lengths, 1, 0, c.ratio, "none").segments
+                topk = selector(qr, weights.detach(), (cos, sin), segments)[0]
+                rows_selected = local
+            else:
+                # In a replayed recompute the handle moves nothing and its worker has zero rows.
+                worker_qr, worker_weights, worker_cos, worker_sin = wave.wait()
+                selected = selector(worker_qr, worker_weights, (worker_cos, worker_sin), wave.route.segments)[0]
+                rows_selected = worker_qr.shape[1]
+                pending = wave.launch_result(selected)
+        with phases("index query"):
+            query = layer.index_query(qr, cos, sin)  # the owner's own rows, with grad
+        with phases("teacher"):
+            first, end = compact_bank(batch, shard)
+            attention_query, attention_key = layer.teacher(hidden, batch.compressed[first:end][None])
+        with phases("selection"):
+            if group is not None:
+                topk = pending.wait()
+        with phases("kl loss"):  # the fused kernel: loss and the three gradients
+            loss = indexer_balance.shared_compressed_indexer_kl_loss(
+                query, key, weights, attention_query, attention_key, topk[None], layer.sinks.detach(),
+                attention_scale=c.att_dim ** -0.5, loss_coeff=c.loss_coeff, main_key_offset=first)
+        return loss, topk, rows_selected
+
+    if checkpointing == "none":
+        loss, topk, rows_selected = layer_forward(hidden)
+    else:
+        context_fn = indexer_balance.selection_replay_contexts if checkpointing == "replay" else noop_context_fn
+        loss, topk, rows_selected = checkpoint(layer_forward, hidden, use_reentrant=False, context_fn=context_fn)
     with phases("backward"):
         loss.backward()
     with phases("all_reduce + step"):
@@ -270,6 +312,7 @@ def train_step(layer: IndexerLayer, optimizer: torch.optim.Optimizer, batch: Bat
                 parameter.grad /= size
         grads = {name: p.grad.detach().clone() for name, p in parameters}
         optimizer.step()
+    phases.seconds["step"] = (time.perf_counter() - started[0], time.thread_time() - started[1])
     return StepResult(float(loss.detach()), topk.clone(), grads, {n: p.detach().clone() for n, p in parameters},
                       phases.seconds, rows_selected, int((topk >= 0).sum()))
 
@@ -283,9 +326,11 @@ def build(config: IndexerConfig, seed: int) -> tuple[IndexerLayer, torch.optim.O
 
 
 def rank_step(rank: int, size: int, config: IndexerConfig, mode: str, seed: int) -> StepResult:
-    """One step on an initialised process group (the test's and the script's rank task)."""
+    """One step on an initialised process group (the test's and the script's rank task);
+    ``mode`` may name a checkpointing too (``variant_name``: "spill+replay")."""
     layer, optimizer, batch = build(config, seed)
-    return train_step(layer, optimizer, batch, rank, size, mode, dist.group.WORLD)
+    mode, _, checkpointing = mode.partition("+")
+    return train_step(layer, optimizer, batch, rank, size, mode, dist.group.WORLD, checkpointing or "none")
 
 
 def single_process_step(config: IndexerConfig, seed: int, threads: int = 1) -> StepResult:
@@ -399,6 +444,10 @@ def main() -> int:
     parser.add_argument("--cost-model", default=None,
                         help="spill/auto: balance this per-row cost model (a file from `sparsecp calibrate --heads H "
                              "--head-dim D --q-rank R --threads 1`) instead of causal pairs")
+    parser.add_argument("--checkpoint", default="none",
+                        help="activation checkpointing of the layer's forward, one or a comma list (runs "
+                             "interleaved): none, plain (the recompute selects and communicates again), replay "
+                             "(context_fn=selection_replay_contexts: the recompute reuses the ids)")
     parser.add_argument("--no-compare", action="store_true", help="run only --mode (timing)")
     parser.add_argument("--repeats", type=int, default=1, help="steps per mode and rank (times: medians)")
     parser.add_argument("--repeat", dest="repeats", type=int, help=argparse.SUPPRESS)
@@ -412,7 +461,12 @@ def main() -> int:
         scaled = [max(1, n * total // config.tokens) for n in config.lengths]
         scaled[0] += total - sum(scaled)
         config = dataclasses.replace(config, lengths=tuple(scaled))
-    modes = [args.mode] if args.no_compare or args.mode == "none" else [args.mode, "none"]
+    checkpointings = args.checkpoint.split(",")
+    for checkpointing in checkpointings:
+        if checkpointing not in CHECKPOINTING:
+            parser.error(f"--checkpoint: {checkpointing!r} is not one of {', '.join(CHECKPOINTING)}")
+    base = [args.mode] if args.no_compare or args.mode == "none" else [args.mode, "none"]
+    modes = [variant_name(mode, checkpointing) for mode in base for checkpointing in checkpointings]
     print(f"{args.ranks} gloo ranks, documents {config.lengths}, index heads {config.heads} x {config.head_dim}, "
           f"attention heads {config.att_heads} x {config.att_dim}, top-k {config.topk}, ratio {config.ratio}",
           file=sys.stderr)
@@ -428,15 +482,19 @@ def main() -> int:
                          for r, steps in enumerate(runs[mode])]
     if not args.no_compare:
         single = single_process_step(config, args.seed)
-        distributed = results[args.mode][0]
-        summary["loss_sum_over_ranks_div_ranks"] = sum(s.loss for s in results[args.mode]) / args.ranks
+        distributed = results[modes[0]][0]
+        summary["loss_sum_over_ranks_div_ranks"] = sum(s.loss for s in results[modes[0]]) / args.ranks
         summary["single_process_loss"] = single.loss
         summary["max_relative_grad_difference_vs_single_process"] = max_relative_difference(distributed.grads,
                                                                                             single.grads)
-        if "none" in results and args.mode != "none":
+        if "none" in results and modes[0] != "none":
             summary["grads_bitwise_equal_to_none"] = all(
-                torch.equal(a.grads[n], b.grads[n]) for a, b in zip(results[args.mode], results["none"])
+                torch.equal(a.grads[n], b.grads[n]) for a, b in zip(results[modes[0]], results["none"])
                 for n in a.grads)
+    if len(checkpointings) > 1:  # checkpointing never changes a gradient bit
+        summary["grads_bitwise_equal_across_checkpointing"] = all(
+            torch.equal(a.grads[n], b.grads[n]) for mode in modes[1:len(checkpointings)]
+            for a, b in zip(results[mode], results[modes[0]]) for n in a.grads)
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
@@ -447,7 +505,8 @@ def main() -> int:
             select, kl = seconds["selection"][1], seconds["kl loss"][1]
             print(f"  rank {rank['rank']}: loss {rank['loss']:.6f}, selected {rank['rows_selected']} rows, KL over "
                   f"{rank['kl_slots']} ids; selection {select:.3f} s, KL {kl:.3f} s (KL / selection "
-                  f"{kl / select:.2f}), backward {seconds['backward'][1]:.3f} s")
+                  f"{kl / select:.2f}), backward {seconds['backward'][1]:.3f} s; wall: selection "
+                  f"{seconds['selection'][0]:.3f} s, step {seconds['step'][0]:.3f} s")
     for key in ("single_process_loss", "loss_sum_over_ranks_div_ranks",
                 "max_relative_grad_difference_vs_single_process", "grads_bitwise_equal_to_none"):
         if key in summary:

@@ -28,6 +28,41 @@ def pytorch_snippets() -> list[str]:
     return code_blocks(section("Use from PyTorch"), "python")
 
 
+def subsection(text: str, title: str) -> str:
+    """The part of a section's ``text`` under ``### title``, up to the next ``### `` heading."""
+    start = text.index("\n### " + title)
+    end = text.find("\n### ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+REPLAY_SUBSECTIONS = ("Activation checkpointing", "RL: record in the rollout, replay in training")
+
+
+def replay_snippets() -> list[str]:
+    """The python blocks of the "In a training loop" subsections on selection replay."""
+    text = section("In a training loop")
+    return [block for title in REPLAY_SUBSECTIONS for block in code_blocks(subsection(text, title), "python")]
+
+
+def run_replay_snippets(rank: int, size: int, pytorch: list[str], replay: list[str]) -> dict[str, Any]:
+    """The PyTorch snippets, then the replay snippets, in one namespace; counts the all-to-alls
+    of each replay snippet (sparsecp.torch.exchange_stats)."""
+    import sparsecp.torch as indexer_balance
+
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    for index, snippet in enumerate(pytorch):
+        exec(compile(snippet, f"README.md PyTorch snippet {index + 1}", "exec"), namespace)  # noqa: S102
+    exchanges = []
+    for index, snippet in enumerate(replay):
+        indexer_balance.reset_exchange_stats()
+        exec(compile(snippet, f"README.md training loop snippet {index + 1}", "exec"), namespace)  # noqa: S102
+        exchanges.append(indexer_balance.exchange_stats()["exchanges"])
+    return {"local": namespace["local"], "exchanges": exchanges, "retained": namespace["retained"],
+            "loss": float(namespace["loss"].detach()),
+            "grad": bool(namespace["index_query"].grad.abs().sum() > 0),
+            "rollout_ids": tuple(namespace["rollout_ids"].shape)}
+
+
 def run_snippets(rank: int, size: int, snippets: list[str]) -> dict[str, Any]:
     """Runs the snippets in one namespace on this rank (the pool's process group is
     initialised, as the README assumes); returns what the test checks."""

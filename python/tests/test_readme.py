@@ -28,3 +28,18 @@ def test_readme_pytorch_snippets_run_on_two_ranks():
         assert result["bank"] == (1, sum(n // 4 for n in (1200, 300, 44, 504)), 64), rank
         assert result["valid_ids"], rank
         assert math.isfinite(result["loss"]) and result["grad"], rank
+
+
+def test_readme_training_loop_replay_snippets_run_on_two_ranks():
+    snippets = readme_snippets.replay_snippets()
+    assert len(snippets) == 3, "the README's replay subsections lost their python snippets"
+    results = results_or_raise(pool_of(2).run(readme_snippets.run_replay_snippets,
+                                              readme_snippets.pytorch_snippets(), snippets, timeout=120))
+    for rank, result in enumerate(results):
+        local = result["local"]
+        # Each selection moves inputs and results (one all-to-all each way, fp32 fields): the
+        # checkpointed ones only in their forwards, the RL replay not at all.
+        assert result["exchanges"] == [4, 2, 2], (rank, result["exchanges"])
+        assert result["retained"] == local * 512 * 4, rank
+        assert result["rollout_ids"] == (1, local, 512), rank
+        assert math.isfinite(result["loss"]) and result["grad"], rank

@@ -16,11 +16,18 @@ with autograd (``sliding_window_route``, ``document_prefix_route``,
 ``DeferredBankLaunch``), and the indexer's KL training loss with autograd
 (``shared_compressed_indexer_kl_loss``, ``indexer_kl_scratch_bytes``).
 
+For activation recompute and RL: ``selection_replay_contexts`` (the ``context_fn`` of
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``) and ``SelectionReplay``
+(``record()`` / ``replay()``): every selection entry point records its int32 result in the
+first forward and returns it in the recompute with no planning, no collective and no
+selection work (``4 * topk`` bytes per owned row and call retained).
+
 Layout: ``indexer_balance.py`` (the seed's module: its names only), ``_plans.py`` (the
 plan and route cache behind it, option shims, ``RowTuple``), ``_exchange.py`` (the row
 exchange, byte counters), ``_checks.py`` (the exchange's input checks and agreement),
 ``select.py`` (selection), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
-loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement).
+loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement),
+``_replay.py`` (selection record and replay).
 """
 from __future__ import annotations
 
@@ -44,6 +51,7 @@ from ._exchange import _exchange_inputs as _exchange_inputs  # noqa: E402
 from ._exchange import _exchange_rows as _exchange_rows  # noqa: E402
 from ._exchange import _PendingRows as _PendingRows  # noqa: E402
 from ._plans import RowTuple  # noqa: E402
+from ._replay import SelectionReplay, selection_replay_contexts  # noqa: E402
 from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
     IndexerRoute,
@@ -88,6 +96,7 @@ __all__ = [
     "IndexerTask",
     "RowTuple",
     "SequenceDispatchRoute",
+    "SelectionReplay",
     "SequenceGatherHandle",
     "TndPlan",
     "balanced_indexer_select",
@@ -108,6 +117,7 @@ __all__ = [
     "reset_exchange_stats",
     "resolve_indexer_balance_block_size",
     "select_indices",
+    "selection_replay_contexts",
     "sequence_dispatch",
     "sequence_gather",
     "shared_compressed_indexer_kl_loss",

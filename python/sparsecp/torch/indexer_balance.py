@@ -40,7 +40,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -70,6 +70,7 @@ from ._exchange import expected_exchange_bytes as expected_exchange_bytes
 from ._exchange import reset_exchange_stats as reset_exchange_stats
 from ._plans import PlanCached, int64_array, is_sparsecp_strategy, mode_name, option, planned, planning_inputs, positive
 from ._plans import RowTuple as RowTuple
+from ._replay import replayable
 
 __all__ = [
     "IndexerInputExchange",
@@ -296,6 +297,7 @@ _SELECT_AXES_TEXT = "Indexer qr, weights and rotary embeddings must have matchin
 _LAUNCH_AXES_TEXT = "Indexer qr, weights and rotary embeddings must share token axes and device"
 
 
+@replayable("balanced_indexer_select")  # record / replay (sparsecp.torch.SelectionReplay)
 @torch.no_grad()
 def balanced_indexer_select(query_residual: torch.Tensor, weights: torch.Tensor,
                             position_embeddings: tuple[torch.Tensor, torch.Tensor], selector: Callable,
@@ -351,6 +353,9 @@ class IndexerInputExchange:
     fields: tuple
     widths: tuple
     consumed: bool = False
+    # Inside a SelectionReplay's replay() the launch returns a handle that moves nothing and
+    # has this True (sparsecp.torch._replay): code may then skip the worker's selector.
+    replayed: ClassVar[bool] = False
 
     @torch.no_grad()
     def wait(self) -> WorkerInputs:
@@ -388,6 +393,7 @@ class IndexerInputExchange:
         return launch_rows(selected, to_owners(self.route, self.rows, self.owner_queries), self.group)
 
 
+@replayable("launch_indexer_inputs")  # record / replay (sparsecp.torch.SelectionReplay)
 @torch.no_grad()
 def launch_indexer_inputs(
     query_residual: torch.Tensor, weights: torch.Tensor, embeddings: tuple,

@@ -36,6 +36,7 @@ import torch
 
 from .. import _core
 from .._checks import integer, integer_table
+from ._replay import replayable
 
 __all__ = [
     "IndexerSelector",
@@ -106,6 +107,7 @@ def _contiguous(tensor: torch.Tensor) -> Any:
     return kernel_arg(tensor if tensor.is_contiguous() else tensor.contiguous())
 
 
+@replayable("select_indices")  # record / replay (sparsecp.torch.SelectionReplay)
 @torch.no_grad()
 def select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, segments: Any, ratio: int,
                    topk: int, *, threads: int = 0) -> torch.Tensor:
@@ -270,6 +272,7 @@ def csa_tnd_plan(segments: Any, ratio: int) -> TndPlan | None:
     return None if core is None else TndPlan(core)
 
 
+@replayable("packed_indexer_select")  # record / replay (sparsecp.torch.SelectionReplay)
 @torch.no_grad()
 def packed_indexer_select(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, segments: Any,
                           ratio: int, topk: int) -> torch.Tensor:

@@ -1,0 +1,519 @@
+"""Record and replay of selection results: recompute and RL without a second selection.
+
+Selection is discrete and runs without grad, so replaying its integer result is exact. A
+``SelectionReplay`` records, in call order, what every sparsecp selection entry point
+returned while its ``record()`` context was active (``balanced_indexer_select``,
+``launch_indexer_inputs`` with its handles, ``packed_indexer_select``, ``select_indices``);
+inside its ``replay()`` context the same calls return the recorded ids with no planning, no
+collective and no selection work. ``selection_replay_contexts`` is the pair of them that
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=...)`` expects.
+
+What a replayed call does, by entry point:
+
+* ``balanced_indexer_select``, ``packed_indexer_select``, ``select_indices``: return a copy of
+  the recorded ids; the selector is not called.
+* ``launch_indexer_inputs``: returns a handle with the same interface (``route``,
+  ``owner_queries``, ``wait()``, ``launch_result()``) and ``replayed`` True. Nothing moves: its
+  ``wait()`` gives the worker zero rows (``[1, 0, width]`` each, the owners' dtypes) and its
+  ``route`` describes no rows (no segments, zero splits), so a selector called on them selects
+  nothing (code may skip it: ``if not exchange.replayed``); ``launch_result`` takes that
+  empty ``[0, topk]`` output (or None), and its handle's ``wait()`` gives the recorded ids of
+  this rank's own rows. Both handles stay single-use, with the seed's texts.
+
+Retained: one int32 copy of each call's returned ids, nothing else (no worker inputs, no
+expanded worker Q, no route): ``4 * topk`` bytes per row this rank owns per selection call,
+e.g. 4096 rows (32K tokens over CP 8) at top-512: 8 MiB per layer (``SelectionReplay.nbytes``).
+
+A replayed call must be the recorded one: the entry point, document lengths, ratio, mode
+and options, rank and group size, and the shapes, dtypes and device of the tensors (for
+``select_indices`` / ``packed_indexer_select`` also the segments and topk) are compared, and
+a difference raises ``ValueError`` naming it; a call past the end of the recording raises
+``RuntimeError``. Calls a recorded call makes itself (the selector's ``select_indices``), and
+selection calls between an overlapped launch and its ``launch_result`` (the worker's
+selector), belong to that call and are neither recorded nor replayed on their own.
+
+Nesting: the innermost active ``record()`` / ``replay()`` takes a call; a recording inside a
+replay records what the replay returns (RL replay around checkpointed layers). Sessions are
+per process, not per thread (a recompute may run on autograd's device threads).
+
+Selective checkpointing (``create_selective_checkpoint_contexts``) caches op outputs by the
+order ops run in; a recorded call runs with torch's Python dispatch modes suspended, so SAC
+neither sees nor caches the selection's ops, and its recompute, which skips them, stays in
+step. The worker's selector on the overlapped path is your code and runs under SAC (on
+zero rows in a replay): keep its ops out of save policies.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import _lengths as lengths_tuple
+from ._exchange import WorkerInputs
+
+if TYPE_CHECKING:
+    from .indexer_balance import IndexerRoute
+
+__all__ = ["SelectionReplay", "selection_replay_contexts"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Entry points a worker's selector calls: inside an open overlapped exchange they belong to it.
+_WORKER_KINDS = ("select_indices", "packed_indexer_select")
+_LAUNCH = "launch_indexer_inputs"
+
+
+class Call(NamedTuple):
+    """What a selection call depends on: the entry point and (name, value) fields."""
+
+    kind: str
+    fields: tuple[tuple[str, Any], ...]
+
+
+class _Entry:
+    """One recorded call: its description and the int ids it returned (a copy)."""
+
+    __slots__ = ("call", "ids")
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.ids: torch.Tensor | None = None
+
+
+class _State:
+    """Process-wide: the active sessions (innermost last), how many recorded calls are executing
+    (their own nested calls pass through), and how many overlapped exchanges are open."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sessions: list[_Session] = []
+        self.executing = 0
+        self.windows = 0
+
+
+_STATE = _State()
+
+
+class SelectionReplay:
+    """A recording of selection results, replayed in call order.
+
+    ``with replay.record():`` starts a fresh recording of every selection call in the block;
+    ``with replay.replay():`` returns them again, from the first, for the same calls in the same
+    order (it may be entered many times: a training forward and its recompute both replay an RL
+    rollout's recording). Use one ``SelectionReplay`` per recomputed region (per checkpointed
+    layer): a recompute replays its own region's calls, and regions recompute in reverse order.
+    Calls are matched by their arguments and their order, not by which layer makes them: two
+    layers with the same lengths, ratio and shapes are told apart only by order, so one
+    SelectionReplay shared by separately recomputed layers would give a layer another's ids.
+
+    Attributes:
+        recorded: True once a ``record()`` block finished without an exception.
+        nbytes: Bytes held: the ids' int32 copies (``4 * topk`` per owned row and call).
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[_Entry] = []
+        self._recorded = False
+
+    def record(self) -> _Session:
+        """A context manager recording this region's selection calls (discarding any earlier)."""
+        return _Session(self, replaying=False)
+
+    def replay(self) -> _Session:
+        """A context manager replaying the recording; raises RuntimeError on entry without one."""
+        return _Session(self, replaying=True)
+
+    @property
+    def recorded(self) -> bool:
+        return self._recorded
+
+    @property
+    def nbytes(self) -> int:
+        return sum(entry.ids.numel() * entry.ids.element_size() for entry in self._entries if entry.ids is not None)
+
+    def calls(self) -> tuple[str, ...]:
+        """The recorded calls' entry point names, in order."""
+        return tuple(entry.call.kind for entry in self._entries)
+
+    def clear(self) -> None:
+        """Drop the recording (``recorded`` becomes False)."""
+        self._entries, self._recorded = [], False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        state = "recorded" if self._recorded else "not recorded"
+        return f"SelectionReplay({len(self._entries)} calls, {self.nbytes} bytes, {state})"
+
+
+class _Session:
+    """One ``record()`` or ``replay()`` of a SelectionReplay; re-enterable (torch enters a
+    checkpoint's recompute context once per recompute)."""
+
+    def __init__(self, replay: SelectionReplay, replaying: bool) -> None:
+        self.replay, self.replaying = replay, replaying
+        self.cursor = 0
+
+    def __enter__(self) -> SelectionReplay:
+        with _STATE.lock:
+            if any(session.replay is self.replay for session in _STATE.sessions):
+                raise RuntimeError("SelectionReplay is already recording or replaying")
+            if self.replaying and not self.replay.recorded:
+                raise RuntimeError("SelectionReplay.replay(): nothing was recorded (a record() block must finish "
+                                   "first)")
+            if not self.replaying:
+                self.replay.clear()
+            self.cursor = 0
+            _STATE.sessions.append(self)
+        return self.replay
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        with _STATE.lock:
+            if self in _STATE.sessions:
+                _STATE.sessions.remove(self)
+            if not _STATE.sessions:
+                _STATE.windows = 0
+        if not self.replaying:
+            self.replay._recorded = kind is None
+
+    def next_entry(self, call: Call) -> _Entry:
+        """The recorded entry of this replayed call; raises when it is not the recorded call."""
+        entries, index = self.replay._entries, self.cursor
+        if index >= len(entries):
+            raise RuntimeError(f"Selection replay: call {index + 1} ({call.kind}) is past the end of the recording "
+                               f"({len(entries)} calls recorded)")
+        entry = entries[index]
+        difference = describe_difference(entry.call, call)
+        if difference:
+            raise ValueError(f"Selection replay: call {index + 1} ({call.kind}) differs from its recording: "
+                             f"{difference}")
+        self.cursor += 1
+        return entry
+
+    def add_entry(self, call: Call) -> _Entry:
+        entry = _Entry(call)
+        self.replay._entries.append(entry)
+        return entry
+
+
+def selection_replay_contexts(contexts: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
+
+    Returns (forward, recompute) context managers of one fresh SelectionReplay: the forward
+    records every selection call of the checkpointed function, the recompute replays them (no
+    planning, no collective, no selection work). ``contexts`` is another pair to enter with
+    them, e.g. selective checkpointing's::
+
+        context_fn=lambda: selection_replay_contexts(create_selective_checkpoint_contexts(policy))
+    """
+    replay = SelectionReplay()
+    if contexts is None:
+        return replay.record(), replay.replay()
+    forward, recompute = contexts
+    return _Both(forward, replay.record()), _Both(recompute, replay.replay())
+
+
+class _Both:
+    """Two context managers entered in order, exited in reverse; re-enterable."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.first, self.second = first, second
+
+    def __enter__(self) -> None:
+        self.first.__enter__()
+        try:
+            self.second.__enter__()
+        except BaseException as error:
+            self.first.__exit__(type(error), error, error.__traceback__)
+            raise
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> Any:
+        try:
+            self.second.__exit__(kind, error, trace)
+        finally:
+            suppressed = self.first.__exit__(kind, error, trace)
+        return suppressed
+
+
+@contextlib.contextmanager
+def _hidden() -> Iterator[None]:
+    """Suspend torch's Python dispatch modes (selective checkpointing's caches) for selection
+    work: SAC counts ops by order, and a replay does not run these ops. (torch's own helpers
+    for it are private; a torch without them runs the work unhidden.)"""
+    from torch.utils import _python_dispatch
+
+    stack = getattr(_python_dispatch, "_get_current_dispatch_mode_stack", None)
+    disable = getattr(_python_dispatch, "_disable_current_modes", None)
+    if stack is None or disable is None or not stack():
+        yield
+        return
+    with disable():
+        yield
+
+
+def replayable(kind: str) -> Callable[[F], F]:
+    """Decorate a selection entry point (named ``kind``) so that active sessions record and
+    replay it. Without one, a call costs one list check."""
+
+    def decorate(function: F) -> F:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def entry_point(*args: Any, **kwargs: Any) -> Any:
+            if not _STATE.sessions or _STATE.executing or (kind in _WORKER_KINDS and _STATE.windows):
+                return function(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return _resolve(list(_STATE.sessions), kind, describe(kind, bound.arguments),
+                            functools.partial(_execute, function, args, kwargs), bound.arguments, top=True)
+
+        return cast(F, entry_point)
+
+    return decorate
+
+
+def _execute(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    with _STATE.lock:
+        _STATE.executing += 1
+    try:
+        with _hidden():
+            return function(*args, **kwargs)
+    finally:
+        with _STATE.lock:
+            _STATE.executing -= 1
+
+
+def _resolve(sessions: list[_Session], kind: str, call: Call, execute: Callable[[], Any], arguments: dict[str, Any],
+             top: bool) -> Any:
+    """The call's result from the innermost session of ``sessions`` (executing it for real
+    when none is left); ``top``: the handle returned to the caller (it opens a window)."""
+    if not sessions:
+        return execute()
+    session = sessions[-1]
+    if session.replaying:
+        entry = session.next_entry(call)
+        if kind == _LAUNCH:
+            return _ReplayedInputExchange(entry, arguments, call, top)
+        if entry.ids is None:
+            raise RuntimeError(f"Selection replay: call {session.cursor} ({kind}) has no recorded result")
+        with _hidden():
+            return entry.ids.clone()
+    entry = session.add_entry(call)
+    result = _resolve(sessions[:-1], kind, call, execute, arguments, top=False)
+    if kind == _LAUNCH:
+        return _RecordingExchange(result, entry, top)
+    with _hidden():
+        entry.ids = result.detach().clone()
+    return result
+
+
+class _Window:
+    """An overlapped exchange open between its launch and its launch_result: selection calls
+    then are its worker's selector."""
+
+    def __init__(self, top: bool) -> None:
+        self.open = top
+        if top:
+            with _STATE.lock:
+                _STATE.windows += 1
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            with _STATE.lock:
+                _STATE.windows = max(0, _STATE.windows - 1)
+
+
+class _RecordingExchange:
+    """launch_indexer_inputs' handle inside a recording: the inner handle (real, or an outer
+    replay's), whose result ids it records when they are waited for."""
+
+    replayed = False
+
+    def __init__(self, inner: Any, entry: _Entry, top: bool) -> None:
+        self._inner, self._entry, self._window = inner, entry, _Window(top)
+        self.replayed = bool(getattr(inner, "replayed", False))
+
+    def __getattr__(self, name: str) -> Any:  # route, owner_queries, group, consumed, ...
+        if name.startswith("_"):  # never for private names (copy, pickle look them up before __init__)
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def wait(self) -> WorkerInputs:
+        with _hidden():
+            return self._inner.wait()
+
+    def launch_result(self, selected: Any) -> _RecordingRows:
+        self._window.close()
+        with _hidden():
+            return _RecordingRows(self._inner.launch_result(selected), self._entry)
+
+
+class _RecordingRows:
+    """The result handle inside a recording: waits on the inner one, records a copy of the ids."""
+
+    def __init__(self, inner: Any, entry: _Entry) -> None:
+        self._inner, self._entry = inner, entry
+
+    @property
+    def consumed(self) -> bool:
+        return bool(self._inner.consumed)
+
+    def wait(self) -> torch.Tensor:
+        with _hidden():
+            ids = self._inner.wait()
+            self._entry.ids = ids.detach().clone()
+        return ids
+
+
+@functools.lru_cache(maxsize=16)
+def _empty_route(size: int) -> IndexerRoute:
+    from .indexer_balance import IndexerRoute
+
+    zeros = (0,) * size
+    return IndexerRoute((), zeros, zeros, (), (), (), (), 0)
+
+
+class _ReplayedInputExchange:
+    """launch_indexer_inputs' handle in a replay: nothing moves (see the module docstring)."""
+
+    replayed = True
+
+    def __init__(self, entry: _Entry, arguments: dict[str, Any], call: Call, top: bool) -> None:
+        fields = dict(call.fields)
+        self._entry = entry
+        self.route = _empty_route(fields["group size"] or 1)
+        self.group = arguments["group"]
+        self.owner_queries = int(arguments["query_residual"].shape[1])
+        inputs = (arguments["query_residual"], arguments["weights"], *arguments["embeddings"])
+        self._empty = [(tensor.dtype, tensor.device, int(tensor.shape[-1])) for tensor in inputs]
+        self._window = _Window(top)
+        self.consumed = False
+
+    def wait(self) -> WorkerInputs:
+        """The worker's inputs: zero rows of each field, [1, 0, width]."""
+        if self.consumed:
+            raise RuntimeError("Indexer input exchange cannot be consumed twice")
+        self.consumed = True
+        with _hidden():
+            return WorkerInputs(*(torch.empty((1, 0, width), dtype=dtype, device=device)
+                                  for dtype, device, width in self._empty))
+
+    def launch_result(self, selected: Any) -> _ReplayedRows:
+        """Takes the selector's output on the zero rows ([0, topk]) or None; returns the handle
+        of the recorded ids."""
+        self._window.close()
+        if selected is not None and (not isinstance(selected, torch.Tensor) or selected.ndim != 2
+                                     or selected.shape[0] != 0):
+            shape = tuple(selected.shape) if isinstance(selected, torch.Tensor) else type(selected).__name__
+            raise ValueError(f"Selection replay: a replayed exchange's worker has no rows, so launch_result takes "
+                             f"[0, topk] (or None), got {shape}")
+        ids = self._entry.ids
+        if ids is None:
+            raise RuntimeError("Selection replay: the recorded exchange's result was never waited for while recording")
+        if selected is not None and selected.shape[1] != ids.shape[1]:
+            raise ValueError(f"Selection replay: topk {selected.shape[1]} differs from the recording's {ids.shape[1]}")
+        with _hidden():
+            return _ReplayedRows(ids.clone())
+
+
+class _ReplayedRows:
+    """A replayed result handle: ``wait()`` gives the recorded ids once."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self._ids: torch.Tensor | None = ids
+        self.consumed = False
+
+    def wait(self) -> torch.Tensor:
+        if self.consumed:
+            raise RuntimeError("Indexer communication handle cannot be consumed twice")
+        self.consumed = True
+        ids, self._ids = self._ids, None
+        assert ids is not None
+        return ids
+
+
+# --------------------------------------------------------------------------------------
+# Describing a call, and naming how two calls differ.
+
+def _tensor_fields(name: str, tensor: Any) -> list[tuple[str, Any]]:
+    if not isinstance(tensor, torch.Tensor):
+        return [(name, type(tensor).__name__)]
+    return [(name + " shape", tuple(tensor.shape)), (name + " dtype", tensor.dtype), (name + " device", tensor.device)]
+
+
+def _group_fields(group: Any) -> list[tuple[str, Any]]:
+    try:
+        return [("rank", dist.get_rank(group)), ("group size", dist.get_world_size(group))]
+    except Exception:  # not a process group: the recorded call raised on it already
+        return [("rank", None), ("group size", None)]
+
+
+def _converted(convert: Callable[[], Any], value: Any) -> Any:
+    """``convert()``, or the value's repr when it is invalid: describing a call never raises, so
+    that a recorded call with bad inputs fails as the entry point fails (on every rank)."""
+    try:
+        return convert()
+    except Exception:
+        return "invalid: " + repr(value)[:80]
+
+
+def describe(kind: str, arguments: dict[str, Any]) -> Call:
+    """The fields of a call that its result depends on (bound arguments by name)."""
+    fields: list[tuple[str, Any]] = []
+    if kind in ("balanced_indexer_select", _LAUNCH):
+        embeddings = arguments["position_embeddings" if kind != _LAUNCH else "embeddings"]
+        cos, sin = tuple(embeddings) if isinstance(embeddings, (tuple, list)) and len(embeddings) == 2 else (None, None)
+        lengths, params = arguments["lengths"], arguments["strategy_params"]
+        fields += [("lengths", _converted(lambda: lengths_tuple(lengths), lengths)), ("ratio", arguments["ratio"]),
+                   ("mode", arguments["mode"]), ("block_size", arguments["block_size"]),
+                   ("zigzag_min_length", arguments["zigzag_min_length"]),
+                   ("strategy parameters", _converted(lambda: tuple(sorted(params.items())), params))]
+        fields += _group_fields(arguments["group"])
+        for name, tensor in (("qr", arguments["query_residual"]), ("weights", arguments["weights"]), ("cos", cos),
+                             ("sin", sin)):
+            fields += _tensor_fields(name, tensor)
+    else:
+        for name in ("query", "key", "weights"):
+            fields += _tensor_fields(name, arguments[name])
+        segments = arguments["segments"]
+        table = _converted(lambda: np.asarray(getattr(segments, "array", segments), dtype=np.int64).reshape(-1, 5),
+                           segments)
+        fields += [("segments", table), ("ratio", arguments["ratio"]), ("topk", arguments["topk"])]
+    return Call(kind, tuple(fields))
+
+
+def describe_difference(recorded: Call, now: Call) -> str | None:
+    """How ``now`` differs from ``recorded`` (the first differing field), or None."""
+    if recorded.kind != now.kind:
+        return f"the recording has {recorded.kind} here"
+    for (name, was), (_, value) in zip(recorded.fields, now.fields):
+        if isinstance(was, str) or isinstance(value, str):  # an invalid value (its repr)
+            if type(was) is not type(value) or was != value:
+                return f"{name} {was if isinstance(was, str) else 'valid'} recorded, " \
+                       f"{value if isinstance(value, str) else 'valid'} now"
+            continue
+        if name == "lengths" and was != value:
+            if len(was) != len(value):
+                return f"lengths: {len(was)} documents recorded, {len(value)} now"
+            index = next(i for i, (a, b) in enumerate(zip(was, value)) if a != b)
+            return f"lengths: document {index} has {was[index]} tokens recorded, {value[index]} now"
+        if name == "segments":
+            if was.shape != value.shape:
+                return f"segments: {len(was)} recorded, {len(value)} now"
+            if not np.array_equal(was, value):
+                index = int(np.flatnonzero((was != value).any(axis=1))[0])
+                return (f"segments: segment {index} {tuple(was[index].tolist())} recorded, "
+                        f"{tuple(value[index].tolist())} now")
+            continue
+        if was != value:
+            return f"{name} {was!r} recorded, {value!r} now"
+    return None

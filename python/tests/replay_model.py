@@ -1,0 +1,361 @@
+"""A two-layer indexer model for the selection-replay tests (test_replay.py), and its rank tasks.
+
+Each layer is a Lightning Indexer trained by the sparse KL against an attention-sink teacher,
+with balanced selection over the CP group: layer 0 through ``balanced_indexer_select``, layer 1
+through the overlapped handles (``launch_indexer_inputs`` -> ``wait`` -> selector ->
+``launch_result`` -> ``wait``), both ``mode="spill"``. A layer's output feeds the next
+(``x + tanh(out(x))``), so every parameter's gradient passes through recomputed activations.
+The only collectives of a step are the selections' (no gradient all-reduce): a step's count is
+a property of the selections alone.
+
+Ways a step runs (``VARIANTS``): ``plain`` (no checkpointing), ``checkpoint`` (non-reentrant
+checkpointing without replay: every selection runs twice), ``context_fn``
+(``context_fn=selection_replay_contexts``), ``reentrant`` (reentrant checkpointing with one
+``SelectionReplay`` per layer), ``selective`` (selective checkpointing composed with replay,
+with a policy that saves ops the exchange uses too: mm, cat, index_select).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+import sparsecp.torch as sct
+
+LENGTHS = (600, 100, 250, 73, 1)  # 1024 tokens: 256 per rank on 4 ranks
+HIDDEN, Q_RANK, HEADS, HEAD_DIM, ROPE_DIM, ATT_HEADS, ATT_DIM, TOPK = 32, 16, 2, 16, 8, 2, 16, 512
+RATIOS = (1, 2)  # layer 0 sees up to 600 keys (a real top-512 choice), layer 1 up to 300
+VARIANTS = ("plain", "checkpoint", "context_fn", "reentrant", "selective")
+COLLECTIVES = ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+               "all_gather", "barrier", "all_to_all")
+
+
+@dataclass
+class Batch:
+    hidden: torch.Tensor  # [1, local, HIDDEN]: this rank's shard
+    cos: torch.Tensor  # [1, local, ROPE_DIM / 2], document positions
+    sin: torch.Tensor
+    compressed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # ratio -> bank [1, K, HIDDEN], cos, sin
+
+
+def rope(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = positions.double()[:, None] * 10000.0 ** (-torch.arange(0, ROPE_DIM, 2, dtype=torch.float64) / ROPE_DIM)
+    return angles.cos().float(), angles.sin().float()
+
+
+def make_batch(seed: int, rank: int, size: int, lengths: tuple[int, ...] = LENGTHS) -> Batch:
+    """The same global batch on every rank (from the seed); this rank keeps its shard."""
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(sum(lengths), HIDDEN, generator=generator)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    local = sum(lengths) // size
+    shard = slice(rank * local, (rank + 1) * local)
+    cos, sin = rope(positions)
+    banks = {}
+    for ratio in RATIOS:  # every rank holds the whole batch's compressed bank
+        blocks, key_positions, start = [], [], 0
+        for n in lengths:
+            count = n // ratio
+            blocks.append(hidden[start:start + count * ratio].view(count, ratio, HIDDEN).mean(1))
+            key_positions.append(torch.arange(1, count + 1) * ratio - 1)
+            start += n
+        key_cos, key_sin = rope(torch.cat(key_positions))
+        banks[ratio] = (torch.cat(blocks)[None], key_cos[None], key_sin[None])
+    return Batch(hidden[shard][None], cos[shard][None], sin[shard][None], banks)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The trailing ROPE_DIM channels of each head in interleaved pairs (differentiable)."""
+    c, s = cos[..., None, :], sin[..., None, :]
+    x0, x1 = x[..., HEAD_DIM - ROPE_DIM::2], x[..., HEAD_DIM - ROPE_DIM + 1::2]
+    return torch.cat((x[..., :HEAD_DIM - ROPE_DIM], torch.stack((x0 * c - x1 * s, x1 * c + x0 * s), -1).flatten(-2)),
+                     dim=-1)
+
+
+class CountingSelector:
+    """An IndexerSelector that counts its calls that selected rows (and the rows)."""
+
+    def __init__(self, selector: sct.IndexerSelector, counts: dict[str, int]) -> None:
+        self.selector, self.counts = selector, counts
+
+    def __call__(self, qr: torch.Tensor, weights: torch.Tensor, embeddings: Any, segments: Any) -> torch.Tensor:
+        rows = qr.shape[1]
+        self.counts["selector calls" if rows else "empty selector calls"] += 1
+        self.counts["selector rows"] += rows
+        return self.selector(qr, weights, embeddings, segments)
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, ratio: int, overlapped: bool) -> None:
+        super().__init__()
+        self.ratio, self.overlapped = ratio, overlapped
+        self.q_a = torch.nn.Linear(HIDDEN, Q_RANK, bias=False)
+        self.q_b = torch.nn.Linear(Q_RANK, HEADS * HEAD_DIM, bias=False)
+        self.weights_proj = torch.nn.Linear(HIDDEN, HEADS, bias=False)
+        self.key_proj = torch.nn.Linear(HIDDEN, HEAD_DIM, bias=False)
+        self.attention_query = torch.nn.Linear(HIDDEN, ATT_HEADS * ATT_DIM, bias=False)
+        self.attention_key = torch.nn.Linear(HIDDEN, ATT_DIM, bias=False)
+        self.out = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.sinks = torch.nn.Parameter(torch.randn(ATT_HEADS))
+
+    def forward(self, x: torch.Tensor, batch: Batch, group: Any, counts: dict[str, int],
+                lengths: tuple[int, ...] = LENGTHS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(next hidden [1, S, HIDDEN], KL loss, top-k ids [1, S, TOPK])."""
+        compressed, key_cos, key_sin = batch.compressed[self.ratio]
+        qr = self.q_a(x)
+        weights = self.weights_proj(x) * (HEAD_DIM ** -0.5 * HEADS ** -0.5)
+        key = apply_rope(self.key_proj(compressed)[..., None, :], key_cos, key_sin)[..., 0, :]  # [1, K, D]
+        selector = CountingSelector(sct.IndexerSelector(self.q_b.weight.detach(), key.detach()[0], self.ratio, TOPK,
+                                                        head_dim=HEAD_DIM, rope_dim=ROPE_DIM, threads=1), counts)
+        inputs = (qr.detach(), weights.detach(), (batch.cos, batch.sin))
+        if self.overlapped:  # the overlapped handles, as a user writes them
+            exchange = sct.launch_indexer_inputs(*inputs, lengths, self.ratio, "spill", group)
+            worker_qr, worker_weights, worker_cos, worker_sin = exchange.wait()
+            selected = selector(worker_qr, worker_weights, (worker_cos, worker_sin), exchange.route.segments)[0]
+            topk = exchange.launch_result(selected).wait()[None]
+        else:
+            topk = sct.balanced_indexer_select(*inputs, selector, lengths, self.ratio, "spill", group)
+        query = apply_rope(self.q_b(qr).view(*qr.shape[:-1], HEADS, HEAD_DIM), batch.cos, batch.sin)
+        with torch.no_grad():
+            attention_query = self.attention_query(x).view(1, -1, ATT_HEADS, ATT_DIM).transpose(1, 2).contiguous()
+            attention_key = self.attention_key(compressed)
+        loss = sct.shared_compressed_indexer_kl_loss(query, key, weights, attention_query, attention_key, topk,
+                                                     self.sinks.detach(), attention_scale=ATT_DIM ** -0.5,
+                                                     loss_coeff=1.0, threads=1)
+        return x + torch.tanh(self.out(x)), loss, topk
+
+
+class Model(torch.nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.layers = torch.nn.ModuleList([Layer(RATIOS[0], overlapped=False), Layer(RATIOS[1], overlapped=True)])
+
+
+def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    saved = (torch.ops.aten.mm.default, torch.ops.aten.cat.default, torch.ops.aten.index_select.default)
+    return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_contexts() -> tuple[Any, Any]:
+    return sct.selection_replay_contexts(create_selective_checkpoint_contexts(_policy))
+
+
+def forward(model: Model, batch: Batch, group: Any, variant: str, counts: dict[str, int],
+            lengths: tuple[int, ...] = LENGTHS) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The model's loss and each layer's top-k, run as ``variant`` says."""
+    x = model.embed(batch.hidden)
+    losses, topks = [], []
+    for layer in model.layers:
+        run = functools.partial(layer, batch=batch, group=group, counts=counts, lengths=lengths)
+        if variant == "plain":
+            x, loss, topk = run(x)
+        elif variant == "checkpoint":
+            x, loss, topk = checkpoint(run, x, use_reentrant=False)
+        elif variant == "context_fn":
+            x, loss, topk = checkpoint(run, x, use_reentrant=False, context_fn=sct.selection_replay_contexts)
+        elif variant == "selective":
+            x, loss, topk = checkpoint(run, x, use_reentrant=False, context_fn=_selective_contexts)
+        elif variant == "reentrant":
+            replay = sct.SelectionReplay()  # one per layer and step: its forward records, its recompute replays
+
+            def replayed(x: torch.Tensor, run: Any = run, replay: sct.SelectionReplay = replay) -> Any:
+                with replay.replay() if replay.recorded else replay.record():
+                    return run(x)
+
+            x, loss, topk = checkpoint(replayed, x, use_reentrant=True)
+        else:
+            raise ValueError(variant)
+        losses.append(loss)
+        topks.append(topk)
+    return sum(losses) + 1e-2 * x.square().mean(), topks
+
+
+@contextlib.contextmanager
+def counted_collectives(counts: dict[str, int]) -> Iterator[None]:
+    """Count every torch.distributed collective called while active (counts['collectives'])."""
+    saved = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def counting(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts["collectives"] += 1
+            return saved[name](*args, **kwargs)
+        return call
+
+    for name in COLLECTIVES:
+        setattr(dist, name, counting(name))
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(dist, name, function)
+
+
+def new_counts() -> dict[str, int]:
+    return {"collectives": 0, "selector calls": 0, "empty selector calls": 0, "selector rows": 0}
+
+
+def step(rank: int, size: int, variant: str, seed: int) -> dict[str, Any]:
+    """One forward and backward of ``variant``: counts, top-k and every parameter's gradient."""
+    model, batch = Model(seed), make_batch(seed + 1, rank, size)
+    counts = new_counts()
+    with counted_collectives(counts):
+        loss, topks = forward(model, batch, dist.group.WORLD, variant, counts)
+        forward_counts = dict(counts)
+        loss.backward()
+    return {"counts": counts, "forward counts": forward_counts, "loss": float(loss.detach()),
+            "topk": [t.numpy() for t in topks],
+            "grads": {name: p.grad.numpy() for name, p in model.named_parameters() if p.grad is not None},
+            "parameters": sorted(name for name, p in model.named_parameters() if p.requires_grad)}
+
+
+def mismatched_replay(rank: int, size: int, seed: int) -> dict[str, str]:
+    """Record layer 0's call, then replay calls that differ from it; returns each error's text
+    and the number of collectives the failed replays made."""
+    model, batch = Model(seed), make_batch(seed + 1, rank, size)
+    layer, counts = model.layers[0], new_counts()
+    x = model.embed(batch.hidden)
+    alone = [dist.new_group([r]) for r in range(size)][rank]  # every rank creates every group
+    replay = sct.SelectionReplay()
+    with replay.record():
+        layer(x, batch, dist.group.WORLD, counts)
+
+    def other_ratio() -> None:
+        layer.ratio = RATIOS[1]
+        try:
+            layer(x, batch, dist.group.WORLD, counts)
+        finally:
+            layer.ratio = RATIOS[0]
+
+    shorter = Batch(batch.hidden, batch.cos[:, :-1], batch.sin[:, :-1], batch.compressed)
+    cases = {"lengths": lambda: layer(x, batch, dist.group.WORLD, counts,
+                                      lengths=(LENGTHS[0] - 4, LENGTHS[1] + 4, *LENGTHS[2:])),
+             "ratio": other_ratio,
+             "shape": lambda: layer(x[:, :-1], shorter, dist.group.WORLD, counts),
+             "group": lambda: layer(x, batch, alone, counts),
+             "entry point": lambda: model.layers[1](x, batch, dist.group.WORLD, counts)}
+    errors = {}
+    collectives = new_counts()
+    with counted_collectives(collectives):
+        for name, call in cases.items():
+            try:
+                with replay.replay():
+                    call()
+                errors[name] = "no error"
+            except ValueError as error:
+                errors[name] = str(error)
+        try:
+            with replay.replay():
+                layer(x, batch, dist.group.WORLD, counts)
+                layer(x, batch, dist.group.WORLD, counts)
+            errors["past the end"] = "no error"
+        except RuntimeError as error:
+            errors["past the end"] = str(error)
+    errors["collectives"] = str(collectives["collectives"])
+    return errors
+
+
+def handle_semantics(rank: int, size: int, seed: int) -> dict[str, Any]:
+    """The overlapped handles inside a recording and a replay: what they give and refuse."""
+    model, batch = Model(seed), make_batch(seed + 1, rank, size)
+    layer = model.layers[1]
+    qr, weights = layer.q_a(batch.hidden).detach(), layer.weights_proj(batch.hidden).detach()
+    launch = functools.partial(sct.launch_indexer_inputs, qr, weights, (batch.cos, batch.sin), LENGTHS, layer.ratio,
+                               "spill", dist.group.WORLD)
+    compressed, key_cos, key_sin = batch.compressed[layer.ratio]
+    key = apply_rope(layer.key_proj(compressed)[..., None, :], key_cos, key_sin)[..., 0, :].detach()
+    selector = sct.IndexerSelector(layer.q_b.weight.detach(), key[0], layer.ratio, TOPK, head_dim=HEAD_DIM,
+                                   rope_dim=ROPE_DIM, threads=1)
+    out: dict[str, Any] = {}
+
+    def errors(function: Any) -> str:
+        try:
+            function()
+        except (RuntimeError, ValueError) as error:
+            return str(error)
+        return "no error"
+
+    replay = sct.SelectionReplay()
+    with replay.record():
+        exchange = launch()
+        worker = exchange.wait()
+        out["recorded twice"] = errors(exchange.wait)
+        pending = exchange.launch_result(selector(*worker[:2], worker[2:], exchange.route.segments)[0])
+        ids = pending.wait()
+        out["recorded pending twice"] = errors(pending.wait)
+        out["recorded replayed"] = exchange.replayed
+        out["worker rows"] = worker.qr.shape[1]
+    out["recorded ids"] = ids.numpy().copy()
+    ids.fill_(-7)  # the caller's tensor: the recording kept its own copy
+    with replay.replay():
+        exchange = launch()
+        worker = exchange.wait()
+        out["replayed"] = exchange.replayed
+        out["replayed twice"] = errors(exchange.wait)
+        out["replayed worker shapes"] = [tuple(t.shape) for t in worker]
+        out["replayed route"] = (exchange.route.query_count, len(exchange.route.segments),
+                                 tuple(exchange.route.input_splits))
+        selected = selector(*worker[:2], worker[2:], exchange.route.segments)[0]
+        out["replayed selected"] = tuple(selected.shape)
+        out["non-empty result"] = errors(lambda: exchange.launch_result(torch.zeros(3, TOPK, dtype=torch.int32)))
+        pending = exchange.launch_result(selected)
+        out["replayed ids"] = pending.wait().numpy()
+        out["replayed pending twice"] = errors(pending.wait)
+    with replay.replay():  # code that skips the selector when the handle is replayed
+        exchange = launch()
+        out["skipped ids"] = exchange.launch_result(None).wait().numpy()
+    exchange = launch()  # outside any session: the seed's handles
+    worker = exchange.wait()
+    out["plain twice"] = errors(exchange.wait)
+    out["plain type"] = type(exchange).__name__
+    pending = exchange.launch_result(selector(*worker[:2], worker[2:], exchange.route.segments)[0])
+    out["plain ids"] = pending.wait().numpy()
+    out["plain pending twice"] = errors(pending.wait)
+    return out
+
+
+def rl_replay(rank: int, size: int, seed: int) -> dict[str, Any]:
+    """RL: record the rollout's selections (no grad), run another step on another batch, then
+    replay the rollout in a training forward and backward whose activations differ (the other
+    batch: the rollout's choice is kept); ranks replay one after another in reverse rank order,
+    and only odd ranks replay a second time (a collective would hang)."""
+    model = Model(seed)
+    rollout_batch, other_batch = make_batch(seed + 1, rank, size), make_batch(seed + 2, rank, size)
+    counts, replay = new_counts(), sct.SelectionReplay()
+    with torch.no_grad(), replay.record():  # the rollout
+        _, rollout_topk = forward(model, rollout_batch, dist.group.WORLD, "plain", counts)
+    _, other_topk = forward(model, other_batch, dist.group.WORLD, "plain", counts)  # another step, normal
+    time.sleep(0.2 * (size - 1 - rank))  # rank size-1 replays first, rank 0 last
+    replayed_counts = new_counts()
+    with counted_collectives(replayed_counts):
+        with replay.replay():  # the training forward and backward
+            loss, training_topk = forward(model, other_batch, dist.group.WORLD, "plain", replayed_counts)
+            loss.backward()
+        if rank % 2:
+            with replay.replay():
+                _, again = forward(model, other_batch, dist.group.WORLD, "plain", replayed_counts)
+    return {"rollout": [t.numpy() for t in rollout_topk], "training": [t.numpy() for t in training_topk],
+            "other": [t.numpy() for t in other_topk], "counts": replayed_counts, "calls": replay.calls(),
+            "nbytes": replay.nbytes, "again": [t.numpy() for t in again] if rank % 2 else None}
+
+
+def invalid_while_recording(rank: int, size: int, seed: int) -> str:
+    """Inside a recording, rank 1 passes invalid lengths: the call fails as it does outside one,
+    on every rank (the agreement), instead of leaving the others blocked; returns the error."""
+    model, batch = Model(seed), make_batch(seed + 1, rank, size)
+    lengths = (float(LENGTHS[0]), *LENGTHS[1:]) if rank == 1 else LENGTHS
+    replay = sct.SelectionReplay()
+    try:
+        with replay.record():
+            model.layers[0](model.embed(batch.hidden), batch, dist.group.WORLD, new_counts(), lengths=lengths)
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}; recorded {replay.recorded}"
+    return "no error"
