@@ -20,7 +20,11 @@ Layout: ``indexer_balance.py`` (the seed's module: its names only), ``_plans.py`
 plan and route cache behind it, option shims, ``RowTuple``), ``_exchange.py`` (the row
 exchange, byte counters), ``_checks.py`` (the exchange's input checks and agreement),
 ``select.py`` (selection), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
-loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement).
+loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement),
+``_prebuilt.py`` (routes planned at data time, ``prebuild``; the fixed-capacity exchange
+and its staging buffers), ``ops.py`` (the selection and KL loss as ``torch.library``
+custom ops), ``_compiled.py`` (the fixed exchange on functional collectives, for
+torch.compile).
 """
 from __future__ import annotations
 
@@ -55,6 +59,21 @@ from .indexer_balance import (  # noqa: E402
     resolve_indexer_balance_block_size,
     validate_indexer_hybrid_threshold,
 )
+from . import ops  # noqa: E402  (registers torch.ops.sparsecp.*)
+from ._compiled import (  # noqa: E402
+    FixedIndexTensors,
+    fixed_inputs_to_workers,
+    fixed_results_to_owners,
+    fixed_step_indices,
+)
+from ._prebuilt import (  # noqa: E402
+    FixedIndices,
+    PrebuiltRoutes,
+    StagingBuffers,
+    fixed_capacity,
+    padding_bytes,
+    prebuild,
+)
 from .kl import indexer_kl_scratch_bytes, shared_compressed_indexer_kl_loss  # noqa: E402
 from .select import (  # noqa: E402
     IndexerSelector,
@@ -82,13 +101,17 @@ from .sequence import _DeferredBankLaunch as _DeferredBankLaunch  # noqa: E402
 __all__ = [
     "DeferredBankLaunch",
     "ExchangeBytes",
+    "FixedIndexTensors",
+    "FixedIndices",
     "IndexerInputExchange",
     "IndexerRoute",
     "IndexerSelector",
     "IndexerTask",
+    "PrebuiltRoutes",
     "RowTuple",
     "SequenceDispatchRoute",
     "SequenceGatherHandle",
+    "StagingBuffers",
     "TndPlan",
     "balanced_indexer_select",
     "compressed_document_offsets",
@@ -97,13 +120,20 @@ __all__ = [
     "document_prefix_route",
     "exchange_stats",
     "expected_exchange_bytes",
+    "fixed_capacity",
+    "fixed_inputs_to_workers",
+    "fixed_results_to_owners",
+    "fixed_step_indices",
     "indexer_kl_scratch_bytes",
     "indexer_route",
     "indexer_task_plan",
     "launch_indexer_inputs",
     "launch_sequence_dispatch",
     "launch_sequence_gather",
+    "ops",
     "packed_indexer_select",
+    "padding_bytes",
+    "prebuild",
     "project_index_query",
     "reset_exchange_stats",
     "resolve_indexer_balance_block_size",
