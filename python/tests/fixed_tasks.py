@@ -41,25 +41,27 @@ class CollectiveLog:
         dist.all_to_all_single = self._original
 
 
-def fixed_steps(rank: int, size: int, mode: str, seed: int, steps: int) -> dict:
+def fixed_steps(rank: int, size: int, mode: str, options: dict, seed: int, steps: int) -> dict:
     """``steps`` different batches at one capacity: the collective tensors of every step,
     the results against the dynamic path, planning calls during the prebuilt launches."""
     group = dist.group.WORLD
     batches = [batch_lengths(seed + step, size, TOKENS_PER_RANK) for step in range(steps)]
-    capacity = sct.fixed_capacity(batches, size, [RATIO], mode)
-    signatures, equal, overlapped_equal, planning_calls = [], [], [], []
+    capacity = sct.fixed_capacity(batches, size, [RATIO], mode, **options)
+    signatures, equal, overlapped_equal, planning_calls, moved = [], [], [], [], []
     for step, lengths in enumerate(batches):
         case = make_case(rank, size, seed + step, lengths=lengths)
         # Built as a data-loader worker would, handed over pickled.
-        routes = pickle.loads(pickle.dumps(sct.prebuild(lengths, size, rank, [RATIO], mode, capacity=capacity)))
+        prebuilt = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
+        routes = pickle.loads(pickle.dumps(prebuilt))
+        moved.append(routes.layer(RATIO).rows_moved)
         dynamic = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,
-                                              group)
+                                              group, **options)
         before = sct.indexer_route.cache_info()
         with CollectiveLog() as log:
             fixed = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO,
-                                                mode, group, routes=routes).clone()
+                                                mode, group, routes=routes, **options).clone()
             exchange = sct.launch_indexer_inputs(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode,
-                                                 group, routes=routes)
+                                                 group, routes=routes, **options)
             qr, weights, cos, sin = exchange.wait()
             selected = case.selector(qr, weights, (cos, sin), exchange.route.segments)[0]
             overlapped = exchange.launch_result(selected).wait().clone()
@@ -69,41 +71,41 @@ def fixed_steps(rank: int, size: int, mode: str, seed: int, steps: int) -> dict:
         equal.append(bool(torch.equal(fixed, dynamic)))
         overlapped_equal.append(bool(torch.equal(overlapped.unsqueeze(0), dynamic)))
     return {"capacity": capacity, "signatures": signatures, "equal": equal, "overlapped_equal": overlapped_equal,
-            "planning_calls": planning_calls}
+            "planning_calls": planning_calls, "rows_moved": moved}
 
 
-def over_capacity(rank: int, size: int, mode: str, seed: int) -> dict:
+def over_capacity(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:
     """A batch needing more rows than the capacity; ranks given different capacities."""
     group = dist.group.WORLD
     lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
-    needed = sct.prebuild(lengths, size, rank, [RATIO], mode).rows_needed
+    needed = sct.prebuild(lengths, size, rank, [RATIO], mode, **options).rows_needed
     out: dict[str, Any] = {"needed": needed}
     try:
-        sct.prebuild(lengths, size, rank, [RATIO], mode, capacity=needed - 1)
+        sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed - 1)
         out["over"] = None
     except ValueError as error:
         out["over"] = str(error)
     case = make_case(rank, size, seed, lengths=lengths)
-    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, capacity=needed + (8 if rank == 0 else 16))
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed + (8 if rank == 0 else 16))
     try:
         sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode, group,
-                                    routes=routes)
+                                    routes=routes, **options)
         out["disagree"] = None
     except ValueError as error:
         out["disagree"] = str(error)
-    other = sct.prebuild(lengths, size, rank, [RATIO], mode, capacity=needed)
+    other = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed)
     try:  # routes of another batch than the call's
         sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths[::-1], RATIO, mode,
-                                    group, routes=other)
+                                    group, routes=other, **options)
         out["other_batch"] = None
     except ValueError as error:
         out["other_batch"] = str(error)
     # The group still works afterwards.
-    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, capacity=needed)
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed)
     result = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,
-                                         group, routes=routes)
+                                         group, routes=routes, **options)
     reference = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,
-                                            group)
+                                            group, **options)
     out["after_equal"] = bool(torch.equal(result, reference))
     return out
 
@@ -121,17 +123,17 @@ def kl_inputs(rank: int, owner_rows: int, keys: int, seed: int) -> tuple[torch.T
             normal(1, keys, dim_main), normal(heads_main))
 
 
-def compiled_step(rank: int, size: int, mode: str, seed: int, backend: str) -> dict:
+def compiled_step(rank: int, size: int, mode: str, options: dict, seed: int, backend: str) -> dict:
     """launch -> select -> result -> KL -> backward, eager and torch.compile(fullgraph=True)."""
     import torch._dynamo
 
     group = dist.group.WORLD
     lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
     case = make_case(rank, size, seed, lengths=lengths)
-    capacity = sct.fixed_capacity([lengths], size, [RATIO], mode)
-    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, capacity=capacity)
+    capacity = sct.fixed_capacity([lengths], size, [RATIO], mode, **options)
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
     index = sct.fixed_step_indices(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode, group,
-                                   routes=routes)
+                                   routes=routes, **options)
     layer = routes.layer(RATIO)
     assert layer.indices is not None
     worker_rows, owner_rows = layer.indices.worker_rows, layer.indices.owner_rows
@@ -158,7 +160,18 @@ def compiled_step(rank: int, size: int, mode: str, seed: int, backend: str) -> d
     torch._dynamo.reset()
     compiled = run(torch.compile(step, fullgraph=True, backend=backend))
     selector = IndexerSelector(wq_b, key, RATIO, KL_TOPK, head_dim=HEAD_DIM, rope_dim=ROPE_DIM, threads=1)
-    dynamic = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], selector, lengths, RATIO, mode, group)
+    dynamic = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], selector, lengths, RATIO, mode, group,
+                                          **options)
     return {"equal": [bool(torch.equal(a, b)) for a, b in zip(eager, compiled)],
             "dynamic_equal": bool(torch.equal(eager[1], dynamic[0])),
             "loss": float(eager[0]), "ids_checksum": int(eager[1].long().sum())}
+
+
+def run_readme(rank: int, size: int, snippets: list[str]) -> dict:
+    """The README's PyTorch snippets, then its training-loop ones, in one namespace (their
+    asserts are the checks)."""
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    for index, snippet in enumerate(snippets):
+        exec(compile(snippet, f"README.md snippet {index + 1}", "exec"), namespace)  # noqa: S102 (the README, as written)
+    return {"capacity": namespace["capacity"], "compiled_loss": float(namespace["compiled_loss"]),
+            "loss": float(namespace["loss"])}

@@ -40,24 +40,24 @@ def test_prebuild_is_host_integers_equal_to_the_planned_routes():
 
 def test_fixed_capacity_and_over_capacity_raise_naming_both():
     batches = [batch_lengths(seed, 4, 48) for seed in range(5)]
-    capacity = sct.fixed_capacity(batches, 4, [RATIO], "greedy", multiple=1)
-    needed = [sct.prebuild(lengths, 4, 0, [RATIO], "greedy").rows_needed for lengths in batches]
+    capacity = sct.fixed_capacity(batches, 4, [RATIO], "greedy", block_size=16, multiple=1)
+    needed = [sct.prebuild(lengths, 4, 0, [RATIO], "greedy", block_size=16).rows_needed for lengths in batches]
     assert capacity == max(needed)
-    assert sct.fixed_capacity(batches, 4, [RATIO], "greedy", multiple=8) % 8 == 0
+    assert sct.fixed_capacity(batches, 4, [RATIO], "greedy", block_size=16, multiple=8) % 8 == 0
     worst = batches[needed.index(max(needed))]
     with pytest.raises(ValueError, match=rf"needs {max(needed)} rows .* capacity of {max(needed) - 1} rows"):
-        sct.prebuild(worst, 4, 1, [RATIO], "greedy", capacity=max(needed) - 1)
-    routes = sct.prebuild(worst, 4, 1, [RATIO], "greedy", capacity=capacity)
+        sct.prebuild(worst, 4, 1, [RATIO], "greedy", block_size=16, capacity=max(needed) - 1)
+    routes = sct.prebuild(worst, 4, 1, [RATIO], "greedy", block_size=16, capacity=capacity)
     padding = sct.padding_bytes(routes, input_row_bytes=100, topk=8)
     slots = 3 * capacity * (100 + 8 * 4)
     assert padding["padding"] + padding["payload"] == slots
 
 
-@pytest.mark.parametrize("mode", ["spill", "greedy"])
-def test_ten_batches_one_capacity_same_collective_tensors_and_results(mode):
+@pytest.mark.parametrize("mode, options", [("spill", {}), ("greedy", {"block_size": 16})])
+def test_ten_batches_one_capacity_same_collective_tensors_and_results(mode, options):
     seed = random.randrange(1 << 16)
     print(f"seed {seed}")
-    results = results_or_raise(pool_of(4).run(fixed_tasks.fixed_steps, mode, seed, 10))
+    results = results_or_raise(pool_of(4).run(fixed_tasks.fixed_steps, mode, options, seed, 10))
     for rank, result in enumerate(results):
         assert all(result["equal"]), (rank, result["equal"])
         assert all(result["overlapped_equal"]), (rank, result["overlapped_equal"])
@@ -69,10 +69,11 @@ def test_ten_batches_one_capacity_same_collective_tensors_and_results(mode):
         for shape_out, shape_in, _, _ in first:
             assert shape_out == shape_in and shape_out[0] == 4 * result["capacity"]
         assert all(signature == first for signature in result["signatures"]), rank
+    assert sum(sum(result["rows_moved"]) for result in results) > 0  # rows did travel
 
 
 def test_over_capacity_and_mismatched_routes_raise_on_every_rank():
-    results = results_or_raise(pool_of(4).run(fixed_tasks.over_capacity, "greedy", 11))
+    results = results_or_raise(pool_of(4).run(fixed_tasks.over_capacity, "greedy", {"block_size": 16}, 11))
     needed = results[0]["needed"]
     for result in results:
         assert result["needed"] == needed
@@ -143,8 +144,31 @@ def test_opcheck_indexer_kl_loss_and_same_as_eager(dtype):
 
 
 def test_compiled_step_fullgraph_equals_eager_on_two_gloo_ranks():
-    results = results_or_raise(pool_of(2).run(fixed_tasks.compiled_step, "spill", 5, "aot_eager", timeout=240))
+    results = results_or_raise(pool_of(2).run(fixed_tasks.compiled_step, "spill", {}, 5, "aot_eager", timeout=240))
     for result in results:
         assert all(result["equal"]), result["equal"]  # loss, ids, three gradients
         assert result["dynamic_equal"]
         assert result["ids_checksum"] != 0
+
+
+def _training_loop_snippets(*titles: str) -> list[str]:
+    import readme_snippets
+
+    text = readme_snippets.section("In a training loop")
+    blocks = []
+    for title in titles:
+        start = text.index("\n### " + title)
+        end = text.find("\n### ", start + 1)
+        blocks += readme_snippets.code_blocks(text[start:end if end >= 0 else len(text)], "python")
+    return blocks
+
+
+def test_readme_prebuilt_and_compile_snippets_run_on_two_ranks():
+    import readme_snippets
+
+    mine = _training_loop_snippets("Prebuilt routes and fixed capacity", "torch.compile")
+    assert len(mine) == 2
+    snippets = readme_snippets.pytorch_snippets() + mine
+    results = results_or_raise(pool_of(2).run(fixed_tasks.run_readme, snippets, timeout=300))
+    for result in results:
+        assert result["capacity"] >= 8 and result["compiled_loss"] == pytest.approx(result["loss"])
