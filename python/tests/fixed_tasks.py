@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rank_tasks import HEAD_DIM, HEADS, RATIO, ROPE_DIM, batch_lengths, make_case
 
 import sparsecp.torch as sct
-from rank_tasks import HEAD_DIM, HEADS, RATIO, ROPE_DIM, batch_lengths, make_case
 from sparsecp.torch import IndexerSelector
 from sparsecp.torch.select import _project_torch
 
@@ -170,8 +170,18 @@ def compiled_step(rank: int, size: int, mode: str, options: dict, seed: int, bac
 def run_readme(rank: int, size: int, snippets: list[str]) -> dict:
     """The README's PyTorch snippets, then its training-loop ones, in one namespace (their
     asserts are the checks)."""
+    import functools
+
     namespace: dict[str, Any] = {"__name__": "readme"}
-    for index, snippet in enumerate(snippets):
-        exec(compile(snippet, f"README.md snippet {index + 1}", "exec"), namespace)  # noqa: S102 (the README, as written)
+    original = torch.compile
+    # As written, but on the aot_eager backend (tracing, fake kernels, AOT autograd, no
+    # inductor codegen): inductor on CPU takes minutes here. benchmarks/compiled_step.py
+    # runs inductor.
+    torch.compile = functools.partial(original, backend="aot_eager")  # type: ignore[assignment]
+    try:
+        for index, snippet in enumerate(snippets):
+            exec(compile(snippet, f"README.md snippet {index + 1}", "exec"), namespace)  # noqa: S102 (the README)
+    finally:
+        torch.compile = original  # type: ignore[assignment]
     return {"capacity": namespace["capacity"], "compiled_loss": float(namespace["compiled_loss"]),
             "loss": float(namespace["loss"])}

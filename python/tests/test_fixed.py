@@ -10,11 +10,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import sparsecp.torch as sct  # noqa: E402
+import fixed_tasks  # noqa: E402
 from multirank import pool_of, results_or_raise  # noqa: E402
 from rank_tasks import RATIO, batch_lengths  # noqa: E402
 
-import fixed_tasks  # noqa: E402
+import sparsecp.torch as sct  # noqa: E402
 
 
 def test_prebuild_is_host_integers_equal_to_the_planned_routes():
@@ -117,7 +117,7 @@ def test_opcheck_select_rows(monkeypatch):
 
 def _kl_args(dtype=torch.float32):
     generator = torch.Generator().manual_seed(2)
-    rows, keys, topk = 6, 8, 8
+    rows, keys = 6, 8
 
     def normal(*shape, grad=False):
         return torch.randn(shape, generator=generator, dtype=dtype).requires_grad_(grad)

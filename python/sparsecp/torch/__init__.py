@@ -37,6 +37,13 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 # With the seed's private helpers (`X as X`): code written against the seed may reach them.
+from . import ops  # noqa: E402  (registers torch.ops.sparsecp.*)
+from ._compiled import (  # noqa: E402
+    FixedIndexTensors,
+    fixed_inputs_to_workers,
+    fixed_results_to_owners,
+    fixed_step_indices,
+)
 from ._exchange import (  # noqa: E402
     ExchangeBytes,
     exchange_stats,
@@ -48,6 +55,14 @@ from ._exchange import _exchange_inputs as _exchange_inputs  # noqa: E402
 from ._exchange import _exchange_rows as _exchange_rows  # noqa: E402
 from ._exchange import _PendingRows as _PendingRows  # noqa: E402
 from ._plans import RowTuple  # noqa: E402
+from ._prebuilt import (  # noqa: E402
+    FixedIndices,
+    PrebuiltRoutes,
+    StagingBuffers,
+    fixed_capacity,
+    padding_bytes,
+    prebuild,
+)
 from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
     IndexerRoute,
@@ -58,21 +73,6 @@ from .indexer_balance import (  # noqa: E402
     launch_indexer_inputs,
     resolve_indexer_balance_block_size,
     validate_indexer_hybrid_threshold,
-)
-from . import ops  # noqa: E402  (registers torch.ops.sparsecp.*)
-from ._compiled import (  # noqa: E402
-    FixedIndexTensors,
-    fixed_inputs_to_workers,
-    fixed_results_to_owners,
-    fixed_step_indices,
-)
-from ._prebuilt import (  # noqa: E402
-    FixedIndices,
-    PrebuiltRoutes,
-    StagingBuffers,
-    fixed_capacity,
-    padding_bytes,
-    prebuild,
 )
 from .kl import indexer_kl_scratch_bytes, shared_compressed_indexer_kl_loss  # noqa: E402
 from .select import (  # noqa: E402

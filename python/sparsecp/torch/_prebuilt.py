@@ -101,7 +101,8 @@ class PrebuiltLayer:
             from .indexer_balance import IndexerRoute
 
             a = self.arrays
-            self._route = IndexerRoute(*(a[name] for name in _ROUTE_ARRAYS), self.query_count)
+            self._route = IndexerRoute(a["segments"], a["input_splits"], a["output_splits"], a["send_rows"],
+                                       a["receive_rows"], a["local_sources"], a["local_targets"], self.query_count)
         return self._route
 
     def fingerprint(self, settings: tuple[tuple[str, int], ...]) -> Any:
@@ -234,6 +235,7 @@ def prebuild(lengths: Sequence[int], size: int, rank: int, ratios: Iterable[int]
         inputs = planning_inputs(lengths, size, ratio, mode, block_size, zigzag_min_length, strategy_params)
         entry = planned(inputs)
         core = entry.route(rank, IndexerRoute.from_core).core
+        assert core is not None  # the plan cache's routes wrap C++ routes
         arrays = {name: np.array(getattr(core, name)) for name in _ROUTE_ARRAYS}
         needed = _rows_needed(entry, size)
         if capacity is not None and needed > capacity:
