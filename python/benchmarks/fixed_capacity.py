@@ -7,8 +7,9 @@ of 1,048,576 tokens, seeds 1-5, ratio 4; ``sparsecp.generate_batch``) at each CP
 rank sends any other rank, ``sparsecp.torch.fixed_capacity`` with ``multiple=8``); per
 batch and rank the bytes it hands to peers per layer at that capacity, split into payload
 (rows that move) and padding (empty slots), with the DeepSeek-V4 row size (3,584 bytes of
-inputs out, 2,048 bytes of ids back). Reported: the capacity, the fixed buffer size per
-rank and direction ((CP - 1) x capacity rows), and the median over batches of the mean
+inputs out, 2,048 bytes of ids back). Reported: the capacity, the most rows one rank sends
+one peer per distribution (the capacity a run of only that kind of batch would need), the
+fixed bytes per rank ((CP - 1) x capacity rows, inputs out and ids back), and the median over batches of the mean
 per rank of payload and padding, in MiB. Planning is integer code: the figures do not
 depend on the machine.
 
@@ -59,19 +60,23 @@ def main() -> None:
             row = INPUT_ROW_BYTES + RESULT_ROW_BYTES
             payload = [float(matrix.sum(axis=1).mean()) * row / mib for matrix in matrices]
             padding = [(slots - float(matrix.sum(axis=1).mean())) * row / mib for matrix in matrices]
-            rows.append({"cp": cp, "strategy": strategy, "capacity": capacity,
+            per_distribution = {distribution: max(int(m.max()) for m, (d, _) in
+                                                  zip(matrices, ((d, seed) for d in DISTRIBUTIONS for seed in SEEDS))
+                                                  if d == distribution) for distribution in DISTRIBUTIONS}
+            rows.append({"cp": cp, "strategy": strategy, "capacity": capacity, "needed_by": per_distribution,
                          "buffer_mib": slots * row / mib, "payload_mib": statistics.median(payload),
                          "padding_mib": statistics.median(padding),
                          "padding_share": statistics.median(p / (p + q) for p, q in zip(padding, payload))})
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print("| CP | strategy | capacity (rows per peer) | fixed bytes per rank per layer, MiB | payload MiB | "
-          "padding MiB | padding share |")
-    print("|---|---|---|---|---|---|---|")
+    print("| CP | strategy | capacity (rows per peer) | most rows to one peer: lognormal / pareto / mixture | "
+          "fixed bytes per rank per layer, MiB | payload MiB | padding MiB | padding share |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['cp']} | {r['strategy']} | {r['capacity']} | {r['buffer_mib']:.1f} | {r['payload_mib']:.1f} | "
-              f"{r['padding_mib']:.1f} | {r['padding_share']:.0%} |")
+        needed = " / ".join(str(r["needed_by"][d]) for d in DISTRIBUTIONS)
+        print(f"| {r['cp']} | {r['strategy']} | {r['capacity']} | {needed} | {r['buffer_mib']:.1f} | "
+              f"{r['payload_mib']:.1f} | {r['padding_mib']:.1f} | {r['padding_share']:.0%} |")
 
 
 if __name__ == "__main__":
