@@ -98,7 +98,7 @@ def rank_main(rank: int, size: int, port: int, args: argparse.Namespace, results
         begin = time.perf_counter()
         loss, own = run(leaf)
         loss.backward()
-        return time.perf_counter() - begin, own, float(loss)
+        return time.perf_counter() - begin, own, float(loss.detach())
 
     runs = {"eager": lambda leaf: step(qr, weights, cos, sin, index, leaf),
             "compiled": lambda leaf: compiled(qr, weights, cos, sin, index, leaf),

@@ -9,8 +9,9 @@ batch and rank the bytes it hands to peers per layer at that capacity, split int
 (rows that move) and padding (empty slots), with the DeepSeek-V4 row size (3,584 bytes of
 inputs out, 2,048 bytes of ids back). Reported: the capacity, the most rows one rank sends
 one peer per distribution (the capacity a run of only that kind of batch would need), the
-fixed bytes per rank ((CP - 1) x capacity rows, inputs out and ids back), and the median over batches of the mean
-per rank of payload and padding, in MiB. Planning is integer code: the figures do not
+fixed bytes per rank ((CP - 1) x capacity rows, inputs out and ids back), the median over batches of the mean per
+rank of payload and padding, in MiB, and the most rows one rank sends or receives in all
+over the sample (what a capacity on each rank's total, rather than per peer, would fix). Planning is integer code: the figures do not
 depend on the machine.
 
 Usage:
@@ -63,7 +64,11 @@ def main() -> None:
             per_distribution = {distribution: max(int(m.max()) for m, (d, _) in
                                                   zip(matrices, ((d, seed) for d in DISTRIBUTIONS for seed in SEEDS))
                                                   if d == distribution) for distribution in DISTRIBUTIONS}
+            # The most rows one rank sends (or receives) in all: the buffer a per-rank total
+            # capacity would need (variable splits, padding kept on the rank itself).
+            total = max(max(int(m.sum(axis=1).max()), int(m.sum(axis=0).max())) for m in matrices)
             rows.append({"cp": cp, "strategy": strategy, "capacity": capacity, "needed_by": per_distribution,
+                         "total_rows": total, "total_mib": total * row / mib,
                          "buffer_mib": slots * row / mib, "payload_mib": statistics.median(payload),
                          "padding_mib": statistics.median(padding),
                          "padding_share": statistics.median(p / (p + q) for p, q in zip(padding, payload))})
@@ -71,12 +76,14 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     print("| CP | strategy | capacity (rows per peer) | most rows to one peer: lognormal / pareto / mixture | "
-          "fixed bytes per rank per layer, MiB | payload MiB | padding MiB | padding share |")
-    print("|---|---|---|---|---|---|---|---|")
+          "fixed bytes per rank per layer, MiB | payload MiB | padding MiB | padding share | "
+          "most rows one rank sends or receives in all (MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         needed = " / ".join(str(r["needed_by"][d]) for d in DISTRIBUTIONS)
         print(f"| {r['cp']} | {r['strategy']} | {r['capacity']} | {needed} | {r['buffer_mib']:.1f} | "
-              f"{r['payload_mib']:.1f} | {r['padding_mib']:.1f} | {r['padding_share']:.0%} |")
+              f"{r['payload_mib']:.1f} | {r['padding_mib']:.1f} | {r['padding_share']:.0%} | "
+              f"{r['total_rows']} ({r['total_mib']:.1f}) |")
 
 
 if __name__ == "__main__":
