@@ -17,22 +17,25 @@ pass/fail line per check and a summary (exit status 0 only when every check pass
    KL on CUDA with the functional collectives, equal to eager (skipped with
    ``--no-compile``).
 
-Without CUDA it says so and exits with status 2.
+Without CUDA it says so and exits with status 2; ``--cpu`` runs the same code on CPU
+tensors over a gloo group of one (no capture: the graph's step runs eagerly per batch), a
+dry run of the script itself.
 
 Usage::
 
-    python python/examples/gpu_check.py [--no-compile] [--tokens 4096]
+    python python/examples/gpu_check.py [--no-compile] [--tokens 4096] [--cpu]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 HEADS, HEAD_DIM, ROPE_DIM, Q_RANK, RATIO, TOPK = 8, 32, 16, 64, 4, 64
@@ -71,6 +74,18 @@ class Payload:
         return self.qr, self.weights, self.cos, self.sin
 
 
+@contextlib.contextmanager
+def cxx_kernels() -> Iterator[None]:
+    """CPU tensors through the C++ kernels while inside (also in the --cpu dry run)."""
+    saved = os.environ.pop("SPARSECP_TORCH_PATH", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["SPARSECP_TORCH_PATH"] = saved
+
+
+@cxx_kernels()
 def cpu_reference(torch: Any, payload: Payload) -> Any:
     """The C++ kernel's ids of every row, selected where it is (no exchange)."""
     import sparsecp.torch as sct
@@ -82,28 +97,26 @@ def cpu_reference(torch: Any, payload: Payload) -> Any:
     return selector(cpu[0], cpu[1], (cpu[2], cpu[3]), route.segments)[0]
 
 
-def check_select(torch: Any, group: Any, tokens: int) -> str:
+def check_select(torch: Any, group: Any, tokens: int, device: Any) -> str:
     import sparsecp.torch as sct
 
-    device = torch.device("cuda")
-    for seed, mode in ((1, "spill"), (2, "greedy"), (3, "zigzag")):
+    for seed, mode, options in ((1, "spill", {}), (2, "greedy", {"block_size": 256}), (3, "zigzag", {})):
         payload = Payload(torch, _batch(seed, tokens), seed, device)
         selector = sct.IndexerSelector(payload.wq_b, payload.keys, RATIO, TOPK, head_dim=HEAD_DIM, rope_dim=ROPE_DIM)
         ids = sct.balanced_indexer_select(payload.qr, payload.weights, (payload.cos, payload.sin), selector,
-                                          payload.lengths, RATIO, mode, group)
-        if ids.device.type != "cuda":
+                                          payload.lengths, RATIO, mode, group, **options)
+        if ids.device != payload.qr.device:
             raise AssertionError(f"{mode}: ids on {ids.device}")
         if not torch.equal(ids[0].cpu(), cpu_reference(torch, payload)):
             raise AssertionError(f"{mode}: CUDA ids differ from the CPU kernel's")
     return "3 strategies, ids equal to the CPU kernel"
 
 
-def check_graph(torch: Any, group: Any, tokens: int) -> str:
+def check_graph(torch: Any, group: Any, tokens: int, device: Any) -> str:
     import sparsecp.torch as sct
     from sparsecp.torch._prebuilt import staging_buffers
     from sparsecp.torch.select import _project_torch
 
-    device = torch.device("cuda")
     batches = [_batch(10 + step, tokens) for step in range(6)]
     capacity = sct.fixed_capacity(batches, 1, [RATIO], "spill")
     first = Payload(torch, batches[0], 10, device)
@@ -136,29 +149,37 @@ def check_graph(torch: Any, group: Any, tokens: int) -> str:
         return payload
 
     load(10, batches[0])
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up (allocations, NCCL communicator) before capture
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    capture = device.type == "cuda"
+    if capture:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up (allocations, NCCL communicator) before capture
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+    else:  # --cpu: the same buffers and ops, run eagerly every batch
         out = step()
     addresses = [t.data_ptr() for t in staging.collective_tensors()]
     for index, lengths in enumerate(batches):
         payload = load(10 + index, lengths)
-        graph.replay()
-        torch.cuda.synchronize()
+        if capture:
+            graph.replay()
+            torch.cuda.synchronize()
+        elif step().data_ptr() != out.data_ptr():
+            raise AssertionError("the result buffer moved")
         expected = cpu_reference(torch, payload)
         if not torch.equal(out.cpu(), expected):
             raise AssertionError(f"replay {index}: ids differ from the CPU kernel's")
         if [t.data_ptr() for t in staging.collective_tensors()] != addresses:
             raise AssertionError("collective buffers moved")
-    return f"captured once, {len(batches)} batches replayed equal (capacity {capacity})"
+    how = "captured once, replayed" if capture else "run eagerly (no capture on CPU)"
+    return f"{how} on {len(batches)} batches, ids equal, buffers fixed (capacity {capacity})"
 
 
-def check_kl(torch: Any, tokens: int) -> str:
+def check_kl(torch: Any, tokens: int, device: Any) -> str:
     import sparsecp.torch as sct
 
     generator = torch.Generator().manual_seed(7)
@@ -172,12 +193,13 @@ def check_kl(torch: Any, tokens: int) -> str:
     base = (normal(1, rows, HEADS, HEAD_DIM), normal(1, keys, HEAD_DIM), normal(1, rows, HEADS) * 0.1,
             normal(1, heads_main, rows, dim_main), normal(1, keys, dim_main), ids, normal(heads_main))
     results = []
-    for device in ("cpu", "cuda"):
-        tensors = [t.to(device) for t in base]
+    for where in ("cpu", device):
+        tensors = [t.to(where) for t in base]
         for t in tensors[:3]:
             t.requires_grad_()
-        loss = sct.shared_compressed_indexer_kl_loss(*tensors, attention_scale=dim_main ** -0.5, loss_coeff=1.0)
-        loss.backward()
+        with cxx_kernels() if where == "cpu" else contextlib.nullcontext():
+            loss = sct.shared_compressed_indexer_kl_loss(*tensors, attention_scale=dim_main ** -0.5, loss_coeff=1.0)
+            loss.backward()
         results.append([loss.detach().cpu(), *(t.grad.cpu() for t in tensors[:3])])
     for name, cpu, cuda in zip(("loss", "grad q", "grad k", "grad w"), *results):
         if not torch.allclose(cpu.float(), cuda.float(), rtol=1e-4, atol=1e-6):
@@ -186,11 +208,10 @@ def check_kl(torch: Any, tokens: int) -> str:
     return f"loss {float(results[0][0]):.6f}, gradients within 1e-4 of the CPU kernel"
 
 
-def check_compile(torch: Any, group: Any, tokens: int) -> str:
+def check_compile(torch: Any, group: Any, tokens: int, device: Any) -> str:
     import sparsecp.torch as sct
     from sparsecp.torch.select import _project_torch
 
-    device = torch.device("cuda")
     lengths = _batch(21, tokens)
     payload = Payload(torch, lengths, 21, device)
     routes = sct.prebuild(lengths, 1, 0, [RATIO], "spill", capacity=8)
@@ -236,6 +257,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per batch (one rank)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile check")
+    parser.add_argument("--cpu", action="store_true",
+                        help="a dry run of the same checks on CPU tensors over gloo (no capture, torch selection path)")
     args = parser.parse_args()
     try:
         import torch
@@ -243,35 +266,42 @@ def main() -> int:
     except ImportError as error:
         print(f"gpu_check: FAIL: PyTorch is not importable ({error})")
         return 2
-    if not torch.cuda.is_available():
-        print("gpu_check: FAIL: no CUDA device (torch.cuda.is_available() is False): this check needs a GPU; "
-              "the CPU tests are python/tests")
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_check: FAIL: no CUDA device (torch.cuda.is_available() is False): this check needs a GPU "
+              "(--cpu: a dry run of the same code on CPU; the CPU tests are python/tests)")
         return 2
     import sparsecp.torch  # noqa: F401  (fails here, not inside a check, when the package is broken)
 
-    torch.cuda.set_device(0)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", 0))
+    if args.cpu:
+        os.environ["SPARSECP_TORCH_PATH"] = "1"  # the device path (torch selection, KL) on CPU tensors
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        where = "CPU dry run, gloo group of 1"
+    else:
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=120), device_id=device)
+        where = f"{torch.cuda.get_device_name(0)}, NCCL group of 1"
     group = dist.group.WORLD
-    print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, NCCL group of 1, "
-          f"{args.tokens} tokens")
+    print(f"gpu_check: {where}, torch {torch.__version__}, {args.tokens} tokens", flush=True)
     checks: list[tuple[str, Callable[[], str]]] = [
-        ("cuda-select", lambda: check_select(torch, group, args.tokens)),
-        ("cuda-graph", lambda: check_graph(torch, group, args.tokens)),
-        ("cuda-kl", lambda: check_kl(torch, args.tokens)),
+        ("cuda-select", lambda: check_select(torch, group, args.tokens, device)),
+        ("cuda-graph", lambda: check_graph(torch, group, args.tokens, device)),
+        ("cuda-kl", lambda: check_kl(torch, args.tokens, device)),
     ]
     if not args.no_compile:
-        checks.append(("cuda-compile", lambda: check_compile(torch, group, args.tokens)))
+        checks.append(("cuda-compile", lambda: check_compile(torch, group, args.tokens, device)))
     failed = 0
     for name, check in checks:
         start = time.perf_counter()
         try:
             detail = check()
-            torch.cuda.synchronize()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             print(f"PASS {name} ({time.perf_counter() - start:.1f} s): {detail}", flush=True)
         except Exception as error:  # report every check
             failed += 1

@@ -172,3 +172,23 @@ def test_readme_prebuilt_and_compile_snippets_run_on_two_ranks():
     results = results_or_raise(pool_of(2).run(fixed_tasks.run_readme, snippets, timeout=300))
     for result in results:
         assert result["capacity"] >= 8 and result["compiled_loss"] == pytest.approx(result["loss"])
+
+
+def _gpu_check(*args: str):
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "examples", "gpu_check.py")
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_gpu_check_without_cuda_fails_clearly():
+    run = _gpu_check()
+    assert run.returncode == 2 and "no CUDA device" in run.stdout, run.stdout + run.stderr
+
+
+def test_gpu_check_dry_run_on_cpu_passes():
+    run = _gpu_check("--cpu", "--no-compile", "--tokens", "512")  # the script's code, no capture, no compile
+    assert run.returncode == 0 and "3 passed, 0 failed" in run.stdout, run.stdout + run.stderr
