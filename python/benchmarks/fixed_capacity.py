@@ -11,8 +11,8 @@ inputs out, 2,048 bytes of ids back). Reported: the capacity, the most rows one 
 one peer per distribution (the capacity a run of only that kind of batch would need), the
 fixed bytes per rank ((CP - 1) x capacity rows, inputs out and ids back), the median over batches of the mean per
 rank of payload and padding, in MiB, and the most rows one rank sends or receives in all
-over the sample (what a capacity on each rank's total, rather than per peer, would fix). Planning is integer code: the figures do not
-depend on the machine.
+over the sample (what a capacity on each rank's total, rather than per peer, would fix).
+Planning is integer code: the figures do not depend on the machine.
 
 Usage:
   .venv/bin/python python/benchmarks/fixed_capacity.py [--cp 4,8,16,32,64]
