@@ -323,7 +323,8 @@ def balanced_indexer_select(query_residual: torch.Tensor, weights: torch.Tensor,
         zigzag_min_length: Hybrid-only minimum original document length.
         routes: This batch's routes from ``sparsecp.torch.prebuild`` (made ahead, e.g. in
             the data loader): nothing is planned here; with a capacity, the fixed-capacity
-            exchange (``_prebuilt.py``).
+            exchange (``_prebuilt.py``), whose result is a view of its staging buffers,
+            valid until the next call's results (clone it to keep it).
         **strategy_params: sparsecp strategies only: their parameters.
 
     Returns:
