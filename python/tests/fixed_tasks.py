@@ -100,6 +100,17 @@ def over_capacity(rank: int, size: int, mode: str, options: dict, seed: int) -> 
         out["other_batch"] = None
     except ValueError as error:
         out["other_batch"] = str(error)
+    # A second launch on the same staging before the first is waited on: raises everywhere.
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed)
+    launch = (case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode, group)
+    first = sct.launch_indexer_inputs(*launch, routes=routes, **options)
+    try:
+        sct.launch_indexer_inputs(*launch, routes=routes, **options)
+        out["in_flight"] = None
+    except RuntimeError as error:
+        out["in_flight"] = str(error)
+    qr, weights, cos, sin = first.wait()
+    first.launch_result(case.selector(qr, weights, (cos, sin), first.route.segments)[0]).wait()
     # The group still works afterwards.
     routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed)
     result = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,

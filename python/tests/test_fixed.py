@@ -80,6 +80,7 @@ def test_over_capacity_and_mismatched_routes_raise_on_every_rank():
         assert f"needs {needed} rows" in result["over"] and f"capacity of {needed - 1} rows" in result["over"]
         assert "fixed capacity" in result["disagree"]
         assert "prebuilt for other inputs" in result["other_batch"] or "aborted" in result["other_batch"]
+        assert "has not been waited on" in result["in_flight"]
         assert result["after_equal"]
 
 

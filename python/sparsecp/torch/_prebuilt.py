@@ -17,6 +17,15 @@ that needs more rows to one peer than the capacity raises ``ValueError`` in ``pr
 naming the rows needed and the capacity (it never truncates); since the need is a
 property of the whole plan, every rank computes the same need and raises alike.
 
+The launch functions check and agree eagerly (one small all-reduce, a host read) and
+return the ids as a copy; a launch while the previous one on the same buffers has not
+been waited on raises on every rank (it would overwrite rows still travelling). For CUDA
+graphs, capture the data movement itself: ``StagingBuffers.send_inputs`` /
+``finish_inputs`` / ``send_results`` / ``finish_results`` with ``async_op=False`` and
+``torch.ops.sparsecp.select_rows`` between them, after an eager ``load(indices)`` per
+batch (python/examples/gpu_check.py does this). The buffers are keyed by the group's
+``id``, device, capacity, owner rows and field layout.
+
 Layout of the fixed path on one rank (``Q`` its owner rows, ``P`` the group size, ``C``
 the capacity, ``W = Q + (P - 1) * C`` the worker rows it can ever hold):
 
@@ -315,6 +324,9 @@ class StagingBuffers:
         self.keep_from, self.keep_to = new(owner_rows, dtype=index), new(owner_rows, dtype=index)
         self.key_begin, self.visible = new(self.worker_rows, dtype=index), new(self.worker_rows, dtype=index)
         self.results: dict[tuple[int, torch.dtype], tuple[torch.Tensor, ...]] = {}
+        # True from a launch until its inputs are placed (FixedInputExchange): a second
+        # launch on the same buffers meanwhile would overwrite rows still travelling.
+        self.inputs_in_flight = False
 
     def collective_tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor handed to a collective (inputs, then results): fixed for the run."""
@@ -446,6 +458,7 @@ class FixedInputExchange:
             raise RuntimeError("Indexer input exchange cannot be consumed twice")
         self.consumed = True
         fields = self.staging.finish_inputs(self.works)
+        self.staging.inputs_in_flight = False
         self.works = []
         rows = self.route.query_count
         return WorkerInputs(*(tensor[:, :rows] for tensor in fields))
@@ -477,12 +490,12 @@ class _FixedPendingResult:
 
     @torch.no_grad()
     def wait(self) -> torch.Tensor:
-        """This rank's own rows' ids [Q, topk]: a view of the staging, valid until the
-        next step's results (clone it to keep it)."""
+        """This rank's own rows' ids [Q, topk] (a copy: the next call reuses the staging;
+        ``StagingBuffers.finish_results`` is the capture-safe view)."""
         if self.consumed:
             raise RuntimeError("Indexer communication handle cannot be consumed twice")
         self.consumed = True
-        return self.staging.finish_results(self.work, self.topk, self.dtype)
+        return self.staging.finish_results(self.work, self.topk, self.dtype).clone()
 
 
 def _prebuilt_checks(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: Any, block_size: Any,
@@ -509,6 +522,10 @@ def _prebuilt_checks(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: 
 
             raise ValueError(BATCH_TEXT)
         check_inputs(inputs, size, sum(layer.inputs.lengths), axes_text)
+        if layer.indices is not None and _staging_for(layer.indices, inputs, group, size).inputs_in_flight:
+            raise RuntimeError("Indexer fixed-capacity exchange: the previous launch on these staging buffers "
+                               "(same group, device, capacity and field layout) has not been waited on; wait() "
+                               "it before the next launch")
         return layer
 
     layer, error = capture(check)
@@ -538,9 +555,13 @@ def launch_prebuilt(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: A
         from .indexer_balance import _launch_on_route
 
         return _launch_on_route(inputs, layer.route, group)
-    indices = layer.indices
-    fields = tuple((int(tensor.shape[-1]), tensor.dtype) for tensor in inputs)
-    staging = staging_buffers(group, inputs[0].device, routes.size, indices.capacity, indices.owner_rows, fields)
-    staging.load(indices)
+    staging = _staging_for(layer.indices, inputs, group, routes.size)
+    staging.load(layer.indices)
+    staging.inputs_in_flight = True
     works = staging.send_inputs(inputs, group, not _capturing(staging.device))
     return FixedInputExchange(layer.route, group, staging, works)
+
+
+def _staging_for(indices: FixedIndices, inputs: tuple, group: Any, size: int) -> StagingBuffers:
+    fields = tuple((int(tensor.shape[-1]), tensor.dtype) for tensor in inputs)
+    return staging_buffers(group, inputs[0].device, size, indices.capacity, indices.owner_rows, fields)

@@ -323,8 +323,8 @@ def balanced_indexer_select(query_residual: torch.Tensor, weights: torch.Tensor,
         zigzag_min_length: Hybrid-only minimum original document length.
         routes: This batch's routes from ``sparsecp.torch.prebuild`` (made ahead, e.g. in
             the data loader): nothing is planned here; with a capacity, the fixed-capacity
-            exchange (``_prebuilt.py``), whose result is a view of its staging buffers,
-            valid until the next call's results (clone it to keep it).
+            exchange (``_prebuilt.py``: staging buffers reused every step; the ids
+            returned are a copy).
         **strategy_params: sparsecp strategies only: their parameters.
 
     Returns:
