@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import _core
 from .. import _lengths as lengths_tuple
 from .._checks import integer
 from ._agreement import agree, capture, control_device, dtype_code
@@ -160,12 +161,13 @@ class PrebuiltRoutes:
 
 
 def _rows_needed(entry: Any, size: int) -> int:
-    """The largest number of rows one rank sends one other rank in the plan."""
-    from .indexer_balance import IndexerRoute
-
+    """The largest number of rows one rank sends one other rank in the plan. Other ranks'
+    routes are built and dropped, not kept in the plan cache (a prebuilding data loader
+    sees every batch once)."""
+    plan = entry.plan()
     most = 0
     for source in range(size):
-        splits = np.array(entry.route(source, IndexerRoute.from_core).input_splits.array)
+        splits = np.array(_core.route_from_plan(plan, source).input_splits)
         splits[source] = 0
         most = max(most, int(splits.max(initial=0)))
     return most
