@@ -27,7 +27,11 @@ plan and route cache behind it, option shims, ``RowTuple``), ``_exchange.py`` (t
 exchange, byte counters), ``_checks.py`` (the exchange's input checks and agreement),
 ``select.py`` (selection), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
 loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement),
-``_replay.py`` (selection record and replay).
+``_replay.py`` (selection record and replay),
+``_prebuilt.py`` (routes planned at data time, ``prebuild``; the fixed-capacity exchange
+and its staging buffers), ``ops.py`` (the selection and KL loss as ``torch.library``
+custom ops), ``_compiled.py`` (the fixed exchange on functional collectives, for
+torch.compile).
 """
 from __future__ import annotations
 
@@ -40,6 +44,13 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 # With the seed's private helpers (`X as X`): code written against the seed may reach them.
+from . import ops  # noqa: E402  (registers torch.ops.sparsecp.*)
+from ._compiled import (  # noqa: E402
+    FixedIndexTensors,
+    fixed_inputs_to_workers,
+    fixed_results_to_owners,
+    fixed_step_indices,
+)
 from ._exchange import (  # noqa: E402
     ExchangeBytes,
     exchange_stats,
@@ -52,6 +63,14 @@ from ._exchange import _exchange_rows as _exchange_rows  # noqa: E402
 from ._exchange import _PendingRows as _PendingRows  # noqa: E402
 from ._plans import RowTuple  # noqa: E402
 from ._replay import SelectionReplay, selection_replay_contexts  # noqa: E402
+from ._prebuilt import (  # noqa: E402
+    FixedIndices,
+    PrebuiltRoutes,
+    StagingBuffers,
+    fixed_capacity,
+    padding_bytes,
+    prebuild,
+)
 from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
     IndexerRoute,
@@ -90,14 +109,18 @@ from .sequence import _DeferredBankLaunch as _DeferredBankLaunch  # noqa: E402
 __all__ = [
     "DeferredBankLaunch",
     "ExchangeBytes",
+    "FixedIndexTensors",
+    "FixedIndices",
     "IndexerInputExchange",
     "IndexerRoute",
     "IndexerSelector",
     "IndexerTask",
+    "PrebuiltRoutes",
     "RowTuple",
     "SequenceDispatchRoute",
     "SelectionReplay",
     "SequenceGatherHandle",
+    "StagingBuffers",
     "TndPlan",
     "balanced_indexer_select",
     "compressed_document_offsets",
@@ -106,13 +129,20 @@ __all__ = [
     "document_prefix_route",
     "exchange_stats",
     "expected_exchange_bytes",
+    "fixed_capacity",
+    "fixed_inputs_to_workers",
+    "fixed_results_to_owners",
+    "fixed_step_indices",
     "indexer_kl_scratch_bytes",
     "indexer_route",
     "indexer_task_plan",
     "launch_indexer_inputs",
     "launch_sequence_dispatch",
     "launch_sequence_gather",
+    "ops",
     "packed_indexer_select",
+    "padding_bytes",
+    "prebuild",
     "project_index_query",
     "reset_exchange_stats",
     "resolve_indexer_balance_block_size",

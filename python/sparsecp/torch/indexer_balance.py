@@ -71,6 +71,7 @@ from ._exchange import reset_exchange_stats as reset_exchange_stats
 from ._plans import PlanCached, int64_array, is_sparsecp_strategy, mode_name, option, planned, planning_inputs, positive
 from ._plans import RowTuple as RowTuple
 from ._replay import replayable
+from ._prebuilt import launch_prebuilt
 
 __all__ = [
     "IndexerInputExchange",
@@ -302,8 +303,8 @@ _LAUNCH_AXES_TEXT = "Indexer qr, weights and rotary embeddings must share token 
 def balanced_indexer_select(query_residual: torch.Tensor, weights: torch.Tensor,
                             position_embeddings: tuple[torch.Tensor, torch.Tensor], selector: Callable,
                             lengths: tuple[int, ...], ratio: int, mode: str, group: Any,
-                            block_size: int | None = None, zigzag_min_length: int | None = None,
-                            **strategy_params: Any) -> torch.Tensor:
+                            block_size: int | None = None, zigzag_min_length: int | None = None, *,
+                            routes: Any = None, **strategy_params: Any) -> torch.Tensor:
     """Redistribute low-rank selection inputs and return TopK to the original owners.
 
     Args:
@@ -322,6 +323,10 @@ def balanced_indexer_select(query_residual: torch.Tensor, weights: torch.Tensor,
         group: Original sequence-ordered CP process group.
         block_size: Greedy task length in original query rows; see indexer_task_plan.
         zigzag_min_length: Hybrid-only minimum original document length.
+        routes: This batch's routes from ``sparsecp.torch.prebuild`` (made ahead, e.g. in
+            the data loader): nothing is planned here; with a capacity, the fixed-capacity
+            exchange (``_prebuilt.py``: staging buffers reused every step; the ids
+            returned are a copy).
         **strategy_params: sparsecp strategies only: their parameters.
 
     Returns:
@@ -334,7 +339,7 @@ def balanced_indexer_select(query_residual: torch.Tensor, weights: torch.Tensor,
     """
     inputs = (query_residual, weights, *position_embeddings)
     exchange = _launch_inputs(inputs, lengths, ratio, mode, group, block_size, zigzag_min_length, strategy_params,
-                              _SELECT_AXES_TEXT)
+                              _SELECT_AXES_TEXT, routes)
     balanced_qr, balanced_weights, cos, sin = exchange.wait()
     # A selector failing on one rank must not leave its peers in the result exchange.
     selected, failure = capture(lambda: selector(balanced_qr, balanced_weights, (cos, sin), exchange.route.segments)[0])
@@ -398,8 +403,8 @@ class IndexerInputExchange:
 def launch_indexer_inputs(
     query_residual: torch.Tensor, weights: torch.Tensor, embeddings: tuple,
     lengths: tuple[int, ...], ratio: int, mode: str, group: Any,
-    block_size: int | None = None, zigzag_min_length: int | None = None,
-    **strategy_params: Any,
+    block_size: int | None = None, zigzag_min_length: int | None = None, *,
+    routes: Any = None, **strategy_params: Any,
 ) -> IndexerInputExchange:
     """Launch all selection input fields without waiting for worker readiness.
 
@@ -415,6 +420,9 @@ def launch_indexer_inputs(
         group: CP process group.
         block_size: Greedy task length in original query rows.
         zigzag_min_length: Hybrid long-document threshold.
+        routes: This batch's routes from ``sparsecp.torch.prebuild``: nothing is planned
+            here; with a capacity, the fixed-capacity exchange (a ``FixedInputExchange``,
+            same interface).
         **strategy_params: sparsecp strategies only: their parameters.
 
     Returns:
@@ -422,14 +430,23 @@ def launch_indexer_inputs(
     """
     inputs = (query_residual, weights, *embeddings)
     return _launch_inputs(inputs, lengths, ratio, mode, group, block_size, zigzag_min_length, strategy_params,
-                          _LAUNCH_AXES_TEXT)
+                          _LAUNCH_AXES_TEXT, routes)
 
 
 def _launch_inputs(inputs: tuple, lengths: Any, ratio: int, mode: str, group: Any, block_size: int | None,
-                   zigzag_min_length: int | None, params: dict[str, Any], axes_text: str) -> IndexerInputExchange:
+                   zigzag_min_length: int | None, params: dict[str, Any], axes_text: str,
+                   routes: Any = None) -> IndexerInputExchange:
     """Check and agree, then launch every dtype group of the inputs to the workers."""
+    if routes is not None:  # prebuilt at data time: nothing planned here
+        return launch_prebuilt(inputs, lengths, ratio, mode, group, block_size, zigzag_min_length, params,
+                               axes_text, routes)
     route = launch_checks(inputs, lengths, ratio, mode, group, block_size, zigzag_min_length, params, axes_text,
                           IndexerRoute.from_core)
+    return _launch_on_route(inputs, route, group)
+
+
+def _launch_on_route(inputs: tuple, route: IndexerRoute, group: Any) -> IndexerInputExchange:
+    """Launch every dtype group of the (checked, agreed) inputs along ``route``."""
     rows = _device_rows(route, inputs[0].device)
     transfers, fields = launch_fields(inputs, to_workers(route, rows), group)
     return IndexerInputExchange(route, rows, group, inputs[0].shape[1], transfers, fields,

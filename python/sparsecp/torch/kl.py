@@ -206,6 +206,11 @@ def shared_compressed_indexer_kl_loss(
     """
     tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
     _check_inputs(tensors, query_chunk_size, main_key_offset, threads)
+    if torch.compiler.is_compiling():  # traced: the custom op (ops.py), same kernel and gradients
+        from .ops import indexer_kl_loss
+
+        return indexer_kl_loss(*tensors, attention_scale=attention_scale, loss_coeff=loss_coeff,
+                               query_chunk_size=query_chunk_size, main_key_offset=main_key_offset, threads=threads)
     return _SharedCompressedIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
                                                 operator.index(main_key_offset), query_chunk_size, threads)
 

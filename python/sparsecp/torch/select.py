@@ -53,8 +53,10 @@ _TORCH_CHUNK_BYTES = 64 << 20
 
 
 def _torch_path(device: torch.device) -> bool:
-    """True when tensors on ``device`` take the pure-torch path."""
-    return device.type != "cpu" or os.environ.get("SPARSECP_TORCH_PATH", "") == "1"
+    """True when tensors on ``device`` take the pure-torch path (and while torch.compile
+    traces: the C++ kernels are opaque to it; the custom ops in ops.py wrap them)."""
+    return (device.type != "cpu" or torch.compiler.is_compiling()
+            or os.environ.get("SPARSECP_TORCH_PATH", "") == "1")
 
 
 def segment_array(segments: Any) -> np.ndarray:

@@ -1,0 +1,131 @@
+"""sparsecp's kernels as ``torch.library`` custom ops, for torch.compile and CUDA graphs.
+
+* ``torch.ops.sparsecp.select_rows(query, key, weights, key_begin, visible, topk)``: the
+  Lightning Indexer selection (``select_indices``' math) with each row's visible keys given
+  as tensors, ``[key_begin[r], key_begin[r] + visible[r])`` of the bank, instead of host
+  segments, so its shapes are fixed by the fixed-capacity layout and nothing is read on
+  the host outside the kernel: ``query`` [W, heads, head_dim], ``key`` [K, head_dim],
+  ``weights`` [W, heads], ``key_begin`` / ``visible`` int64 [W] (``FixedIndices``) ->
+  int32 [W, topk] (ascending ids, -1 padded; a row with ``visible`` 0 is all -1). CPU
+  tensors run the fused C++ kernel; other devices a dense masked torch version (one
+  [W, heads, K] score block: sized for the fixed buffers, capturable in a CUDA graph).
+* ``torch.ops.sparsecp.indexer_kl_loss(...)``: the indexer KL loss and its three
+  gradients (``shared_compressed_indexer_kl_loss``' kernel), with a registered autograd
+  formula (the backward scales the saved gradients) and a fake kernel.
+  ``indexer_kl_loss`` below is the differentiable call; ``shared_compressed_indexer_kl_loss``
+  goes through it while torch.compile traces.
+
+Both have fake (meta) kernels, so torch.compile traces them without running them;
+``torch.library.opcheck`` passes for both (python/tests/test_fixed.py).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+import torch
+
+from .select import _torch_path, select_indices
+
+__all__ = ["indexer_kl_loss", "select_rows"]
+
+
+@torch.library.custom_op("sparsecp::select_rows", mutates_args=())
+def select_rows(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, key_begin: torch.Tensor,
+                visible: torch.Tensor, topk: int) -> torch.Tensor:
+    """Top-``topk`` ids of each row among its visible keys (see the module docstring)."""
+    rows = query.shape[0]
+    if key_begin.shape != (rows,) or visible.shape != (rows,):
+        raise ValueError(f"Indexer select_rows key_begin and visible must be [{rows}], got "
+                         f"{tuple(key_begin.shape)} and {tuple(visible.shape)}")
+    if query.device.type == "cpu" and not _torch_path(query.device):
+        begin, count = key_begin.numpy(), visible.numpy()
+        seen = np.flatnonzero(count > 0)
+        # One segment per row at ratio 1: the row at position count - 1 sees `count` keys.
+        table = np.stack([seen, seen + 1, begin[seen], begin[seen] + count[seen], np.zeros_like(seen)], axis=1)
+        return select_indices(query, key, weights, np.ascontiguousarray(table, dtype=np.int64), 1, topk)
+    return _select_rows_dense(query, key, weights, key_begin, visible, topk)
+
+
+@select_rows.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, key_begin: torch.Tensor,
+      visible: torch.Tensor, topk: int) -> torch.Tensor:
+    return query.new_empty((query.shape[0], topk), dtype=torch.int32)
+
+
+def _select_rows_dense(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, key_begin: torch.Tensor,
+                       visible: torch.Tensor, topk: int) -> torch.Tensor:
+    """Device-side selection: no host reads, fixed shapes (capturable). Same semantics as
+    ``_select_torch``: scores in fp32 (q rounded to bf16 for bf16 keys), a stable
+    descending sort (ties to the lower id), the visible keys kept, ascending, -1 padded."""
+    rows, keys = query.shape[0], key.shape[0]
+    q = query.reshape(rows, weights.shape[1], key.shape[1])
+    q = q.to(torch.bfloat16).float() if key.dtype == torch.bfloat16 else q.float()
+    scores = torch.einsum("rhd,kd->rhk", q, key.float()).clamp_min(0)
+    scores = (scores * weights.float()[:, :, None]).sum(dim=1)
+    columns = torch.arange(keys, device=query.device)[None, :]
+    begin, end = key_begin[:, None], (key_begin + visible)[:, None]
+    scores = scores.masked_fill((columns < begin) | (columns >= end), float("-inf"))
+    take = min(topk, keys)
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :take]
+    kept = torch.arange(take, device=query.device)[None, :] < visible[:, None]
+    sentinel = torch.iinfo(torch.int32).max
+    ids = torch.sort(torch.where(kept, order, torch.full_like(order, sentinel)), dim=1).values
+    out = torch.full((rows, topk), -1, dtype=torch.int32, device=query.device)
+    out[:, :take] = torch.where(ids == sentinel, -1, ids).to(torch.int32)
+    return out
+
+
+@torch.library.custom_op("sparsecp::indexer_kl_loss", mutates_args=())
+def _indexer_kl_loss(index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+                     attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
+                     sinks: torch.Tensor, attention_scale: float, loss_coeff: float, main_key_offset: int,
+                     query_chunk_size: int, threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor]:
+    """(loss, grad_index_query, grad_index_key, grad_merge_weight): kl.py's forward."""
+    from .kl import _check_inputs, _loss_and_grads
+
+    tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
+    _check_inputs(tensors, query_chunk_size, main_key_offset, threads)
+    loss, grad_q, grad_k, grad_w = _loss_and_grads(tensors, attention_scale, loss_coeff, main_key_offset,
+                                                   query_chunk_size, threads)
+    return loss.clone(), grad_q, grad_k, grad_w  # clone: a fresh tensor, never an alias
+
+
+@_indexer_kl_loss.register_fake
+def _(index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor, attention_query: torch.Tensor,
+      compressed_key: torch.Tensor, topk_indices: torch.Tensor, sinks: torch.Tensor, attention_scale: float,
+      loss_coeff: float, main_key_offset: int, query_chunk_size: int,
+      threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    floats = (index_query, index_key, merge_weight, attention_query, compressed_key, sinks)
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in floats) else torch.float32
+    return (index_query.new_empty((), dtype=dtype), index_query.new_empty(index_query.shape, dtype=dtype),
+            index_key.new_empty(index_key.shape, dtype=dtype), merge_weight.new_empty(merge_weight.shape, dtype=dtype))
+
+
+def _kl_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    _, grad_q, grad_k, grad_w = output
+    ctx.save_for_backward(grad_q, grad_k, grad_w)
+    ctx.dtypes = (inputs[0].dtype, inputs[1].dtype, inputs[2].dtype)
+    ctx.mark_non_differentiable(grad_q, grad_k, grad_w)
+
+
+def _kl_backward(ctx: Any, grad_loss: torch.Tensor, *unused: Any) -> tuple[torch.Tensor | None, ...]:
+    grads = tuple((grad * grad_loss.to(grad.dtype)).to(dtype) for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes))
+    return (*grads, None, None, None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("sparsecp::indexer_kl_loss", _kl_backward, setup_context=_kl_setup_context)
+
+
+def indexer_kl_loss(index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+                    attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
+                    sinks: torch.Tensor, *, attention_scale: float, loss_coeff: float, query_chunk_size: int = 256,
+                    main_key_offset: int = 0, threads: int = 0) -> torch.Tensor:
+    """``shared_compressed_indexer_kl_loss`` through the custom op (same arguments,
+    results and gradients): traceable by torch.compile with ``fullgraph=True``."""
+    return torch.ops.sparsecp.indexer_kl_loss(index_query, index_key, merge_weight, attention_query,
+                                              compressed_key, topk_indices, sinks, float(attention_scale),
+                                              float(loss_coeff), operator.index(main_key_offset),
+                                              operator.index(query_chunk_size), operator.index(threads))[0]

@@ -1,0 +1,198 @@
+"""Per-rank tasks of the prebuilt-routes / fixed-capacity / torch.compile tests
+(test_fixed.py), run by multirank.RankPool on gloo ranks. Batches and payloads come from
+rank_tasks (small integers: every dot product exact, so ids are bit-identical whatever
+the path)."""
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rank_tasks import HEAD_DIM, HEADS, RATIO, ROPE_DIM, batch_lengths, make_case
+
+import sparsecp.torch as sct
+from sparsecp.torch import IndexerSelector
+from sparsecp.torch.select import _project_torch
+
+TOKENS_PER_RANK = 48
+KL_TOPK = 32  # >= every batch's key count (sum(n // RATIO) <= 2 * 48 / 4): the KL's TopK rule
+
+
+class CollectiveLog:
+    """Records (output shape, input shape, output data_ptr, input data_ptr) of every
+    ``dist.all_to_all_single`` while active."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self._original = dist.all_to_all_single
+
+    def __enter__(self) -> CollectiveLog:
+        original = self._original
+
+        def recording(output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.calls.append((tuple(output.shape), tuple(input.shape), output.data_ptr(), input.data_ptr()))
+            return original(output, input, *args, **kwargs)
+
+        dist.all_to_all_single = recording
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        dist.all_to_all_single = self._original
+
+
+def fixed_steps(rank: int, size: int, mode: str, options: dict, seed: int, steps: int) -> dict:
+    """``steps`` different batches at one capacity: the collective tensors of every step,
+    the results against the dynamic path, planning calls during the prebuilt launches."""
+    group = dist.group.WORLD
+    batches = [batch_lengths(seed + step, size, TOKENS_PER_RANK) for step in range(steps)]
+    capacity = sct.fixed_capacity(batches, size, [RATIO], mode, **options)
+    signatures, equal, overlapped_equal, planning_calls, moved = [], [], [], [], []
+    for step, lengths in enumerate(batches):
+        case = make_case(rank, size, seed + step, lengths=lengths)
+        # Built as a data-loader worker would, handed over pickled.
+        prebuilt = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
+        routes = pickle.loads(pickle.dumps(prebuilt))
+        moved.append(routes.layer(RATIO).rows_moved)
+        dynamic = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,
+                                              group, **options)
+        before = sct.indexer_route.cache_info()
+        with CollectiveLog() as log:
+            fixed = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO,
+                                                mode, group, routes=routes, **options).clone()
+            exchange = sct.launch_indexer_inputs(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode,
+                                                 group, routes=routes, **options)
+            qr, weights, cos, sin = exchange.wait()
+            selected = case.selector(qr, weights, (cos, sin), exchange.route.segments)[0]
+            overlapped = exchange.launch_result(selected).wait().clone()
+        after = sct.indexer_route.cache_info()
+        planning_calls.append((after.hits + after.misses) - (before.hits + before.misses))
+        signatures.append(log.calls)
+        equal.append(bool(torch.equal(fixed, dynamic)))
+        overlapped_equal.append(bool(torch.equal(overlapped.unsqueeze(0), dynamic)))
+    return {"capacity": capacity, "signatures": signatures, "equal": equal, "overlapped_equal": overlapped_equal,
+            "planning_calls": planning_calls, "rows_moved": moved}
+
+
+def over_capacity(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:
+    """A batch needing more rows than the capacity; ranks given different capacities."""
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    needed = sct.prebuild(lengths, size, rank, [RATIO], mode, **options).rows_needed
+    out: dict[str, Any] = {"needed": needed}
+    try:
+        sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed - 1)
+        out["over"] = None
+    except ValueError as error:
+        out["over"] = str(error)
+    case = make_case(rank, size, seed, lengths=lengths)
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed + (8 if rank == 0 else 16))
+    try:
+        sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode, group,
+                                    routes=routes, **options)
+        out["disagree"] = None
+    except ValueError as error:
+        out["disagree"] = str(error)
+    other = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed)
+    try:  # routes of another batch than the call's
+        sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths[::-1], RATIO, mode,
+                                    group, routes=other, **options)
+        out["other_batch"] = None
+    except ValueError as error:
+        out["other_batch"] = str(error)
+    # A second launch on the same staging before the first is waited on: raises everywhere.
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed)
+    launch = (case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode, group)
+    first = sct.launch_indexer_inputs(*launch, routes=routes, **options)
+    try:
+        sct.launch_indexer_inputs(*launch, routes=routes, **options)
+        out["in_flight"] = None
+    except RuntimeError as error:
+        out["in_flight"] = str(error)
+    qr, weights, cos, sin = first.wait()
+    first.launch_result(case.selector(qr, weights, (cos, sin), first.route.segments)[0]).wait()
+    # The group still works afterwards.
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=needed)
+    result = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,
+                                         group, routes=routes, **options)
+    reference = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,
+                                            group, **options)
+    out["after_equal"] = bool(torch.equal(result, reference))
+    return out
+
+
+def kl_inputs(rank: int, owner_rows: int, keys: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """The owner-side KL inputs (index Q, K bank, weights as leaves; teacher Q, K, sinks)."""
+    generator = torch.Generator().manual_seed(1000 * seed + rank)
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator)
+
+    heads_main, dim_main = 2, 8
+    return (normal(1, owner_rows, HEADS, HEAD_DIM).requires_grad_(), normal(1, keys, HEAD_DIM).requires_grad_(),
+            normal(1, owner_rows, HEADS).requires_grad_(), normal(1, heads_main, owner_rows, dim_main),
+            normal(1, keys, dim_main), normal(heads_main))
+
+
+def compiled_step(rank: int, size: int, mode: str, options: dict, seed: int, backend: str) -> dict:
+    """launch -> select -> result -> KL -> backward, eager and torch.compile(fullgraph=True)."""
+    import torch._dynamo
+
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    case = make_case(rank, size, seed, lengths=lengths)
+    capacity = sct.fixed_capacity([lengths], size, [RATIO], mode, **options)
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
+    index = sct.fixed_step_indices(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode, group,
+                                   routes=routes, **options)
+    layer = routes.layer(RATIO)
+    assert layer.indices is not None
+    worker_rows, owner_rows = layer.indices.worker_rows, layer.indices.owner_rows
+    wq_b, key = case.selector.wq_b, case.selector.key
+
+    def step(qr: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             index: sct.FixedIndexTensors, kl: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        worker_qr, worker_weights, worker_cos, worker_sin = sct.fixed_inputs_to_workers(
+            [qr, weights, cos, sin], index, worker_rows, group)
+        query = _project_torch(worker_qr, wq_b, worker_cos, worker_sin, HEAD_DIM, ROPE_DIM)
+        ids = torch.ops.sparsecp.select_rows(query, key, worker_weights, index.key_begin, index.visible, KL_TOPK)
+        owner_ids = sct.fixed_results_to_owners(ids, index, owner_rows, group)
+        loss = sct.shared_compressed_indexer_kl_loss(*kl[:3], kl[3], kl[4], owner_ids[None], kl[5],
+                                                     attention_scale=8 ** -0.5, loss_coeff=1.0)
+        return loss, owner_ids
+
+    def run(function: Any) -> tuple[torch.Tensor, ...]:
+        kl = kl_inputs(rank, owner_rows, key.shape[0], seed)
+        loss, ids = function(case.qr, case.weights, case.cos, case.sin, index, kl)
+        loss.backward()
+        return (loss.detach(), ids, *(tensor.grad for tensor in kl[:3]))
+
+    eager = run(step)
+    torch._dynamo.reset()
+    compiled = run(torch.compile(step, fullgraph=True, backend=backend))
+    selector = IndexerSelector(wq_b, key, RATIO, KL_TOPK, head_dim=HEAD_DIM, rope_dim=ROPE_DIM, threads=1)
+    dynamic = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], selector, lengths, RATIO, mode, group,
+                                          **options)
+    return {"equal": [bool(torch.equal(a, b)) for a, b in zip(eager, compiled)],
+            "dynamic_equal": bool(torch.equal(eager[1], dynamic[0])),
+            "loss": float(eager[0]), "ids_checksum": int(eager[1].long().sum())}
+
+
+def run_readme(rank: int, size: int, snippets: list[str]) -> dict:
+    """The README's PyTorch snippets, then its training-loop ones, in one namespace (their
+    asserts are the checks)."""
+    import functools
+
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    original = torch.compile
+    # As written, but on the aot_eager backend (tracing, fake kernels, AOT autograd, no
+    # inductor codegen): inductor on CPU takes minutes here. benchmarks/compiled_step.py
+    # runs inductor.
+    torch.compile = functools.partial(original, backend="aot_eager")  # type: ignore[assignment]
+    try:
+        for index, snippet in enumerate(snippets):
+            exec(compile(snippet, f"README.md snippet {index + 1}", "exec"), namespace)  # noqa: S102 (the README)
+    finally:
+        torch.compile = original  # type: ignore[assignment]
+    return {"capacity": namespace["capacity"], "compiled_loss": float(namespace["compiled_loss"]),
+            "loss": float(namespace["loss"])}
