@@ -268,13 +268,62 @@ struct Chart {
   std::string bound_name = {};
 };
 
+// The x position of a CP size in a panel: evenly spaced, in increasing order.
+double cp_x(const Frame& frame, const std::vector<int64_t>& cps, int64_t cp) {
+  const auto index = std::find(cps.begin(), cps.end(), cp) - cps.begin();
+  return cps.size() == 1 ? frame.left + frame.width / 2
+                         : frame.left + 12 +
+                               static_cast<double>(index) * (frame.width - 24) /
+                                   static_cast<double>(cps.size() - 1);
+}
+
+// One line per strategy; a missing or non-finite value breaks the line.
+void draw_strategy_lines(Svg& svg, std::span<const SummaryRow> summary, const Colours& colours,
+                         const Chart& chart, const Frame& frame, const std::string& workload,
+                         const std::vector<int64_t>& cps) {
+  for (const auto& name : colours.names()) {
+    std::vector<std::pair<double, double>> points;
+    for (const int64_t cp : cps) {
+      const SummaryRow* found = nullptr;
+      for (const auto& row : summary) {
+        if (row.strategy == name && row.workload == workload && row.cp == cp) found = &row;
+      }
+      const double v = found ? chart.value(*found) : NAN;
+      if (!std::isfinite(v)) {
+        svg.polyline(points, colours.of(name));
+        points.clear();
+        continue;
+      }
+      const double px = cp_x(frame, cps, cp);
+      const double py = frame.y(v);
+      points.emplace_back(px, py);
+      svg.circle(px, py, 3, colours.of(name),
+                 name + ", cp " + std::to_string(cp) + ": " + label(v));
+    }
+    svg.polyline(points, colours.of(name));
+  }
+}
+
+// The bound is a property of the batches: take it from any strategy's row.
+void draw_bound_line(Svg& svg, std::span<const SummaryRow> summary, const Chart& chart,
+                     const Frame& frame, const std::string& workload,
+                     const std::vector<int64_t>& cps) {
+  std::vector<std::pair<double, double>> points;
+  for (const int64_t cp : cps) {
+    for (const auto& row : summary) {
+      if (row.workload != workload || row.cp != cp || !std::isfinite(chart.bound(row))) continue;
+      points.emplace_back(cp_x(frame, cps, cp), frame.y(chart.bound(row)));
+      svg.circle(points.back().first, points.back().second, 2.5, "#222",
+                 chart.bound_name + ", cp " + std::to_string(cp) + ": " + label(chart.bound(row)));
+      break;
+    }
+  }
+  svg.polyline(points, "#222", "5,4");
+}
+
 double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colours& colours,
                       double top, const Chart& chart) {
-  const auto value = chart.value;
   const double floor_value = chart.floor_value;
-  const std::string unit;
-  const std::string& heading = chart.heading;
-  const std::string& note = chart.note;
   std::vector<std::string> workloads;
   std::vector<int64_t> cps;
   double highest = floor_value;
@@ -283,12 +332,12 @@ double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colou
       workloads.push_back(row.workload);
     }
     if (std::find(cps.begin(), cps.end(), row.cp) == cps.end()) cps.push_back(row.cp);
-    const double v = value(row);
+    const double v = chart.value(row);
     if (std::isfinite(v)) highest = std::max(highest, v);
   }
   std::sort(cps.begin(), cps.end());
-  svg.text(kMargin, top + 16, heading, 15, "start", "bold");
-  svg.text(kMargin, top + 34, note, 11, "start", "normal", "#555");
+  svg.text(kMargin, top + 16, chart.heading, 15, "start", "bold");
+  svg.text(kMargin, top + 34, chart.note, 11, "start", "normal", "#555");
   top += 46;
   if (highest <= floor_value) highest = floor_value + 1;
   const double step = nice_step(highest - floor_value, 5);
@@ -306,58 +355,15 @@ double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colou
     svg.text(x + panel_width / 2 + 24, y + 12, workloads[w], 13, "middle", "bold");
     const Frame frame{x + 52,      y + 22, panel_width - 62, panel_height - 50,
                       floor_value, high,   chart.log};
-    draw_y_axis(svg, frame, step, unit);
-    const auto x_of = [&](int64_t cp) {
-      const auto index = std::find(cps.begin(), cps.end(), cp) - cps.begin();
-      return cps.size() == 1 ? frame.left + frame.width / 2
-                             : frame.left + 12 +
-                                   static_cast<double>(index) * (frame.width - 24) /
-                                       static_cast<double>(cps.size() - 1);
-    };
+    draw_y_axis(svg, frame, step, "");
     for (const int64_t cp : cps) {
-      svg.text(x_of(cp), frame.top + frame.height + 14, std::to_string(cp), 10, "middle", "normal",
-               "#555");
+      svg.text(cp_x(frame, cps, cp), frame.top + frame.height + 14, std::to_string(cp), 10,
+               "middle", "normal", "#555");
     }
     svg.text(frame.left + frame.width / 2, frame.top + frame.height + 28, "CP size", 11, "middle",
              "normal", "#555");
-    for (const auto& name : colours.names()) {
-      std::vector<std::pair<double, double>> points;
-      for (const int64_t cp : cps) {
-        const SummaryRow* found = nullptr;
-        for (const auto& row : summary) {
-          if (row.strategy == name && row.workload == workloads[w] && row.cp == cp) found = &row;
-        }
-        const double v = found ? value(*found) : NAN;
-        if (!std::isfinite(v)) {
-          svg.polyline(points, colours.of(name));
-          points.clear();
-          continue;
-        }
-        const double px = x_of(cp);
-        const double py = frame.y(v);
-        points.emplace_back(px, py);
-        svg.circle(px, py, 3, colours.of(name),
-                   name + ", cp " + std::to_string(cp) + ": " + label(v) + unit);
-      }
-      svg.polyline(points, colours.of(name));
-    }
-    if (chart.bound) {
-      // The bound is a property of the batches: take it from any strategy's row.
-      std::vector<std::pair<double, double>> points;
-      for (const int64_t cp : cps) {
-        for (const auto& row : summary) {
-          if (row.workload != workloads[w] || row.cp != cp || !std::isfinite(chart.bound(row))) {
-            continue;
-          }
-          points.emplace_back(x_of(cp), frame.y(chart.bound(row)));
-          svg.circle(
-              points.back().first, points.back().second, 2.5, "#222",
-              chart.bound_name + ", cp " + std::to_string(cp) + ": " + label(chart.bound(row)));
-          break;
-        }
-      }
-      svg.polyline(points, "#222", "5,4");
-    }
+    draw_strategy_lines(svg, summary, colours, chart, frame, workloads[w], cps);
+    if (chart.bound) draw_bound_line(svg, summary, chart, frame, workloads[w], cps);
   }
   const size_t rows =
       (workloads.size() + static_cast<size_t>(columns) - 1) / static_cast<size_t>(columns);

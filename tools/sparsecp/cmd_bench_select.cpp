@@ -220,136 +220,166 @@ void print_bench_select(const BenchSelectFlags& c, const Problem& p,
                                     : "DIFFER between paths");
 }
 
-void run_bench(const BenchSelectFlags& c) {
-  Problem p = make_problem(c);
-  const std::vector<KernelIsa> isas = bench_isas(c.isa);
-  const int64_t rows = p.rows, width = p.width, q_rank = c.model.q_rank;
-  const int64_t half = c.model.rope_dim / 2;
-  const bool run_fp32 = c.dtype != "bf16", run_bf16 = c.dtype != "fp32";
-  const size_t out_size = static_cast<size_t>(rows * c.model.topk);
-  std::vector<int32_t> base(out_size);
-  std::vector<float> projected(static_cast<size_t>(rows * width));
-  const MatrixView weights = MatrixView::f32(p.weights.data(), rows, c.model.heads);
-  const ProjectionWeights wq(MatrixView::f32(p.wq.data(), q_rank, width));
-  const ProjectionWeights wq16(MatrixView::bf16(p.wq16.data(), q_rank, width));
-  const MatrixView cos = MatrixView::f32(p.cos.data(), rows, half);
-  const MatrixView sin = MatrixView::f32(p.sin.data(), rows, half);
+// One ISA's fused paths and their outputs (with --isa all, one per ISA this CPU runs).
+struct PerIsa {
+  KernelIsa isa;
+  SelectConfig config;
+  std::vector<int32_t> fused, fused16;
+};
 
-  // Fused paths per ISA (with --isa all, each ISA this CPU runs), interleaved in one run.
-  struct PerIsa {
-    KernelIsa isa;
-    SelectConfig config;
-    std::vector<int32_t> fused, fused16;
-  };
-  std::vector<PerIsa> per(isas.size());
-  for (size_t i = 0; i < isas.size(); ++i) {
-    per[i].isa = isas[i];
-    per[i].config = p.config;
-    per[i].config.isa = isas[i];
-    per[i].fused.assign(out_size, 0);
-    per[i].fused16.assign(out_size, 0);
-  }
-  const auto suffix = [&](const PerIsa& r) {
-    return isas.size() > 1 ? std::string(" ") + kernel_isa_name(r.isa) : std::string();
-  };
-  std::vector<TimedPath> paths = {sgemm_path(c.sgemm_size)};
-  for (PerIsa& r : per) {
-    if (run_fp32) {
-      paths.push_back({"fused fp32" + suffix(r), [&] {
-                         select_topk(MatrixView::f32(p.q.data(), rows, width), weights,
-                                     MatrixView::f32(p.keys.data(), p.bank, c.model.head_dim),
-                                     p.segments, r.config, r.fused);
-                       }});
-    }
-    if (run_bf16) {
-      paths.push_back({"fused bf16" + suffix(r), [&] {
-                         select_topk(MatrixView::bf16(p.q16.data(), rows, width), weights,
-                                     MatrixView::bf16(p.keys16.data(), p.bank, c.model.head_dim),
-                                     p.segments, r.config, r.fused16);
-                       }});
+// The paths of one run, in the order they are timed (interleaved): the sgemm reference,
+// each ISA's fused fp32/bf16 paths, the projections and the materialising baseline.
+struct BenchPaths {
+  const BenchSelectFlags& c;
+  const Problem& p;
+  std::vector<PerIsa> per;
+  std::vector<int32_t> base;
+  std::vector<float> projected;
+  std::vector<TimedPath> paths;
+  bool run_fp32, run_bf16;
+  // Packed once, outside the timed projections (as a layer holds its weights).
+  ProjectionWeights wq, wq16;
+
+  BenchPaths(const BenchSelectFlags& flags, const Problem& problem,
+             const std::vector<KernelIsa>& isas)
+      : c(flags),
+        p(problem),
+        run_fp32(flags.dtype != "bf16"),
+        run_bf16(flags.dtype != "fp32"),
+        wq(MatrixView::f32(problem.wq.data(), flags.model.q_rank, problem.width)),
+        wq16(MatrixView::bf16(problem.wq16.data(), flags.model.q_rank, problem.width)) {
+    const auto out_size = static_cast<size_t>(p.rows * c.model.topk);
+    base.assign(out_size, 0);
+    projected.assign(static_cast<size_t>(p.rows * p.width), 0.0f);
+    for (const KernelIsa isa : isas) {
+      PerIsa& r = per.emplace_back(PerIsa{isa, p.config, {}, {}});
+      r.config.isa = isa;
+      r.fused.assign(out_size, 0);
+      r.fused16.assign(out_size, 0);
     }
   }
-  const SelectConfig& config = per.back().config;
-  if (run_fp32) {
-    paths.push_back({"projection fp32", [&] {
-                       project_index_query(MatrixView::f32(p.qr.data(), rows, q_rank), wq, cos, sin,
-                                           config, projected);
-                     }});
+
+  const SelectConfig& config() const { return per.back().config; }
+  std::string suffix(const PerIsa& r) const {
+    return per.size() > 1 ? std::string(" ") + kernel_isa_name(r.isa) : std::string();
   }
-  if (run_bf16) {
-    paths.push_back({"projection bf16", [&] {
-                       project_index_query(MatrixView::bf16(p.qr16.data(), rows, q_rank), wq16, cos,
-                                           sin, config, projected);
-                     }});
-  }
-  if (c.baseline) {
-    paths.push_back({"baseline (GEMM/head)",
-                     [&] { baseline_select(p.q, p.weights, p.keys, p.segments, config, base); }});
-  }
-  time_interleaved(paths, c.repeat);
-  const auto path = [&](const std::string& name) -> const TimedPath* {
+  const TimedPath& path(const std::string& name) const {
     for (const TimedPath& t : paths) {
-      if (t.name == name) return &t;
+      if (t.name == name) return t;
     }
-    return nullptr;
-  };
-
-  const double flops = select_score_flops(p.segments, config);
-  const double proj_flops =
-      2.0 * static_cast<double>(rows) * static_cast<double>(q_rank) * static_cast<double>(width);
-  const double sgemm = sgemm_gflops(paths.front(), c.sgemm_size);
-  // Every path must select the same keys (small-integer inputs: exact on every ISA).
-  const std::vector<int32_t>& first = run_fp32 ? per.front().fused : per.front().fused16;
-  bool verified = true;
-  for (const PerIsa& r : per) {
-    if (run_fp32) verified = verified && r.fused == first;
-    if (run_bf16) verified = verified && r.fused16 == first;
+    throw Error("bench select: no timed path named '" + name + "'");
   }
-  if (c.baseline) verified = verified && first == base;
-  const int threads = c.threads > 0 ? c.threads : omp_get_max_threads();
+  // The main path of an ISA: fp32 unless only bf16 runs.
+  const TimedPath& main_path(const PerIsa& r) const {
+    return path((run_fp32 ? "fused fp32" : "fused bf16") + suffix(r));
+  }
 
-  nlohmann::ordered_json per_isa = nlohmann::ordered_json::array();
-  for (const PerIsa& r : per) {
-    const TimedPath* main = path((run_fp32 ? "fused fp32" : "fused bf16") + suffix(r));
-    nlohmann::ordered_json e;
-    e["isa"] = kernel_isa_name(r.isa);
-    e["seconds"] = main->median_seconds();
-    e["seconds_min"] = main->spread().min;
-    e["seconds_max"] = main->spread().max;
-    e["gflops"] = flops / main->median_seconds() / 1e9;
-    e["fraction_of_sgemm"] = flops / main->median_seconds() / 1e9 / sgemm;
-    // The names of earlier versions, kept as aliases.
-    e["score_gflops"] = e["gflops"];
-    e["score_fraction_of_sgemm"] = e["fraction_of_sgemm"];
-    if (run_bf16) {
-      const double t16 = path("fused bf16" + suffix(r))->median_seconds();
-      e["bf16_seconds"] = t16;
-      e["bf16_gflops"] = flops / t16 / 1e9;
-      e["bf16_fraction_of_sgemm"] = flops / t16 / 1e9 / sgemm;
-      e["bf16_score_gflops"] = e["bf16_gflops"];
-      e["bf16_dot_products"] =
-          r.isa == KernelIsa::kAvx512 && kernel_isa_bf16_dot_products() ? "vdpbf16ps" : "widened";
+  void add_paths() {
+    const int64_t rows = p.rows, width = p.width, q_rank = c.model.q_rank;
+    const int64_t half = c.model.rope_dim / 2;
+    const MatrixView weights = MatrixView::f32(p.weights.data(), rows, c.model.heads);
+    paths = {sgemm_path(c.sgemm_size)};
+    for (PerIsa& r : per) {
+      if (run_fp32) {
+        paths.push_back({"fused fp32" + suffix(r), [this, &r, rows, width, weights] {
+                           select_topk(MatrixView::f32(p.q.data(), rows, width), weights,
+                                       MatrixView::f32(p.keys.data(), p.bank, c.model.head_dim),
+                                       p.segments, r.config, r.fused);
+                         }});
+      }
+      if (run_bf16) {
+        paths.push_back({"fused bf16" + suffix(r), [this, &r, rows, width, weights] {
+                           select_topk(MatrixView::bf16(p.q16.data(), rows, width), weights,
+                                       MatrixView::bf16(p.keys16.data(), p.bank, c.model.head_dim),
+                                       p.segments, r.config, r.fused16);
+                         }});
+      }
     }
-    if (run_fp32 && run_bf16) {
-      e["bf16_speedup"] = path("fused fp32" + suffix(r))->median_seconds() /
-                          path("fused bf16" + suffix(r))->median_seconds();
+    const MatrixView cos = MatrixView::f32(p.cos.data(), rows, half);
+    const MatrixView sin = MatrixView::f32(p.sin.data(), rows, half);
+    if (run_fp32) {
+      paths.push_back({"projection fp32", [this, rows, q_rank, cos, sin] {
+                         project_index_query(MatrixView::f32(p.qr.data(), rows, q_rank), wq, cos,
+                                             sin, config(), projected);
+                       }});
+    }
+    if (run_bf16) {
+      paths.push_back({"projection bf16", [this, rows, q_rank, cos, sin] {
+                         project_index_query(MatrixView::bf16(p.qr16.data(), rows, q_rank), wq16,
+                                             cos, sin, config(), projected);
+                       }});
     }
     if (c.baseline) {
-      e["speedup_vs_baseline"] =
-          path("baseline (GEMM/head)")->median_seconds() / main->median_seconds();
+      paths.push_back({"baseline (GEMM/head)", [this] {
+                         baseline_select(p.q, p.weights, p.keys, p.segments, config(), base);
+                       }});
     }
-    e["scratch_bytes"] =
-        select_scratch_bytes(r.config, run_bf16 ? DType::kBFloat16 : DType::kFloat32, threads);
-    per_isa.push_back(e);
   }
 
+  // Every path must select the same keys (small-integer inputs: exact on every ISA).
+  bool verified() const {
+    const std::vector<int32_t>& first = run_fp32 ? per.front().fused : per.front().fused16;
+    bool same = true;
+    for (const PerIsa& r : per) {
+      if (run_fp32) same = same && r.fused == first;
+      if (run_bf16) same = same && r.fused16 == first;
+    }
+    return c.baseline ? same && first == base : same;
+  }
+};
+
+// One ISA's figures: its main path's time and rates, bf16 beside fp32, the baseline.
+nlohmann::ordered_json per_isa_json(const BenchPaths& b, const PerIsa& r, double flops,
+                                    double sgemm, int threads) {
+  const TimedPath& main = b.main_path(r);
+  nlohmann::ordered_json e;
+  e["isa"] = kernel_isa_name(r.isa);
+  e["seconds"] = main.median_seconds();
+  e["seconds_min"] = main.spread().min;
+  e["seconds_max"] = main.spread().max;
+  e["gflops"] = flops / main.median_seconds() / 1e9;
+  e["fraction_of_sgemm"] = flops / main.median_seconds() / 1e9 / sgemm;
+  // The names of earlier versions, kept as aliases.
+  e["score_gflops"] = e["gflops"];
+  e["score_fraction_of_sgemm"] = e["fraction_of_sgemm"];
+  if (b.run_bf16) {
+    const double t16 = b.path("fused bf16" + b.suffix(r)).median_seconds();
+    e["bf16_seconds"] = t16;
+    e["bf16_gflops"] = flops / t16 / 1e9;
+    e["bf16_fraction_of_sgemm"] = flops / t16 / 1e9 / sgemm;
+    e["bf16_score_gflops"] = e["bf16_gflops"];
+    e["bf16_dot_products"] =
+        r.isa == KernelIsa::kAvx512 && kernel_isa_bf16_dot_products() ? "vdpbf16ps" : "widened";
+  }
+  if (b.run_fp32 && b.run_bf16) {
+    e["bf16_speedup"] = b.path("fused fp32" + b.suffix(r)).median_seconds() /
+                        b.path("fused bf16" + b.suffix(r)).median_seconds();
+  }
+  if (b.c.baseline) {
+    e["speedup_vs_baseline"] =
+        b.path("baseline (GEMM/head)").median_seconds() / main.median_seconds();
+  }
+  e["scratch_bytes"] =
+      select_scratch_bytes(r.config, b.run_bf16 ? DType::kBFloat16 : DType::kFloat32, threads);
+  return e;
+}
+
+// The whole run's figures (the --json object; the text report prints from it too).
+nlohmann::ordered_json bench_json(const BenchPaths& b, double proj_flops) {
+  const BenchSelectFlags& c = b.c;
+  const double flops = select_score_flops(b.p.segments, b.config());
+  const double sgemm = sgemm_gflops(b.paths.front(), c.sgemm_size);
+  const int threads = c.threads > 0 ? c.threads : omp_get_max_threads();
+  nlohmann::ordered_json per_isa = nlohmann::ordered_json::array();
+  for (const PerIsa& r : b.per) per_isa.push_back(per_isa_json(b, r, flops, sgemm, threads));
+
   nlohmann::ordered_json out;
-  out["rows"] = rows;
+  out["rows"] = b.p.rows;
   out["doc_length"] = c.doc_length;
   out["documents"] = c.documents;
   out["heads"] = c.model.heads;
   out["head_dim"] = c.model.head_dim;
-  out["q_rank"] = q_rank;
+  out["q_rank"] = c.model.q_rank;
   out["topk"] = c.model.topk;
   out["ratio"] = c.ratio;
   out["threads"] = threads;
@@ -360,22 +390,34 @@ void run_bench(const BenchSelectFlags& c) {
   out["sgemm_core"] = blas_core_name();
   // The flat fields describe the last (with --isa all: the best) ISA; `per_isa` has each.
   for (const auto& [key, value] : per_isa.back().items()) out[key] = value;
-  if (run_fp32) {
-    out["projection_seconds"] = path("projection fp32")->median_seconds();
-    out["projection_gflops"] = proj_flops / path("projection fp32")->median_seconds() / 1e9;
+  if (b.run_fp32) {
+    out["projection_seconds"] = b.path("projection fp32").median_seconds();
+    out["projection_gflops"] = proj_flops / b.path("projection fp32").median_seconds() / 1e9;
   }
-  if (run_bf16) {
-    out["bf16_projection_gflops"] = proj_flops / path("projection bf16")->median_seconds() / 1e9;
+  if (b.run_bf16) {
+    out["bf16_projection_gflops"] = proj_flops / b.path("projection bf16").median_seconds() / 1e9;
   }
-  if (c.baseline) out["baseline_seconds"] = path("baseline (GEMM/head)")->median_seconds();
+  if (c.baseline) out["baseline_seconds"] = b.path("baseline (GEMM/head)").median_seconds();
   out["per_isa"] = per_isa;
-  out["verified"] = verified;
+  out["verified"] = b.verified();
+  return out;
+}
+
+void run_bench(const BenchSelectFlags& c) {
+  const Problem p = make_problem(c);
+  const std::vector<KernelIsa> isas = bench_isas(c.isa);
+  BenchPaths bench(c, p, isas);
+  bench.add_paths();
+  time_interleaved(bench.paths, c.repeat);
+  const double proj_flops = 2.0 * static_cast<double>(p.rows) *
+                            static_cast<double>(c.model.q_rank) * static_cast<double>(p.width);
+  const nlohmann::ordered_json out = bench_json(bench, proj_flops);
   if (c.json) {
     std::cout << out.dump() << "\n";
   } else {
-    print_bench_select(c, p, isas, paths, out, proj_flops);
+    print_bench_select(c, p, isas, bench.paths, out, proj_flops);
   }
-  if (!verified) throw ExitStatus{1};
+  if (!out["verified"].get<bool>()) throw ExitStatus{1};
 }
 
 // Registered under "bench" so that the tool knows `sparsecp bench ...` as a command;

@@ -402,6 +402,83 @@ void student_row(const Call& call, int64_t b, int64_t row, int64_t n, const floa
   call.kernels.scores(args);
 }
 
+// The row's softmax against the teacher's distribution in double: returns the unscaled
+// row loss and leaves each slot's loss gradient (scaled by coeff) in x.g.
+double row_loss(const Call& call, int64_t n, RowScratch& x) {
+  double mass = 0.0;
+  for (int64_t j = 0; j < n; ++j) mass += x.teacher[j];
+  const double denominator = std::max(mass, static_cast<double>(FLT_MIN));
+  double top = x.score[0];
+  for (int64_t j = 1; j < n; ++j) top = std::max(top, static_cast<double>(x.score[j]));
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(x.score[j]) - top);
+  const double log_sum = top + std::log(sum);
+  double loss = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    const double p = x.teacher[j] / denominator;
+    const double log_pred = x.score[j] - log_sum;
+    loss += p * (std::log(std::max(p, static_cast<double>(FLT_MIN))) - log_pred);
+    x.g[j] = static_cast<float>((std::exp(log_pred) - p) * call.coeff);
+  }
+  return loss;
+}
+
+// The row's index query in fp32 (the caller's, or bf16 widened into x.query_row).
+const float* query_row(const IndexerKlInputs& in, int64_t row, int64_t width, RowScratch& x) {
+  if (in.index_query.dtype == DType::kFloat32) {
+    return static_cast<const float*>(in.index_query.data) + row * width;
+  }
+  const auto* bits = static_cast<const uint16_t*>(in.index_query.data) + row * width;
+  for (int64_t i = 0; i < width; ++i)
+    x.query_row[i] = std::bit_cast<float>(uint32_t{bits[i]} << 16);
+  return x.query_row.data();
+}
+
+// Backward of one row: dw and dz (in place of z), then dq = dz^T Kidx and the key
+// contributions dz q (appended to `commit`), each a row-pointer GEMM.
+void row_backward(const Call& call, int64_t row, int64_t n, const float* weights, float* dq,
+                  float* dw, RowScratch& x, Commit& commit) {
+  const kd::KlShape& s = call.s;
+  const int64_t H = s.heads, D = s.head_dim;
+  kd::StudentBackwardArgs backward;
+  backward.z = x.z.data();
+  backward.ldz = H;
+  backward.slots = n;
+  backward.heads = H;
+  backward.weights = weights;
+  backward.g = x.g.data();
+  backward.dw = dw;
+  call.kernels.student_backward(backward);
+
+  for (int64_t h = 0; h < H; ++h) x.a_rows[h] = x.z.data() + h;
+  kd::GemmArgs dq_args;
+  dq_args.a = x.a_rows.data();
+  dq_args.a_step = H;
+  dq_args.b = x.key_rows.data();
+  dq_args.c = dq;
+  dq_args.ldc = D;
+  dq_args.m = H;
+  dq_args.n = D;
+  dq_args.depth = n;
+  call.kernels.gemm(dq_args);
+
+  const float* q = query_row(*call.in, row, H * D, x);
+  for (int64_t j = 0; j < n; ++j) x.a_rows[j] = x.z.data() + j * H;
+  for (int64_t h = 0; h < H; ++h) x.b_rows[h] = q + h * D;
+  kd::GemmArgs dk_args;
+  dk_args.a = x.a_rows.data();
+  dk_args.b = x.b_rows.data();
+  dk_args.c = commit.contributions.get() + commit.count * D;
+  dk_args.ldc = D;
+  dk_args.m = n;
+  dk_args.n = D;
+  dk_args.depth = H;
+  call.kernels.gemm(dk_args);
+  const int64_t key_base = row / s.rows * s.index_keys + s.offset;
+  for (int64_t j = 0; j < n; ++j) commit.key_rows[commit.count + j] = key_base + x.slots[j];
+  commit.count += n;
+}
+
 // One row: loss (unscaled row loss, returned) and gradients; key contributions appended
 // to `commit`.
 double process_row(const Call& call, int64_t row, RowScratch& x, Commit& commit) {
@@ -431,72 +508,8 @@ double process_row(const Call& call, int64_t row, RowScratch& x, Commit& commit)
 
   teacher_row(call, b, t, n, x);
   student_row(call, b, row, n, weights, x);
-
-  // Per-slot softmax, normalisation and loss terms in double.
-  double mass = 0.0;
-  for (int64_t j = 0; j < n; ++j) mass += x.teacher[j];
-  const double denominator = std::max(mass, static_cast<double>(FLT_MIN));
-  double top = x.score[0];
-  for (int64_t j = 1; j < n; ++j) top = std::max(top, static_cast<double>(x.score[j]));
-  double sum = 0.0;
-  for (int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(x.score[j]) - top);
-  const double log_sum = top + std::log(sum);
-  double loss = 0.0;
-  for (int64_t j = 0; j < n; ++j) {
-    const double p = x.teacher[j] / denominator;
-    const double log_pred = x.score[j] - log_sum;
-    loss += p * (std::log(std::max(p, static_cast<double>(FLT_MIN))) - log_pred);
-    x.g[j] = static_cast<float>((std::exp(log_pred) - p) * call.coeff);
-  }
-
-  // Backward: dw and dz (in place of z), then dq = dz^T Kidx and the key contributions
-  // dz q, each a row-pointer GEMM.
-  kd::StudentBackwardArgs backward;
-  backward.z = x.z.data();
-  backward.ldz = H;
-  backward.slots = n;
-  backward.heads = H;
-  backward.weights = weights;
-  backward.g = x.g.data();
-  backward.dw = dw;
-  call.kernels.student_backward(backward);
-
-  for (int64_t h = 0; h < H; ++h) x.a_rows[h] = x.z.data() + h;
-  kd::GemmArgs dq_args;
-  dq_args.a = x.a_rows.data();
-  dq_args.a_step = H;
-  dq_args.b = x.key_rows.data();
-  dq_args.c = dq;
-  dq_args.ldc = D;
-  dq_args.m = H;
-  dq_args.n = D;
-  dq_args.depth = n;
-  call.kernels.gemm(dq_args);
-
-  const float* q = nullptr;
-  if (in.index_query.dtype == DType::kFloat32) {
-    q = static_cast<const float*>(in.index_query.data) + row * H * D;
-  } else {
-    const auto* bits = static_cast<const uint16_t*>(in.index_query.data) + row * H * D;
-    for (int64_t i = 0; i < H * D; ++i) {
-      x.query_row[i] = std::bit_cast<float>(uint32_t{bits[i]} << 16);
-    }
-    q = x.query_row.data();
-  }
-  for (int64_t j = 0; j < n; ++j) x.a_rows[j] = x.z.data() + j * H;
-  for (int64_t h = 0; h < H; ++h) x.b_rows[h] = q + h * D;
-  kd::GemmArgs dk_args;
-  dk_args.a = x.a_rows.data();
-  dk_args.b = x.b_rows.data();
-  dk_args.c = commit.contributions.get() + commit.count * D;
-  dk_args.ldc = D;
-  dk_args.m = n;
-  dk_args.n = D;
-  dk_args.depth = H;
-  call.kernels.gemm(dk_args);
-  const int64_t key_base = b * s.index_keys + s.offset;
-  for (int64_t j = 0; j < n; ++j) commit.key_rows[commit.count + j] = key_base + x.slots[j];
-  commit.count += n;
+  const double loss = row_loss(call, n, x);
+  row_backward(call, row, n, weights, dq, dw, x, commit);
   return loss;
 }
 

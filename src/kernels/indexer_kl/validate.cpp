@@ -52,10 +52,7 @@ void check_span(std::span<float> span, int64_t expected, const char* name,
                  " gradient has no memory");
 }
 
-}  // namespace
-
-KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& options,
-                            const IndexerKlGradients* gradients, bool check_ids) {
+void check_options(const IndexerKlOptions& options) {
   SPARSECP_CHECK(options.threads >= 0, "Indexer KL thread count must be non-negative, got ",
                  options.threads);
   (void)resolve_kernel_isa(options.isa);  // throws for an ISA (or SPARSECP_ISA) the CPU lacks
@@ -67,12 +64,13 @@ KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& o
                  options.loss_coeff);
   SPARSECP_CHECK(options.main_key_offset >= 0,
                  "Indexer KL main_key_offset must be non-negative, got ", options.main_key_offset);
+}
 
-  // The indexer's tensors (the seed's validate_indexer_tensors(query, key, weights)).
+// The indexer's tensors (the seed's validate_indexer_tensors(query, key, weights)).
+void check_indexer_tensors(const IndexerKlInputs& in, KlShape& s) {
   check_float(in.index_query, "index_query", 4, "[B, S, H, D]");
   check_float(in.index_key, "index_key", 3, "[B, K, D]");
   check_float(in.merge_weight, "merge_weight", 3, "[B, S, H]");
-  KlShape s;
   s.batch = in.index_query.shape[0];
   s.rows = in.index_query.shape[1];
   s.heads = in.index_query.shape[2];
@@ -87,21 +85,25 @@ KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& o
   SPARSECP_CHECK(in.merge_weight.shape == std::vector<int64_t>({s.batch, s.rows, s.heads}),
                  "Indexer KL merge_weight must have shape [B, S, H] = [", s.batch, ", ", s.rows,
                  ", ", s.heads, "] (from index_query), got ", shape_text(in.merge_weight.shape));
+}
 
-  // The seed's fused-KL checks on the selections.
+// The seed's fused-KL checks on the selections.
+void check_selection_shape(const IndexerKlInputs& in, KlShape& s) {
   const IndexTensorView& ids = in.topk_indices;
   SPARSECP_CHECK(ids.shape.size() == 3 && ids.shape[0] == s.batch && ids.shape[1] == s.rows,
                  "Fused KL indices must have shape [B, Q, TopK] matching Indexer Q: "
                  "topk_indices and index_query must share batch/query dimensions (got "
                  "topk_indices ",
                  shape_text(ids.shape), " and index_query ", shape_text(in.index_query.shape), ")");
-  const int64_t id_count = elements(ids.shape, "topk_indices");
   SPARSECP_CHECK(ids.dtype == IndexDType::kInt32 || ids.dtype == IndexDType::kInt64,
                  "Indexer KL topk_indices must be int32 or int64");
-  SPARSECP_CHECK(ids.data != nullptr || id_count == 0, "Indexer KL topk_indices has no data");
+  SPARSECP_CHECK(ids.data != nullptr || elements(ids.shape, "topk_indices") == 0,
+                 "Indexer KL topk_indices has no data");
   s.topk = ids.shape[2];
+}
 
-  // The teacher's tensors.
+// The teacher's tensors and the compact bank's view of index_key.
+void check_teacher_tensors(const IndexerKlInputs& in, KlShape& s) {
   check_float(in.compressed_key, "compressed_key", 3, "[B, K, Dm]");
   check_float(in.attention_query, "attention_query", 4, "[B, Hm, S, Dm]");
   check_float(in.sinks, "sinks", 1, "[Hm]");
@@ -123,7 +125,6 @@ KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& o
       shape_text(in.attention_query.shape));
   SPARSECP_CHECK(in.sinks.shape[0] == s.att_heads, "Indexer KL sinks must have shape [Hm] = [",
                  s.att_heads, "] (one logit per attention head), got ", shape_text(in.sinks.shape));
-  s.offset = options.main_key_offset;
   SPARSECP_CHECK(s.offset <= s.index_keys && s.keys <= s.index_keys - s.offset,
                  "Indexer KL index_key has ", s.index_keys, " rows, fewer than main_key_offset ",
                  s.offset, " + the compact bank's K = ", s.keys,
@@ -132,32 +133,48 @@ KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& o
   SPARSECP_CHECK(s.heads <= kWidthLimit / s.head_dim && s.att_heads <= kWidthLimit / s.att_dim,
                  "Indexer KL heads x head_dim (", s.heads, " x ", s.head_dim, ", ", s.att_heads,
                  " x ", s.att_dim, ") is too large");
+}
 
-  if (gradients) {
-    check_span(gradients->index_query, elements(in.index_query.shape, "index_query"), "index_query",
-               in.index_query.shape);
-    check_span(gradients->index_key, elements(in.index_key.shape, "index_key"), "index_key",
-               in.index_key.shape);
-    check_span(gradients->merge_weight, elements(in.merge_weight.shape, "merge_weight"),
-               "merge_weight", in.merge_weight.shape);
-  }
+void check_gradients(const IndexerKlInputs& in, const IndexerKlGradients& gradients) {
+  check_span(gradients.index_query, elements(in.index_query.shape, "index_query"), "index_query",
+             in.index_query.shape);
+  check_span(gradients.index_key, elements(in.index_key.shape, "index_key"), "index_key",
+             in.index_key.shape);
+  check_span(gradients.merge_weight, elements(in.merge_weight.shape, "merge_weight"),
+             "merge_weight", in.merge_weight.shape);
+}
 
-  if (check_ids && options.loss_coeff != 0.0) {
-    const int64_t low = s.offset, high = s.offset + s.keys;
-    for (int64_t i = 0; i < id_count; ++i) {
-      const int64_t id = ids.at(i);
-      if (id == -1 || (id >= low && id < high)) continue;
-      const int64_t slot = i % s.topk, row = i / s.topk % s.rows, b = i / s.topk / s.rows;
-      if (s.offset == 0) {
-        SPARSECP_FAIL("Indexer KL topk id ", id, " at [", b, ", ", row, ", ", slot,
-                      "] is outside the bank's keys [0, ", high, ") (use -1 for padding)");
-      }
+// Every id is -1 (padding) or a key of the compact bank.
+void check_id_range(const IndexTensorView& ids, const KlShape& s) {
+  const int64_t id_count = elements(ids.shape, "topk_indices");
+  const int64_t low = s.offset, high = s.offset + s.keys;
+  for (int64_t i = 0; i < id_count; ++i) {
+    const int64_t id = ids.at(i);
+    if (id == -1 || (id >= low && id < high)) continue;
+    const int64_t slot = i % s.topk, row = i / s.topk % s.rows, b = i / s.topk / s.rows;
+    if (s.offset == 0) {
       SPARSECP_FAIL("Indexer KL topk id ", id, " at [", b, ", ", row, ", ", slot,
-                    "] is outside the compact bank's keys [main_key_offset, main_key_offset + K) "
-                    "= [",
-                    low, ", ", high, ") (use -1 for padding)");
+                    "] is outside the bank's keys [0, ", high, ") (use -1 for padding)");
     }
+    SPARSECP_FAIL("Indexer KL topk id ", id, " at [", b, ", ", row, ", ", slot,
+                  "] is outside the compact bank's keys [main_key_offset, main_key_offset + K) "
+                  "= [",
+                  low, ", ", high, ") (use -1 for padding)");
   }
+}
+
+}  // namespace
+
+KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& options,
+                            const IndexerKlGradients* gradients, bool check_ids) {
+  check_options(options);
+  KlShape s;
+  s.offset = options.main_key_offset;
+  check_indexer_tensors(in, s);
+  check_selection_shape(in, s);
+  check_teacher_tensors(in, s);
+  if (gradients) check_gradients(in, *gradients);
+  if (check_ids && options.loss_coeff != 0.0) check_id_range(in.topk_indices, s);
   return s;
 }
 
