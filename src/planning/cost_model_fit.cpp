@@ -79,9 +79,7 @@ CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk,
   return sample;
 }
 
-CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions& options) {
-  SPARSECP_CHECK(!samples.empty(), "cost model fit needs at least one sample, got none");
-  SPARSECP_CHECK(options.topk >= 1, "cost model fit topk must be positive, got ", options.topk);
+void validate_cost_samples(std::span<const CostSample> samples) {
   for (size_t i = 0; i < samples.size(); ++i) {
     const CostSample& s = samples[i];
     const bool finite = std::isfinite(s.rows) && std::isfinite(s.visible) &&
@@ -92,6 +90,12 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
     SPARSECP_CHECK(finite && s.seconds > 0, "cost sample ", i, " must have a positive time, got ",
                    s.seconds, " s");
   }
+}
+
+CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions& options) {
+  SPARSECP_CHECK(!samples.empty(), "cost model fit needs at least one sample, got none");
+  SPARSECP_CHECK(options.topk >= 1, "cost model fit topk must be positive, got ", options.topk);
+  validate_cost_samples(samples);
   Beta best{0, 0, 0, 0};
   double best_error = std::numeric_limits<double>::infinity();
   for (int mask = options.per_call_term ? 1 : 2; mask < 16; mask += options.per_call_term ? 1 : 2) {

@@ -80,6 +80,8 @@ const std::map<std::string, std::string>& canonical_names() {
       {"--no-cache", "run: calibrate anew, save nothing"},
       {"--overlap", "run: measure the overlap"},
       {"--no-agreement-check", "run: skip the agreement check"},
+      {"--adapt", "run: steps refitting the cost model from the job's own times"},
+      {"--adapt-window", "run: steps the refit keeps"},
       // route / dispatch
       {"--rank", "one rank"},
       {"--all-ranks", "every rank"},

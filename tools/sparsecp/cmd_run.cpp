@@ -38,6 +38,7 @@
 #include "sparsecp/io/output_set.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/cost_model.hpp"
+#include "sparsecp/planning/cost_model_refit.hpp"
 #include "sparsecp/planning/strategy.hpp"
 #include "sparsecp/transport/agreement.hpp"
 #include "sparsecp/transport/collectives.hpp"
@@ -159,11 +160,12 @@ Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
   return job;
 }
 
+bool balances_cost_model(const Strategy& s) { return s.name() == "spill" || s.name() == "auto"; }
+
 // spill and auto balance the run's cost model (the other strategies ignore it).
 void add_cost_model(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
-  const bool needs_cost =
-      std::any_of(job.strategies.begin(), job.strategies.end(),
-                  [](const Strategy* s) { return s->name() == "spill" || s->name() == "auto"; });
+  const bool needs_cost = std::any_of(job.strategies.begin(), job.strategies.end(),
+                                      [](const Strategy* s) { return balances_cost_model(*s); });
   if (!needs_cost) return;
   job.cost = choose_cost_model(flags, job.params, comm);
   job.params.cost_model = job.cost.model;
@@ -193,7 +195,8 @@ void agree(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
       .add("threads", flags.threads)
       .add("repeats", flags.repeats)
       .add("max_repeats", flags.max_repeats)
-
+      .add("adapt", flags.adapt)
+      .add("adapt_window", flags.adapt_window)
       .add_real("time_budget", flags.time_budget)
       .add("calibrate", flags.calibrate ? 1 : 0)
       .add("overlap", flags.overlap ? 1 : 0);
@@ -309,9 +312,12 @@ bool decided(const std::vector<StrategyRuns>& all) {
 
 // Runs every strategy once per round, interleaved so that a slow spell of the machine
 // hits them alike, for at least --repeats rounds and then until every pair of strategies
-// is told apart (decided), --max-repeats rounds, or --time-budget seconds.
-std::vector<StrategyRuns> measure(const RunFlags& flags, const Job& job, MpiCommunicator& comm,
-                                  std::string& stopped) {
+// is told apart (decided), --max-repeats rounds, or --time-budget seconds (counted from
+// `started`, before the --adapt steps). A budget that runs out before --repeats rounds
+// stops the repeats too (the default job must stay under a minute on a busy machine);
+// the report then compares nothing (job.too_few_repeats).
+std::vector<StrategyRuns> measure(const RunFlags& flags, Job& job, MpiCommunicator& comm,
+                                  double started) {
   std::vector<StrategyRuns> all;
   for (const Strategy* strategy : job.strategies) {
     StrategyRuns runs;
@@ -325,7 +331,6 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, const Job& job, MpiComm
           runs.strategy->route(job.lengths, job.cp, comm.rank(), flags.ratio, job.params));
     }
   });
-  const double started = wall_seconds();
   for (int64_t round = 0; round < flags.max_repeats; ++round) {
     for (StrategyRuns& runs : all) {
       const RankFigures mine = run_once(job.model, runs, round == 0, comm);
@@ -337,24 +342,100 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, const Job& job, MpiComm
       }
       runs.repeats.push_back(std::move(ranks));
     }
-    if (round + 1 < flags.repeats) continue;
     // The stop decision must be the same on every rank: rank 0's clock decides.
     const int64_t elapsed_ms =
         broadcast(comm, {static_cast<int64_t>((wall_seconds() - started) * 1e3)}, 0)[0];
-    char text[120];
-    if (decided(all)) {
+    const bool out_of_time = static_cast<double>(elapsed_ms) >= flags.time_budget * 1e3;
+    char text[160];
+    if (round + 1 < flags.repeats) {
+      if (!out_of_time) continue;
+      std::snprintf(text, sizeof text,
+                    "the --time-budget of %g s ran out after %lld of the %lld --repeats: too few "
+                    "repeats to compare",
+                    flags.time_budget, static_cast<long long>(round + 1),
+                    static_cast<long long>(flags.repeats));
+      job.too_few_repeats = true;
+    } else if (decided(all)) {
       std::snprintf(text, sizeof text, "every pair of strategies told apart");
-    } else if (static_cast<double>(elapsed_ms) >= flags.time_budget * 1e3) {
+    } else if (out_of_time) {
       std::snprintf(text, sizeof text, "the --time-budget of %g s ran out", flags.time_budget);
     } else if (round + 1 == flags.max_repeats) {
       std::snprintf(text, sizeof text, "--max-repeats reached");
     } else {
       continue;
     }
-    stopped = text;
+    job.stopped = text;
     break;
   }
   return all;
+}
+
+// --adapt K: K steps before the measured repeats. Each step runs 'none' and every
+// strategy that balances the cost model once, all-gathers each rank's sums and selection
+// CPU time (cost_sample's four figures per strategy: one small all-gather), refits the
+// model over the last --adapt-window steps (planning/cost_model_refit.hpp) and replans
+// with it from the next step. 'none' runs in the first step only: its route never
+// changes, and its samples (ranks of very different costs) stay in the window; the
+// measured repeats run with the final model.
+void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
+  std::vector<const Strategy*> stepping = {job.strategies.front()};
+  for (const Strategy* s : job.strategies) {
+    if (balances_cost_model(*s)) stepping.push_back(s);
+  }
+  if (flags.adapt == 0 || stepping.size() == 1) return;
+  CostModelRefit refit(job.params.cost_model.value_or(CostModel{}), flags.adapt_window);
+  const int64_t topk = refit.model().topk;
+  for (int64_t step = 0; step < flags.adapt; ++step) {
+    if (step == 1) stepping.erase(stepping.begin());  // 'none' once (see above)
+    std::vector<StrategyRuns> runs(stepping.size());
+    on_every_rank(comm, "planning an --adapt step", [&] {
+      for (size_t i = 0; i < stepping.size(); ++i) {
+        runs[i].strategy = stepping[i];
+        runs[i].route = std::make_shared<const IndexerRoute>(
+            stepping[i]->route(job.lengths, job.cp, comm.rank(), flags.ratio, job.params));
+      }
+    });
+    std::vector<int64_t> mine;
+    for (StrategyRuns& r : runs) {
+      const RankFigures figures = run_once(job.model, r, true, comm);
+      const CostSample s = segment_cost_sample(r.route->segments, flags.ratio, topk, 0);
+      mine.insert(mine.end(),
+                  {static_cast<int64_t>(s.rows), static_cast<int64_t>(s.visible),
+                   static_cast<int64_t>(s.capped), static_cast<int64_t>(figures.select_cpu * 1e9)});
+    }
+    const std::vector<int64_t> every = gather(comm, mine);  // [rank][strategy][4]
+    std::vector<CostSample> samples;
+    AdaptStep record;
+    record.planned_with = job.params.cost_model.value_or(CostModel{});
+    record.strategy = std::string(stepping.back()->name());
+    double most = 0, total = 0;
+    for (int64_t rank = 0; rank < job.cp; ++rank) {
+      for (size_t i = 0; i < stepping.size(); ++i) {
+        const size_t at = (static_cast<size_t>(rank) * stepping.size() + i) * 4;
+        const double seconds = static_cast<double>(every[at + 3]) * 1e-9;
+        // A rank with no rows to select (its time is only the call) tells nothing.
+        if (every[at] > 0 && seconds > 0) {
+          samples.push_back({static_cast<double>(every[at]), static_cast<double>(every[at + 1]),
+                             static_cast<double>(every[at + 2]), seconds});
+        }
+        if (i + 1 == stepping.size()) {
+          most = std::max(most, seconds);
+          total += seconds;
+        }
+      }
+    }
+    refit.add_step(samples);
+    record.slowest_seconds = most;
+    if (total > 0) record.time_imbalance = most * static_cast<double>(job.cp) / total;
+    record.refitted = refit.model();
+    record.kept_previous = refit.kept_previous();
+    record.rms_residual = refit.last_fit() ? refit.last_fit()->rms_relative_residual : 0;
+    record.window_samples = refit.samples();
+    job.adapt.push_back(record);
+    job.params.cost_model = refit.model();
+  }
+  job.cost.source += "; refitted from this job's own times over " + std::to_string(flags.adapt) +
+                     " --adapt step(s)";
 }
 
 OverlapFigures measure_overlap(const RunModel& model, const StrategyRuns& runs, int64_t repeats,
@@ -490,10 +571,18 @@ void run_ranks(const RunFlags& flags) {
   job.cores = cores;
   if (flags.check_agreement) agree(flags, job, comm);
   add_cost_model(flags, job, comm);
-  std::vector<StrategyRuns> runs = measure(flags, job, comm, job.stopped);
-  const std::vector<Comparison> pairs = compare_all(runs);
+  const double started = wall_seconds();  // the --time-budget counts the --adapt steps too
+  adapt(flags, job, comm);
+  std::vector<StrategyRuns> runs = measure(flags, job, comm, started);
+  std::vector<Comparison> pairs = compare_all(runs);
+  if (job.too_few_repeats) {
+    for (Comparison& c : pairs) c.outside_noise = false;
+  }
   std::vector<Summary> summaries;
   for (const StrategyRuns& r : runs) summaries.push_back(summarise(r, runs.front(), comm));
+  if (job.too_few_repeats) {
+    for (Summary& s : summaries) s.significant = false;
+  }
   if (flags.overlap) {
     for (size_t s = 1; s < runs.size(); ++s) {
       attach_overlap(summaries[s], measure_overlap(job.model, runs[s], flags.repeats, comm), comm);
@@ -561,8 +650,21 @@ const Registration registration("run", [](CLI::App& app) {
                   "each other (the 95% interval of their per-repeat time ratio holds 1)")
       ->capture_default_str();
   sub->add_option("--time-budget", flags->time_budget,
-                  "Seconds of measuring after which no repeat is added (the default keeps the "
-                  "default job, calibration included, under a minute on 2 cores)")
+                  "Seconds of --adapt steps and repeats after which no repeat is added, even "
+                  "below --repeats (the report then compares nothing: too few repeats); the "
+                  "default keeps the default job, calibration included, under a minute on 2 "
+                  "cores")
+      ->capture_default_str();
+  sub->add_option("--adapt", flags->adapt,
+                  "Steps before the measured repeats that refit spill's/auto's cost model from "
+                  "this job's own per-rank selection times (each step runs spill/auto once, the "
+                  "first also none, refits over a sliding window and replans from the next "
+                  "step); 0 keeps the calibrated model")
+      ->check(CLI::Range(int64_t{0}, int64_t{100}))
+      ->capture_default_str();
+  sub->add_option("--adapt-window", flags->adapt_window,
+                  "Steps whose times the --adapt refit keeps (a sliding window)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100}))
       ->capture_default_str();
   sub->add_flag("!--no-calibrate", flags->calibrate,
                 "spill/auto without a --cost-model balance causal pairs instead of a model "
@@ -580,7 +682,10 @@ const Registration registration("run", [](CLI::App& app) {
                 "ranks given different inputs can hang or mix up rows");
   sub->add_flag("--json", flags->json,
                 "Print JSON (rank 0): {verified, cp, tokens, model, cost_model (when spill or "
-                "auto runs: a_ns, b_ns, c_ns, source), repeats, "
+                "auto runs: a_ns, b_ns, c_ns, source), adapt (with --adapt steps: [{step, "
+                "strategy, planned_with, time_imbalance, slowest_select_cpu_s, refitted, "
+                "kept_previous, rms_relative_residual, window_samples}]), too_few_repeats, "
+                "repeats, "
                 "strategies: [{mode, parameters, ranks: [{rank, rows, work, select_cpu_s, "
                 "bytes_sent, bytes_received, predicted_bytes_sent, ...}], work_imbalance, "
                 "time_imbalance, slowest_select_cpu_s: {min, median, max}, "

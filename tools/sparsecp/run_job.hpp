@@ -30,9 +30,11 @@ struct RunFlags {
   ModelFlags model{.heads = 16, .head_dim = 128, .rope_dim = 64, .q_rank = 256, .topk = 512};
   uint64_t model_seed = 7;
   int threads = 1;
-  int64_t repeats = 5;
+  int64_t repeats = 3;
   int64_t max_repeats = 60;
   double time_budget = 30;
+  int64_t adapt = 1;         // steps refitting the cost model from the job's own times
+  int64_t adapt_window = 4;  // steps the refit keeps
   bool calibrate = true;
   bool cache = true;  // reuse and save calibrated models (cost_model_cache_dir)
   bool overlap = false;
@@ -45,16 +47,31 @@ struct CostModelChoice {
   std::string source;              // "file X", "calibrated now in 3.2 s", "cache X", ...
 };
 
+// One step of --adapt: what the strategy balancing the cost model measured when it
+// planned with `planned_with`, and the model refitted from the step's times.
+struct AdaptStep {
+  CostModel planned_with;
+  std::string strategy;        // the strategy whose balance the step reports (spill, auto)
+  double time_imbalance = 1;   // its slowest rank's selection CPU time / the mean
+  double slowest_seconds = 0;  // its slowest rank's selection CPU time
+  CostModel refitted;          // the model of the next step
+  bool kept_previous = false;  // the step's window admitted no fit
+  double rms_residual = 0;     // of the refit over the window
+  int64_t window_samples = 0;
+};
+
 struct Job {
-  double load_average = 0;  // the machine's 1-minute load average at start (rank 0)
-  int64_t cores = 0;        // online CPUs (rank 0)
-  std::string stopped;      // why the repeats stopped (measure)
+  double load_average = 0;       // the machine's 1-minute load average at start (rank 0)
+  int64_t cores = 0;             // online CPUs (rank 0)
+  std::string stopped;           // why the repeats stopped (measure)
+  bool too_few_repeats = false;  // the budget ran out before --repeats: nothing is compared
   std::vector<int64_t> lengths;
   int64_t cp = 0;
   RunModel model;
   std::vector<const Strategy*> strategies;  // strategies[0] is 'none', the baseline
   StrategyParams params;
   CostModelChoice cost;
+  std::vector<AdaptStep> adapt;  // --adapt's steps, in order (empty without them)
 };
 
 // What one rank measured in one run of one strategy.

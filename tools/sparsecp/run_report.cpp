@@ -95,6 +95,25 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
     cost["source"] = job.cost.source;
     out["cost_model"] = cost;
   }
+  if (!job.adapt.empty()) {
+    const auto model_json = [](const CostModel& m) {
+      return nlohmann::ordered_json{{"a_ns", m.a}, {"b_ns", m.b}, {"c_ns", m.c}, {"unit", m.unit}};
+    };
+    out["adapt"] = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < job.adapt.size(); ++i) {
+      const AdaptStep& step = job.adapt[i];
+      out["adapt"].push_back({{"step", i + 1},
+                              {"strategy", step.strategy},
+                              {"planned_with", model_json(step.planned_with)},
+                              {"time_imbalance", step.time_imbalance},
+                              {"slowest_select_cpu_s", step.slowest_seconds},
+                              {"refitted", model_json(step.refitted)},
+                              {"kept_previous", step.kept_previous},
+                              {"rms_relative_residual", step.rms_residual},
+                              {"window_samples", step.window_samples}});
+    }
+  }
+  out["too_few_repeats"] = job.too_few_repeats;
   out["repeats"] = summaries.front().runs->repeats.size();
   out["repeats_stopped"] = job.stopped;
   out["strategies"] = nlohmann::ordered_json::array();
@@ -155,6 +174,33 @@ void print_comparison(const Comparison& c) {
   }
 }
 
+std::string coefficients(const CostModel& m) {
+  char text[96];
+  std::snprintf(text, sizeof text, "%.4g / %.4g / %.4g %s", m.a, m.b, m.c, m.unit.c_str());
+  return text;
+}
+
+// --adapt's steps: the model each planned with, the balance it reached, the refit.
+void print_adapt(const Job& job) {
+  if (job.adapt.empty()) return;
+  std::printf(
+      "--adapt: %s's cost model refitted after each step from that step's per-rank selection "
+      "CPU times (%s's; none's from the first step; a sliding window):\n",
+      job.adapt.front().strategy.c_str(), job.adapt.front().strategy.c_str());
+  std::printf("  %4s %36s %9s %11s %36s %9s %8s\n", "step", "planned with a / b / c", "time imb",
+              "slowest ms", "refitted a / b / c", "rms res", "samples");
+  for (size_t i = 0; i < job.adapt.size(); ++i) {
+    const AdaptStep& step = job.adapt[i];
+    char residual[32];
+    std::snprintf(residual, sizeof residual, "%.1f%%", 100 * step.rms_residual);
+    std::printf("  %4zu %36s %9.3f %11.1f %36s %9s %8lld\n", i + 1,
+                coefficients(step.planned_with).c_str(), step.time_imbalance,
+                step.slowest_seconds * 1e3,
+                step.kept_previous ? "kept (no fit yet)" : coefficients(step.refitted).c_str(),
+                step.kept_previous ? "-" : residual, static_cast<long long>(step.window_samples));
+  }
+}
+
 // The job's batch, model, cost model and repeats, then each strategy's per-rank table.
 void print_header(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
   if (const std::string warning = load_warning(job); !warning.empty()) {
@@ -175,6 +221,7 @@ void print_header(const RunFlags& flags, const Job& job, const std::vector<Summa
                 describe_cost_model(job.params.cost_model, "causal pairs").c_str(),
                 job.cost.source.c_str());
   }
+  print_adapt(job);
   const size_t repeats = summaries.front().runs->repeats.size();
   std::printf(
       "times: each rank's selection CPU time (ranks may share cores); %zu interleaved "
@@ -218,8 +265,12 @@ void print_side_by_side(const std::vector<Summary>& summaries) {
 // Pairwise comparisons, overlap, byte check and the verdict.
 void print_footer(const Job& job, const std::vector<Summary>& summaries,
                   const std::vector<Comparison>& pairs) {
-  std::printf("each pair (the same per-repeat ratios and intervals):\n");
-  for (const Comparison& c : pairs) print_comparison(c);
+  if (job.too_few_repeats) {
+    std::printf("each pair: too few repeats to compare (%s)\n", job.stopped.c_str());
+  } else {
+    std::printf("each pair (the same per-repeat ratios and intervals):\n");
+    for (const Comparison& c : pairs) print_comparison(c);
+  }
   for (const Summary& s : summaries) {
     if (!s.overlap) continue;
     const OverlapFigures& o = *s.overlap;

@@ -46,6 +46,10 @@ struct CostFit {
   double rms_relative_residual = 0;
 };
 
+// Throws InvalidInputError naming the first sample with a non-finite or negative sum or
+// a time <= 0 (what fit_cost_model checks first).
+void validate_cost_samples(std::span<const CostSample> samples);
+
 // Throws InvalidInputError for no samples, a non-finite or negative figure, a time <= 0,
 // or samples that admit no non-negative fit (degenerate: e.g. every column zero).
 CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions& options = {});
