@@ -19,7 +19,8 @@ with autograd (``sliding_window_route``, ``document_prefix_route``,
 Layout: ``indexer_balance.py`` (the seed's module: its names only), ``_plans.py`` (the
 plan and route cache behind it, option shims, ``RowTuple``), ``_exchange.py`` (the row
 exchange, byte counters), ``_checks.py`` (the exchange's input checks and agreement),
-``select.py`` (selection), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
+``select.py`` (selection), ``calibrate.py`` (the cost model fitted to a selector's own
+times), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
 loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement).
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ._exchange import _exchange_inputs as _exchange_inputs  # noqa: E402
 from ._exchange import _exchange_rows as _exchange_rows  # noqa: E402
 from ._exchange import _PendingRows as _PendingRows  # noqa: E402
 from ._plans import RowTuple  # noqa: E402
+from .calibrate import Calibration, CalibrationPoint, calibrate  # noqa: E402
 from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
     IndexerRoute,
@@ -80,6 +82,8 @@ from .sequence import (  # noqa: E402
 from .sequence import _DeferredBankLaunch as _DeferredBankLaunch  # noqa: E402
 
 __all__ = [
+    "Calibration",
+    "CalibrationPoint",
     "DeferredBankLaunch",
     "ExchangeBytes",
     "IndexerInputExchange",
@@ -91,6 +95,7 @@ __all__ = [
     "SequenceGatherHandle",
     "TndPlan",
     "balanced_indexer_select",
+    "calibrate",
     "compressed_document_offsets",
     "compressed_owner_offsets",
     "csa_tnd_plan",
