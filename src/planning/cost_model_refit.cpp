@@ -22,6 +22,7 @@ CostSample segment_cost_sample(std::span<const Segment> segments, int64_t ratio,
 CostModelRefit::CostModelRefit(CostModel start, int64_t window)
     : model_(std::move(start)), window_(window) {
   validate_cost_model(model_);
+  start_note_ = model_.note.empty() ? cost_model_id(model_) : model_.note;
   SPARSECP_CHECK(window >= 1, "the refit window must hold at least one step, got ", window);
 }
 
@@ -44,7 +45,8 @@ void CostModelRefit::add_step(std::span<const CostSample> samples) {
   if (all.size() < 3) return;  // fewer samples than a, b, c
   try {
     CostFit fit = fit_cost_model(all, options);
-    fit.model.note = "refitted from the job's own times";
+    // The start's note names the shape and device (it enters the model's id).
+    fit.model.note = "refitted from a job's own times; started from " + start_note_;
     model_ = fit.model;
     fit_ = std::move(fit);
     kept_previous_ = false;

@@ -75,6 +75,7 @@ const std::map<std::string, std::string>& canonical_names() {
       {"--no-baseline", "bench select: skip the baseline"},
       {"--verify-rows", "bench kl: rows checked"},
       {"--visible", "calibrate: visible keys per point"},
+      {"--max-residual", "calibrate: the residual bound a fit must meet"},
       // run
       {"--no-calibrate", "run: no start-up calibration"},
       {"--no-cache", "run: calibrate anew, save nothing"},

@@ -81,6 +81,7 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
   settings.ratio = flags.ratio;
   settings.threads = flags.threads;
   CostModel model;
+  int64_t calibration_refused = 0;
   on_every_rank(comm, "calibrating the cost model", [&] {
     if (comm.rank() != 0) return;
     const std::string dir = flags.cache ? cost_model_cache_dir() : "";
@@ -94,11 +95,30 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
         // An unreadable cache entry is recalibrated and overwritten.
       }
     }
-    const Calibration fit = calibrate(settings);
-    model = fit.model;
+    // A fit over the residual bound (a busy machine) is retried once with more
+    // repeats, then refused: spill starts from causal pairs, and says so.
+    std::optional<Calibration> fit;
+    std::string refused;
+    for (const int repeats : {settings.repeats, 3 * settings.repeats}) {
+      CalibrationSettings attempt = settings;
+      attempt.repeats = repeats;
+      try {
+        fit = calibrate(attempt);
+        break;
+      } catch (const InvalidInputError& error) {
+        if (std::string_view(error.what()).find("fit refused") == std::string_view::npos) throw;
+        refused = error.what();
+      }
+    }
+    if (!fit) {
+      calibration_refused = 1;
+      choice.source = "calibration refused twice (" + refused + "): spill starts from causal pairs";
+      return;
+    }
+    model = fit->model;
     char text[96];
     std::snprintf(text, sizeof text, "calibrated now in %.1f s (rms residual %.0f%%)",
-                  fit.seconds_taken, 100 * fit.rms_relative_residual);
+                  fit->seconds_taken, 100 * fit->rms_relative_residual);
     choice.source = text;
     if (path.empty()) return;
     try {
@@ -114,15 +134,16 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
   const std::vector<int64_t> coefficients =
       broadcast(comm,
                 {std::bit_cast<int64_t>(model.a), std::bit_cast<int64_t>(model.b),
-                 std::bit_cast<int64_t>(model.c), model.topk},
+                 std::bit_cast<int64_t>(model.c), model.topk, calibration_refused},
                 0);
+  if (comm.rank() != 0) choice.source = "from rank 0";
+  if (coefficients[4] != 0) return choice;  // causal pairs (the source says why)
   model.a = std::bit_cast<double>(coefficients[0]);
   model.b = std::bit_cast<double>(coefficients[1]);
   model.c = std::bit_cast<double>(coefficients[2]);
   model.topk = coefficients[3];
   model.unit = "ns";
   choice.model = model;
-  if (comm.rank() != 0) choice.source = "from rank 0";
   return choice;
 }
 
@@ -682,7 +703,7 @@ const Registration registration("run", [](CLI::App& app) {
                 "ranks given different inputs can hang or mix up rows");
   sub->add_flag("--json", flags->json,
                 "Print JSON (rank 0): {verified, cp, tokens, model, cost_model (when spill or "
-                "auto runs: a_ns, b_ns, c_ns, source), adapt (with --adapt steps: [{step, "
+                "auto runs: a_ns, b_ns, c_ns, id, source), adapt (with --adapt steps: [{step, "
                 "strategy, planned_with, time_imbalance, slowest_select_cpu_s, refitted, "
                 "kept_previous, rms_relative_residual, window_samples}]), too_few_repeats, "
                 "repeats, "

@@ -90,14 +90,16 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
     if (job.params.cost_model) {
       cost = {{"a_ns", job.params.cost_model->a},
               {"b_ns", job.params.cost_model->b},
-              {"c_ns", job.params.cost_model->c}};
+              {"c_ns", job.params.cost_model->c},
+              {"id", cost_model_id(*job.params.cost_model)}};
     }
     cost["source"] = job.cost.source;
     out["cost_model"] = cost;
   }
   if (!job.adapt.empty()) {
     const auto model_json = [](const CostModel& m) {
-      return nlohmann::ordered_json{{"a_ns", m.a}, {"b_ns", m.b}, {"c_ns", m.c}, {"unit", m.unit}};
+      return nlohmann::ordered_json{
+          {"a_ns", m.a}, {"b_ns", m.b}, {"c_ns", m.c}, {"unit", m.unit}, {"id", cost_model_id(m)}};
     };
     out["adapt"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < job.adapt.size(); ++i) {
@@ -217,8 +219,11 @@ void print_header(const RunFlags& flags, const Job& job, const std::vector<Summa
       flags.model.describe().c_str(), static_cast<long long>(job.model.bank),
       static_cast<unsigned long long>(flags.model_seed), flags.threads);
   if (!job.cost.source.empty()) {
-    std::printf("cost model for spill/auto: %s; %s\n",
+    std::printf("cost model for spill/auto: %s%s; %s\n",
                 describe_cost_model(job.params.cost_model, "causal pairs").c_str(),
+                job.params.cost_model
+                    ? (" (id " + cost_model_id(*job.params.cost_model) + ")").c_str()
+                    : "",
                 job.cost.source.c_str());
   }
   print_adapt(job);

@@ -19,6 +19,7 @@
 #include <deque>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "sparsecp/planning/cost_model.hpp"
@@ -43,7 +44,8 @@ class CostModelRefit {
   // checks), leaving the estimator unchanged.
   void add_step(std::span<const CostSample> samples);
 
-  // The model to plan the next step with (unit "ns" once fitted; topk of the start).
+  // The model to plan the next step with (unit "ns" once fitted; topk of the start;
+  // its note names the start's, so its id differs from any calibrated model's).
   const CostModel& model() const { return model_; }
   // The latest successful fit over the window (unset before the first).
   const std::optional<CostFit>& last_fit() const { return fit_; }
@@ -56,6 +58,7 @@ class CostModelRefit {
 
  private:
   CostModel model_;
+  std::string start_note_;  // the start model's note (or id), carried into every refit
   int64_t window_;
   int64_t steps_ = 0;
   bool kept_previous_ = false;
