@@ -190,6 +190,7 @@ void add_cost_model(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
   if (!needs_cost) return;
   job.cost = choose_cost_model(flags, job.params, comm);
   job.params.cost_model = job.cost.model;
+  if (job.cost.model) job.cost.source += " (id " + cost_model_id(*job.cost.model) + ")";
 }
 
 // Every setting that shapes the collectives below must agree across ranks: ranks handed
