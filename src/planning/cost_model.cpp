@@ -1,6 +1,7 @@
 #include "sparsecp/planning/cost_model.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -53,6 +54,30 @@ std::string_view trim(std::string_view text) {
 }
 
 }  // namespace
+
+std::string cost_model_id(const CostModel& model) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  const auto mix_byte = [&](uint8_t byte) {
+    hash ^= byte;
+    hash *= 0x100000001b3ULL;
+  };
+  const auto mix_word = [&](uint64_t word) {
+    for (int i = 0; i < 8; ++i) mix_byte(static_cast<uint8_t>(word >> (8 * i)));
+  };
+  const auto mix_text = [&](std::string_view text) {
+    mix_word(text.size());
+    for (const char ch : text) mix_byte(static_cast<uint8_t>(ch));
+  };
+  mix_word(std::bit_cast<uint64_t>(model.a));
+  mix_word(std::bit_cast<uint64_t>(model.b));
+  mix_word(std::bit_cast<uint64_t>(model.c));
+  mix_word(static_cast<uint64_t>(model.topk));
+  mix_text(model.unit);
+  mix_text(model.note);
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
+  return text;
+}
 
 std::string format_cost_model(const CostModel& model) {
   std::ostringstream out;

@@ -79,9 +79,7 @@ CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk,
   return sample;
 }
 
-CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions& options) {
-  SPARSECP_CHECK(!samples.empty(), "cost model fit needs at least one sample, got none");
-  SPARSECP_CHECK(options.topk >= 1, "cost model fit topk must be positive, got ", options.topk);
+void validate_cost_samples(std::span<const CostSample> samples) {
   for (size_t i = 0; i < samples.size(); ++i) {
     const CostSample& s = samples[i];
     const bool finite = std::isfinite(s.rows) && std::isfinite(s.visible) &&
@@ -92,6 +90,15 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
     SPARSECP_CHECK(finite && s.seconds > 0, "cost sample ", i, " must have a positive time, got ",
                    s.seconds, " s");
   }
+}
+
+CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions& options) {
+  SPARSECP_CHECK(!samples.empty(), "cost model fit needs at least one sample, got none");
+  SPARSECP_CHECK(options.topk >= 1, "cost model fit topk must be positive, got ", options.topk);
+  const double bound = options.max_rms_relative_residual;
+  SPARSECP_CHECK(std::isfinite(bound) && bound >= 0,
+                 "cost model fit residual bound must be finite and non-negative, got ", bound);
+  validate_cost_samples(samples);
   Beta best{0, 0, 0, 0};
   double best_error = std::numeric_limits<double>::infinity();
   for (int mask = options.per_call_term ? 1 : 2; mask < 16; mask += options.per_call_term ? 1 : 2) {
@@ -124,6 +131,11 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
     rms += r * r;
   }
   fit.rms_relative_residual = std::sqrt(rms / static_cast<double>(samples.size()));
+  SPARSECP_CHECK(bound == 0 || fit.rms_relative_residual <= bound,
+                 "cost model fit refused: its rms relative residual ",
+                 100 * fit.rms_relative_residual, "% exceeds the bound of ", 100 * bound,
+                 "% (the times are far from a + b * vis + c * min(topk, vis): a busy machine or "
+                 "too few repeats; repeat the timing on a quieter machine or raise the bound)");
   return fit;
 }
 

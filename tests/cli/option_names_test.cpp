@@ -75,11 +75,14 @@ const std::map<std::string, std::string>& canonical_names() {
       {"--no-baseline", "bench select: skip the baseline"},
       {"--verify-rows", "bench kl: rows checked"},
       {"--visible", "calibrate: visible keys per point"},
+      {"--max-residual", "calibrate: the residual bound a fit must meet"},
       // run
       {"--no-calibrate", "run: no start-up calibration"},
       {"--no-cache", "run: calibrate anew, save nothing"},
       {"--overlap", "run: measure the overlap"},
       {"--no-agreement-check", "run: skip the agreement check"},
+      {"--adapt", "run: steps refitting the cost model from the job's own times"},
+      {"--adapt-window", "run: steps the refit keeps"},
       // route / dispatch
       {"--rank", "one rank"},
       {"--all-ranks", "every rank"},

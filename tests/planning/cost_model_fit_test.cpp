@@ -111,6 +111,28 @@ TEST(CostModelFit, CostSampleSumsMatchAPerRowLoop) {
   EXPECT_EQ(s.seconds, 1.5);
 }
 
+TEST(CostModelFit, AFitOverTheResidualBoundIsRefused) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // 1% noise fits well inside a 10% bound...
+  const std::vector<CostSample> quiet = synthetic(0, 5e-6, 40e-9, 60e-9, 512, 0.01, seed);
+  const CostFit fit = fit_cost_model(quiet, {.topk = 512, .max_rms_relative_residual = 0.1});
+  EXPECT_LT(fit.rms_relative_residual, 0.1);
+  // ... times of a busy machine (each call slowed by up to 4x at random) do not.
+  std::vector<CostSample> busy = quiet;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> slow(1, 4);
+  for (CostSample& s : busy) s.seconds *= slow(rng);
+  const std::string error =
+      error_of([&] { fit_cost_model(busy, {.topk = 512, .max_rms_relative_residual = 0.1}); });
+  EXPECT_THAT(error, HasSubstr("cost model fit refused: its rms relative residual "));
+  EXPECT_THAT(error, HasSubstr("exceeds the bound of 10%"));
+  // Unbounded, the same samples fit (and say how badly).
+  EXPECT_GT(fit_cost_model(busy, {.topk = 512}).rms_relative_residual, 0.1);
+  EXPECT_THAT(error_of([&] { fit_cost_model(quiet, {.max_rms_relative_residual = -1}); }),
+              HasSubstr("residual bound must be finite and non-negative, got -1"));
+}
+
 TEST(CostModelFit, RefusesWhatItCannotFitNamingTheValue) {
   EXPECT_THAT(error_of([] { fit_cost_model({}); }), HasSubstr("at least one sample"));
   const std::vector<CostSample> zero_time = {{10, 10, 10, 0}};

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -65,6 +66,29 @@ TEST(CostModel, PrefixEqualsSumOfRowsOnRandomModels) {
 TEST(CostModel, RowCostNeverDecreasesAlongADocument) {
   const CostModel model = CostModel::linear(3, 0.5, 2, 5);
   for (int64_t vis = 0; vis < 50; ++vis) EXPECT_LE(model.row(vis), model.row(vis + 1));
+}
+
+TEST(CostModel, IdHashesTermsAndNote) {
+  CostModel model = CostModel::linear(5700, 43, 22, 512);
+  model.unit = "ns";
+  model.note = "heads 16 head_dim 128 q_rank 256 ratio 4 isa avx2 threads 1, AMD EPYC";
+  const std::string id = cost_model_id(model);
+  EXPECT_EQ(id.size(), 16u);
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(cost_model_id(model), id);  // deterministic
+  // It survives the file round trip...
+  EXPECT_EQ(cost_model_id(parse_cost_model(format_cost_model(model), "text")), id);
+  // ... and changes with every term, the shape/device note and the unit.
+  for (int field = 0; field < 6; ++field) {
+    CostModel other = model;
+    if (field == 0) other.a = std::nextafter(other.a, 1e9);
+    if (field == 1) other.b = 44;
+    if (field == 2) other.c = 0;
+    if (field == 3) other.topk = 2048;
+    if (field == 4) other.unit = "pairs";
+    if (field == 5) other.note = "heads 16 head_dim 128 q_rank 256 ratio 4 isa avx512 threads 1";
+    EXPECT_NE(cost_model_id(other), id) << "field " << field;
+  }
 }
 
 TEST(CostModel, TextRoundTripsExactly) {

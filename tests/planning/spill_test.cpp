@@ -31,6 +31,7 @@ namespace sparsecp {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::vector<std::vector<Task>> ranks_of(const TaskPlan& plan) {
   std::vector<std::vector<Task>> ranks;
@@ -283,6 +284,21 @@ TEST(Auto, PicksTheLowestPredictedStep) {
   }
 }
 
+TEST(Auto, PicksNoneWhenTheContiguousSplitMeetsTheTarget) {
+  // Every rank's shard is one whole document of the same length: balanced as it is.
+  const std::vector<int64_t> lengths = {3000, 3000, 3000, 3000};
+  AutoOptions free;
+  free.bandwidth_gbps = 1e12;  // even when moving costs nothing
+  const AutoChoice choice = choose_plan(lengths, 4, 4, free);
+  EXPECT_EQ(choice.candidates[choice.chosen].name, "none");
+  EXPECT_EQ(choice.candidates[choice.chosen].rows_moved, 0);
+  EXPECT_THAT(choice.reason, HasSubstr("the contiguous split already meets the target"));
+  // A batch whose contiguous split is off the target still balances.
+  const AutoChoice skewed = choose_plan(std::vector<int64_t>{5000, 300, 2699, 1}, 4, 4, free);
+  EXPECT_NE(skewed.candidates[skewed.chosen].name, "none");
+  EXPECT_THAT(skewed.reason, Not(HasSubstr("already meets")));
+}
+
 TEST(Auto, BandwidthDecides) {
   const std::vector<int64_t> lengths = {5000, 300, 2699, 1};
   AutoOptions slow;
@@ -360,10 +376,12 @@ TEST(CalibrateCommand, FitsAndSavesALoadableModel) {
           .string();
   const auto [status, out] = run(std::string(SPARSECP_CLI_PATH) +
                                  " calibrate --heads 2 --head-dim 16 --rope-dim 8 --q-rank 8 "
-                                 "--topk 4 --rows 8 --visible 0,2,8,32 --repeats 1 --json --out " +
+                                 "--topk 4 --rows 8 --visible 0,2,8,32 --repeats 1 --json "
+                                 "--max-residual 0 --out " +
                                  path);
   ASSERT_EQ(status, 0) << out;
   const auto json = nlohmann::json::parse(out);
+  EXPECT_EQ(json["id"].get<std::string>().size(), 16u);
   EXPECT_EQ(json["points"].size(), 8u);  // 4 points at 8 and 2 rows
   const CostModel model = load_cost_model(path);
   EXPECT_EQ(model.a, json["a_ns"].get<double>());
@@ -371,7 +389,17 @@ TEST(CalibrateCommand, FitsAndSavesALoadableModel) {
   EXPECT_EQ(model.c, json["c_ns"].get<double>());
   EXPECT_EQ(model.topk, 4);
   EXPECT_EQ(model.unit, "ns");
+  EXPECT_EQ(cost_model_id(model), json["id"].get<std::string>());
   std::filesystem::remove(path);
+  // A bound no timing meets: refused with the reason, nothing saved.
+  const auto [refused_status, refused_out] =
+      run(std::string(SPARSECP_CLI_PATH) +
+          " calibrate --heads 2 --head-dim 16 --rope-dim 8 --q-rank 8 --topk 4 --rows 8 "
+          "--visible 0,2,8,32 --repeats 1 --max-residual 1e-12 --out " +
+          path + " 2>&1");
+  EXPECT_NE(refused_status, 0) << refused_out;
+  EXPECT_THAT(refused_out, HasSubstr("cost model fit refused: its rms relative residual"));
+  EXPECT_FALSE(std::filesystem::exists(path));
   // The saved model drives spill.
   save_cost_model(path, model.a + model.b + model.c > 0 ? model : CostModel{});
   const auto [spill_status, spill_out] = run(std::string(SPARSECP_CLI_PATH) +

@@ -45,6 +45,8 @@ void CalibrationSettings::validate() const {
   SPARSECP_CHECK(rows >= 1 && rows <= (int64_t{1} << 20), "--rows must be within [1, 2^20], got ",
                  rows);
   check_repeats(repeats, "--repeats");
+  SPARSECP_CHECK(std::isfinite(max_residual) && max_residual >= 0,
+                 "--max-residual must be finite and non-negative, got ", max_residual);
   SPARSECP_CHECK(threads >= 0, "--threads must be non-negative, got ", threads);
   SPARSECP_CHECK(visible.size() >= 3, "--visible needs at least 3 points, got ", visible.size());
   for (const int64_t v : visible) {
@@ -169,24 +171,20 @@ std::vector<Segment> point_segments(int64_t target, int64_t rows,
   return segments;
 }
 
-// The median CPU time of selecting `rows` rows of `segments`.
+// The CPU time of one selection of `rows` rows of `segments`.
 double time_point(const CalibrationSettings& settings, CalibrationInputs& in,
                   const ProjectionWeights& projection, const SelectConfig& config,
                   std::span<const Segment> segments, int64_t rows) {
   const ModelFlags& m = settings.model;
   const int64_t half = m.rope_dim / 2;
-  std::vector<double> times;
-  for (int repeat = 0; repeat < settings.repeats; ++repeat) {
-    const double start = thread_cpu_seconds();
-    select_worker_rows(MatrixView::bf16(in.qr.data(), rows, m.q_rank),
-                       MatrixView::f32(in.weights.data(), rows, m.heads),
-                       MatrixView::f32(in.cos.data(), rows, half),
-                       MatrixView::f32(in.sin.data(), rows, half), projection,
-                       MatrixView::bf16(in.keys.data(), in.bank, m.head_dim), segments, config,
-                       std::span<int32_t>(in.out).first(static_cast<size_t>(rows * m.topk)));
-    times.push_back(thread_cpu_seconds() - start);
-  }
-  return median(times);
+  const double start = thread_cpu_seconds();
+  select_worker_rows(MatrixView::bf16(in.qr.data(), rows, m.q_rank),
+                     MatrixView::f32(in.weights.data(), rows, m.heads),
+                     MatrixView::f32(in.cos.data(), rows, half),
+                     MatrixView::f32(in.sin.data(), rows, half), projection,
+                     MatrixView::bf16(in.keys.data(), in.bank, m.head_dim), segments, config,
+                     std::span<int32_t>(in.out).first(static_cast<size_t>(rows * m.topk)));
+  return thread_cpu_seconds() - start;
 }
 
 // "heads 64 head_dim 128 q_rank 1536 ratio 4 isa avx512 threads 1, <CPU>, <date>".
@@ -212,18 +210,32 @@ Calibration calibrate(const CalibrationSettings& settings) {
   CalibrationInputs in = make_inputs(settings);
   // Wq_b is converted once, as a worker does for all its calls of a step.
   const ProjectionWeights projection(MatrixView::bf16(in.wq_b.data(), m.q_rank, in.width));
+  // Repeats interleaved (every point once per round), so that a slow spell of a busy
+  // machine hits every point alike instead of one point's repeats; the median per point.
   std::vector<Point> points;
+  std::vector<std::vector<Segment>> point_rows;
+  std::vector<int64_t> point_row_counts;
   for (const int64_t target : settings.visible) {
     for (const int64_t rows : {settings.rows, std::max<int64_t>(1, settings.rows / 4)}) {
       Point point;
-      const std::vector<Segment> segments = point_segments(target, rows, settings, point);
-      point.seconds = time_point(settings, in, projection, config, segments, rows);
+      point_rows.push_back(point_segments(target, rows, settings, point));
+      point_row_counts.push_back(rows);
       points.push_back(point);
     }
   }
+  std::vector<std::vector<double>> times(points.size());
+  for (int repeat = 0; repeat < settings.repeats; ++repeat) {
+    for (size_t i = 0; i < points.size(); ++i) {
+      times[i].push_back(
+          time_point(settings, in, projection, config, point_rows[i], point_row_counts[i]));
+    }
+  }
+  for (size_t i = 0; i < points.size(); ++i) points[i].seconds = median(times[i]);
   std::vector<CostSample> samples;
   for (const Point& p : points) samples.push_back({p.rows, p.visible, p.capped, p.seconds});
-  const CostFit fit = fit_cost_model(samples, {.per_call_term = true, .topk = m.topk});
+  const CostFit fit = fit_cost_model(
+      samples,
+      {.per_call_term = true, .topk = m.topk, .max_rms_relative_residual = settings.max_residual});
   for (size_t i = 0; i < points.size(); ++i) points[i].predicted = fit.predicted[i];
 
   Calibration result;

@@ -12,7 +12,9 @@
 // once beforehand, as a worker does for a whole step) is told apart from a. k, a, b, c >= 0 are
 // fitted by least squares (the best of all non-negative subsets); k is reported but is not part of
 // the per-row model. Times are the calling thread's CPU time (one selection thread by default), the
-// median of the repeats. Inputs: bf16 qr, Wq_b and keys, fp32 weights and RoPE.
+// median of the repeats, which run interleaved (every point once per round). A fit whose rms
+// relative residual exceeds max_residual is refused. Inputs: bf16 qr, Wq_b and keys, fp32 weights
+// and RoPE.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,9 @@ struct CalibrationSettings {
   std::vector<int64_t> visible = {0, 64, 256, 448, 512, 640, 1024, 2048, 4096};
   int repeats = 3;
   int threads = 1;
+  // The fit is refused (an Error saying so) when its rms relative residual exceeds this
+  // (0: no bound): timings of a busy machine must not be balanced silently.
+  double max_residual = 0.5;
 
   // Throws Error naming the first bad setting.
   void validate() const;

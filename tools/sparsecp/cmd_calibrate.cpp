@@ -12,6 +12,7 @@
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/io/output_set.hpp"
+#include "sparsecp/planning/cost_model.hpp"
 
 namespace sparsecp::cli {
 namespace {
@@ -25,6 +26,7 @@ struct CalibrateFlags {
 
 void print_report(const Calibration& fit, const std::string& out) {
   std::printf("sparsecp calibrate: %s\n", fit.model.note.c_str());
+  std::printf("model id %s\n", cost_model_id(fit.model).c_str());
   std::printf("  %8s %6s %12s %12s %12s %12s %9s\n", "mean vis", "rows", "sum vis", "sum min(k,v)",
               "measured ms", "model ms", "residual");
   for (const CalibrationPoint& p : fit.points) {
@@ -48,6 +50,7 @@ void print_json(const Calibration& fit, const std::string& out) {
   json["c_ns"] = fit.model.c;
   json["topk"] = fit.model.topk;
   json["note"] = fit.model.note;
+  json["id"] = cost_model_id(fit.model);
   json["file"] = out;
   json["per_call_ns"] = fit.per_call_seconds * 1e9;
   json["rms_relative_residual"] = fit.rms_relative_residual;
@@ -88,7 +91,9 @@ const Registration registration("calibrate", [](CLI::App& app) {
       "nanoseconds by non-negative least squares, print the fit with each point's residual,\n"
       "and save the model for `--cost-model` of spill, auto, plan, route and run (format:\n"
       "include/sparsecp/planning/cost_model.hpp). Times are the selecting thread's CPU time,\n"
-      "median of --repeats; bf16 qr, Wq_b and keys, fp32 weights and RoPE.");
+      "median of --repeats run interleaved; a fit over --max-residual is refused. Prints the\n"
+      "model's id (a hash of its terms, shape and device). bf16 qr, Wq_b and keys, fp32\n"
+      "weights and RoPE.");
   flags->settings.model.add_to(*sub);
   sub->add_option("--ratio", flags->settings.ratio, "Key compression ratio (tokens per key)")
       ->capture_default_str();
@@ -102,10 +107,14 @@ const Registration registration("calibrate", [](CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--threads", flags->settings.threads, "Selection threads (OpenMP and OpenBLAS)")
       ->capture_default_str();
+  sub->add_option("--max-residual", flags->settings.max_residual,
+                  "Refuse (exit with an error, save nothing) a fit whose rms relative residual "
+                  "exceeds this fraction, as on a busy machine; 0: no bound")
+      ->capture_default_str();
   sub->add_option("--out", flags->out, "File to save the model to ('-': do not save)")
       ->capture_default_str();
   sub->add_flag("--json", flags->json,
-                "Print JSON: {a_ns, b_ns, c_ns, topk, note, file, rms_relative_residual, "
+                "Print JSON: {a_ns, b_ns, c_ns, topk, note, id, file, rms_relative_residual, "
                 "seconds_taken, points: [{visible, rows, sum_visible, sum_min_topk_visible, "
                 "seconds, predicted_seconds}]}");
   sub->footer(

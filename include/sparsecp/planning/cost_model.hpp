@@ -76,6 +76,13 @@ struct CostModel {
 // Throws Error unless a, b, c are finite and non-negative, a + b + c > 0 and topk >= 1.
 void validate_cost_model(const CostModel& model);
 
+// The model's id, 16 hex digits: a hash (FNV-1a, 64 bits) of its terms (a, b, c, topk,
+// unit, bit for bit) and its note, which names the shape and device it was fitted for
+// (`sparsecp calibrate` writes "heads 16 head_dim 128 ... isa avx2 threads 1, <CPU>, <date>").
+// Every report that balances a model prints it, so two runs can tell whether they
+// balanced the same one. Stable across platforms and builds.
+std::string cost_model_id(const CostModel& model);
+
 // The text form described above (round-trips exactly: numbers use 17 digits).
 std::string format_cost_model(const CostModel& model);
 

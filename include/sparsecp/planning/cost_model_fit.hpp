@@ -36,6 +36,10 @@ CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk,
 struct CostFitOptions {
   bool per_call_term = false;  // fit k as well (calibrate's points vary rows per call)
   int64_t topk = 512;          // the model's topk (what `capped` was computed with)
+  // > 0: a fit whose rms relative residual exceeds it is refused (InvalidInputError
+  // naming both): timings that far from linear (a busy machine, too few repeats) must
+  // not be balanced silently. 0: no bound.
+  double max_rms_relative_residual = 0;
 };
 
 struct CostFit {
@@ -46,8 +50,13 @@ struct CostFit {
   double rms_relative_residual = 0;
 };
 
+// Throws InvalidInputError naming the first sample with a non-finite or negative sum or
+// a time <= 0 (what fit_cost_model checks first).
+void validate_cost_samples(std::span<const CostSample> samples);
+
 // Throws InvalidInputError for no samples, a non-finite or negative figure, a time <= 0,
-// or samples that admit no non-negative fit (degenerate: e.g. every column zero).
+// samples that admit no non-negative fit (degenerate: e.g. every column zero), a
+// negative or non-finite residual bound, or a fit over the bound.
 CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions& options = {});
 
 }  // namespace sparsecp

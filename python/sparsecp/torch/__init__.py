@@ -25,7 +25,8 @@ selection work (``4 * topk`` bytes per owned row and call retained).
 Layout: ``indexer_balance.py`` (the seed's module: its names only), ``_plans.py`` (the
 plan and route cache behind it, option shims, ``RowTuple``), ``_exchange.py`` (the row
 exchange, byte counters), ``_checks.py`` (the exchange's input checks and agreement),
-``select.py`` (selection), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
+``select.py`` (selection), ``calibrate.py`` (the cost model fitted to a selector's own
+times), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
 loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement),
 ``_replay.py`` (selection record and replay),
 ``_prebuilt.py`` (routes planned at data time, ``prebuild``; the fixed-capacity exchange
@@ -71,6 +72,7 @@ from ._prebuilt import (  # noqa: E402
     padding_bytes,
     prebuild,
 )
+from .calibrate import Calibration, CalibrationPoint, calibrate  # noqa: E402
 from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
     IndexerRoute,
@@ -107,6 +109,8 @@ from .sequence import (  # noqa: E402
 from .sequence import _DeferredBankLaunch as _DeferredBankLaunch  # noqa: E402
 
 __all__ = [
+    "Calibration",
+    "CalibrationPoint",
     "DeferredBankLaunch",
     "ExchangeBytes",
     "FixedIndexTensors",
@@ -123,6 +127,7 @@ __all__ = [
     "StagingBuffers",
     "TndPlan",
     "balanced_indexer_select",
+    "calibrate",
     "compressed_document_offsets",
     "compressed_owner_offsets",
     "csa_tnd_plan",

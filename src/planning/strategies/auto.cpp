@@ -105,6 +105,12 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
   }
   SPARSECP_CHECK(found,
                  "auto: every candidate rejected the batch: ", choice.candidates.front().error);
+  // The contiguous split ('none', candidate 0) already meets the target: nothing moves,
+  // however little a balanced plan would shave off the modelled compute.
+  const AutoCandidate& contiguous = choice.candidates.front();
+  const bool none_meets_target =
+      contiguous.error.empty() && contiguous.imbalance <= params.target_imbalance;
+  if (none_meets_target) choice.chosen = 0;
   // The runner-up: the fastest other candidate.
   std::optional<size_t> second;
   for (size_t i = 0; i < choice.candidates.size(); ++i) {
@@ -113,6 +119,14 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
     if (!second || c.step_ns < choice.candidates[*second].step_ns) second = i;
   }
   choice.reason = "chose " + describe(choice.candidates[choice.chosen]);
+  if (none_meets_target) {
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  ": the contiguous split already meets the target imbalance %g (%.6g), nothing "
+                  "moves",
+                  params.target_imbalance, contiguous.imbalance);
+    choice.reason += text;
+  }
   if (second) choice.reason += "; next " + describe(choice.candidates[*second]);
   choice.plan = std::move(plans[choice.chosen]);
   return choice;

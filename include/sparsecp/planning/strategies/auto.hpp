@@ -11,7 +11,9 @@
 //
 // (the two all-to-alls cannot finish before their busiest rank; selection cannot
 // finish before the slowest rank) and returns the candidate with the lowest sum,
-// ties to the earlier candidate. `AutoChoice::reason` says why, with the runner-up.
+// ties to the earlier candidate; but when the contiguous split ('none') already meets
+// StrategyParams::target_imbalance on the cost model, it returns 'none' and moves
+// nothing. `AutoChoice::reason` says why, with the runner-up.
 //
 // The cost model is in nanoseconds per row (cost_model.hpp). Default: a nominal
 // DeepSeek-V4 indexer (64 heads x 128, q_rank 1536) on an accelerator doing 400

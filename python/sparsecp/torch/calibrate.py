@@ -1,0 +1,168 @@
+"""Calibrating the per-row cost model on the user's own selector, on its own device.
+
+``calibrate(selector, ...)`` times the callable that ``balanced_indexer_select`` would call
+(``selector(qr, weights, (cos, sin), segments)``: sparsecp's ``IndexerSelector`` or any
+kernel with that signature) over synthetic segments spanning visible-key counts and row
+counts, and fits ``seconds = k + a * rows + b * sum(vis) + c * sum(min(topk, vis))`` with
+the library's non-negative least squares (``sparsecp.fit_cost_model``, the fit behind
+``sparsecp calibrate``). The model it returns is what ``spill`` and ``auto`` balance
+(``cost_model=...``).
+
+Times: on CUDA, CUDA events around each call (device time); elsewhere the calling thread's
+CPU time (``time.thread_time``; the process's with several torch threads). Repeats run
+interleaved (every point once per round) and each point keeps its median, so that a slow
+spell of a busy machine hits every point alike. A fit whose rms relative residual exceeds
+``max_residual`` is refused with a ValueError, never returned.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import CostModel, cost_sample, fit_cost_model
+from .._checks import integer
+
+DEFAULT_VISIBLE = (0, 64, 256, 448, 512, 640, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One timed shape: its exact sums and its median time (seconds)."""
+
+    target: int  # requested mean visible keys per row
+    rows: int
+    visible: float  # sum of vis over the rows
+    capped: float  # sum of min(topk, vis)
+    seconds: float
+    predicted: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted model (ns per row), the per-call constant and how well it fits."""
+
+    model: CostModel
+    per_call_seconds: float
+    rms_relative_residual: float
+    device: str
+    points: list[CalibrationPoint] = field(default_factory=list)
+
+    def predict(self, segments: Sequence[Sequence[int]], ratio: int) -> float:
+        """Predicted seconds of one selector call on ``segments`` (k included)."""
+        rows, visible, capped = segment_sums(segments, ratio, self.model.topk)
+        return (self.per_call_seconds + 1e-9 * (self.model.a * rows + self.model.b * visible
+                                                + self.model.c * capped))
+
+
+def segment_sums(segments: Sequence[Sequence[int]], ratio: int, topk: int) -> tuple[float, float, float]:
+    """(rows, sum vis, sum min(topk, vis)) of worker segments (5-tuples, segment.hpp)."""
+    tasks = []
+    for index, (q_begin, q_end, key_begin, key_end, residual) in enumerate(segments):
+        end = (key_end - key_begin) * ratio + residual
+        tasks.append((index, end - (q_end - q_begin), end))
+    rows, visible, capped = cost_sample(tasks, ratio, topk)
+    return float(rows), float(visible), float(capped)
+
+
+def point_segments(target: int, rows: int, ratio: int) -> list[tuple[int, int, int, int, int]]:
+    """Segments of one point: ``rows`` consecutive rows whose vis centre on ``target``
+    (0: ``rows`` one-row documents at position 0, the projection alone)."""
+    if target == 0:
+        return [(r, r + 1, 0, 0, 1 % ratio) for r in range(rows)]
+    end = max(rows, target * ratio + rows // 2)
+    return [(0, rows, 0, end // ratio, end % ratio)]
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
+    if device.type == "cuda":
+        def cuda_time(call: Callable[[], Any]) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            call()
+            end.record()
+            torch.cuda.synchronize(device)
+            return float(start.elapsed_time(end)) * 1e-3
+        return cuda_time
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time
+
+    def cpu_time(call: Callable[[], Any]) -> float:
+        start = clock()
+        call()
+        return clock() - start
+    return cpu_time
+
+
+@torch.no_grad()
+def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: int, ratio: int, topk: int,
+              rope_dim: int = 64, rows: int = 64, visible: Sequence[int] = DEFAULT_VISIBLE, repeats: int = 3,
+              device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, max_residual: float = 0.5,
+              seed: int = 0, timer: Callable[[Callable[[], Any]], float] | None = None) -> Calibration:
+    """Fit the per-row cost model to ``selector``'s own times on ``device``.
+
+    Args:
+        selector: ``selector(qr, weights, (cos, sin), segments)``, as ``balanced_indexer_select``
+            calls it; it holds its own Wq_b and Index K bank of ``keys`` compressed keys.
+        q_rank, heads, rope_dim: the shapes of qr [1, rows, q_rank], weights [1, rows, heads]
+            and cos/sin [1, rows, rope_dim / 2] the selector takes.
+        keys: keys in the selector's bank; points that would see more are left out.
+        ratio, topk: the layer's compression ratio and ids per row.
+        rows: rows per timed point (each point also runs at rows / 4, to tell k from a).
+        visible: mean visible keys per row at each point (>= 3 points that fit ``keys``).
+        repeats: timed calls per point (interleaved; the median is kept).
+        max_residual: refuse (ValueError) a fit whose rms relative residual exceeds it; 0: no bound.
+        timer: ``timer(call) -> seconds`` instead of the device's clock (tests).
+
+    Returns:
+        A Calibration: ``model`` (a, b, c in ns; unit "ns"; note naming shape and device).
+    """
+    rows = integer("rows", rows, 1)
+    repeats = integer("repeats", repeats, 1)
+    q_rank, heads, keys = integer("q_rank", q_rank, 1), integer("heads", heads, 1), integer("keys", keys, 1)
+    ratio, topk, rope_dim = integer("ratio", ratio, 1), integer("topk", topk, 1), integer("rope_dim", rope_dim, 0)
+    if not (max_residual >= 0 and max_residual != float("inf")):
+        raise ValueError(f"max_residual must be finite and non-negative, got {max_residual}")
+    device = torch.device(device)
+    shapes = []
+    for target in visible:
+        target = integer("visible", target, 0)
+        for count in (rows, max(1, rows // 4)):
+            segments = point_segments(target, count, ratio)
+            if max(s[3] for s in segments) <= keys:
+                shapes.append((target, count, segments))
+    if len({target for target, _, _ in shapes}) < 3:
+        raise ValueError(f"calibrate needs at least 3 visible-key points within the selector's {keys} keys, "
+                         f"got {sorted({t for t, _, _ in shapes})} of {list(visible)}")
+    generator = torch.Generator().manual_seed(seed)
+
+    def tensor(*shape: int) -> torch.Tensor:
+        return (torch.rand(shape, generator=generator) - 0.5).to(device=device, dtype=dtype)
+
+    qr, weights = tensor(1, rows, q_rank), tensor(1, rows, heads).abs() + 0.1
+    angle = torch.rand((1, rows, rope_dim // 2), generator=generator) * 6.2832
+    cos, sin = angle.cos().to(device, dtype), angle.sin().to(device, dtype)
+    clock = timer or _timer(device)
+    times: list[list[float]] = [[] for _ in shapes]
+    selector(qr, weights, (cos, sin), shapes[0][2])  # warm-up: lazy initialisation is no point's cost
+    for _ in range(repeats):
+        for i, (_, count, segments) in enumerate(shapes):
+            args = (qr[:, :count], weights[:, :count], (cos[:, :count], sin[:, :count]), segments)
+            times[i].append(clock(lambda args=args: selector(*args)))  # type: ignore[misc]
+    sums = [segment_sums(segments, ratio, topk) for _, _, segments in shapes]
+    seconds = [statistics.median(t) for t in times]
+    model, per_call, rms, predicted = fit_cost_model([s[0] for s in sums], [s[1] for s in sums],
+                                                     [s[2] for s in sums], seconds, topk=topk, per_call_term=True)
+    if max_residual > 0 and rms > max_residual:
+        raise ValueError(f"cost model fit refused: its rms relative residual {100 * rms:.1f}% exceeds the bound of "
+                         f"{100 * max_residual:g}% (the times are far from a + b * vis + c * min(topk, vis): a busy "
+                         "machine or too few repeats; repeat on a quieter device or raise max_residual)")
+    name = getattr(selector, "__qualname__", type(selector).__name__)
+    model.note = f"selector {name} heads {heads} q_rank {q_rank} rope_dim {rope_dim} ratio {ratio} {dtype} on {device}"
+    points = [CalibrationPoint(target, count, s[1], s[2], t, p)
+              for (target, count, _), s, t, p in zip(shapes, sums, seconds, predicted)]
+    return Calibration(model, per_call, rms, str(device), points)

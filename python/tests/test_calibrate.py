@@ -1,0 +1,106 @@
+"""sparsecp.torch.calibrate: the fit recovers a known cost from the selector's times, a
+fit over the residual bound is refused, and a real torch selector calibrates on CPU."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import sparsecp
+import sparsecp.torch as sct
+from sparsecp.torch.calibrate import point_segments, segment_sums
+
+RATIO, TOPK = 4, 32
+
+
+class Recording:
+    """A selector that records the segments of each call (returns nothing useful)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[int, int, int, int, int]]] = []
+
+    def __call__(self, qr, weights, rope, segments):  # noqa: ANN001, ANN204
+        assert qr.shape[1] == weights.shape[1] == rope[0].shape[1] == max(s[1] for s in segments)
+        self.calls.append(list(segments))
+        return torch.zeros((1, qr.shape[1], TOPK), dtype=torch.int32)
+
+
+def model_timer(selector: Recording, k: float, a: float, b: float, c: float, noise: float = 0.0,
+                seed: int = 0):  # noqa: ANN201
+    rng = random.Random(seed)
+
+    def timer(call):  # noqa: ANN001, ANN202
+        call()
+        rows, visible, capped = segment_sums(selector.calls[-1], RATIO, TOPK)
+        return (k + a * rows + b * visible + c * capped) * (1 + rng.uniform(-noise, noise))
+    return timer
+
+
+def test_recovers_a_known_cost_from_the_selector_times() -> None:
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    selector = Recording()
+    fit = sct.calibrate(selector, q_rank=8, heads=2, keys=2000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=64,
+                        visible=(0, 16, 32, 48, 256, 1024), repeats=3,
+                        timer=model_timer(selector, 2e-5, 3e-6, 40e-9, 70e-9, noise=0.005, seed=seed))
+    assert fit.model.unit == "ns" and fit.model.topk == TOPK
+    assert fit.model.a == pytest.approx(3000, rel=0.05)
+    assert fit.model.b == pytest.approx(40, rel=0.05)
+    assert fit.model.c == pytest.approx(70, rel=0.1)
+    assert fit.rms_relative_residual < 0.02
+    # Every point ran at rows and rows / 4, repeats times, plus one warm-up call.
+    assert len(fit.points) == 12 and len(selector.calls) == 12 * 3 + 1
+    assert sorted({p.target for p in fit.points}) == [0, 16, 32, 48, 256, 1024]
+    # predict() is the fitted line on any segments.
+    held_out = [(0, 40, 0, 300, 1), (40, 50, 300, 310, 3)]
+    rows, visible, capped = segment_sums(held_out, RATIO, TOPK)
+    assert fit.predict(held_out, RATIO) == pytest.approx(2e-5 + 3e-6 * rows + 40e-9 * visible + 70e-9 * capped,
+                                                         rel=0.05)
+
+
+def test_points_beyond_the_bank_are_left_out_and_too_few_refused() -> None:
+    selector = Recording()
+    fit = sct.calibrate(selector, q_rank=8, heads=2, keys=100, ratio=RATIO, topk=TOPK, rope_dim=4, rows=16,
+                        visible=(0, 16, 64, 4096), timer=model_timer(selector, 0, 1e-6, 1e-8, 1e-8))
+    assert sorted({p.target for p in fit.points}) == [0, 16, 64]
+    assert all(max(s[3] for s in call) <= 100 for call in selector.calls)
+    with pytest.raises(ValueError, match="at least 3 visible-key points within the selector's 100 keys"):
+        sct.calibrate(selector, q_rank=8, heads=2, keys=100, ratio=RATIO, topk=TOPK, rope_dim=4, rows=16,
+                      visible=(0, 4096, 8192))
+
+
+def test_a_fit_over_the_residual_bound_is_refused() -> None:
+    selector = Recording()
+    rng = random.Random(3)
+
+    def busy(call):  # noqa: ANN001, ANN202
+        call()
+        return rng.uniform(1e-4, 1e-2)  # times unrelated to the work: a machine busy with other programs
+    refused = r"cost model fit refused: its rms relative residual .* exceeds the bound of 20%"
+    with pytest.raises(ValueError, match=refused):
+        sct.calibrate(selector, q_rank=8, heads=2, keys=2000, ratio=RATIO, topk=TOPK, rope_dim=4,
+                      max_residual=0.2, timer=busy)
+    with pytest.raises(ValueError, match="max_residual must be finite and non-negative, got -1"):
+        sct.calibrate(selector, q_rank=8, heads=2, keys=2000, ratio=RATIO, topk=TOPK, rope_dim=4, max_residual=-1)
+
+
+def test_point_segments_center_on_the_target() -> None:
+    (segment,) = point_segments(100, 64, RATIO)
+    rows, visible, _ = segment_sums([segment], RATIO, TOPK)
+    assert rows == 64 and visible / rows == pytest.approx(100, abs=1)
+    assert segment_sums(point_segments(0, 8, RATIO), RATIO, TOPK) == (8.0, 0.0, 0.0)
+
+
+def test_a_torch_selector_calibrates_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARSECP_TORCH_PATH", "1")  # the device fallback path, forced on CPU
+    generator = torch.Generator().manual_seed(1)
+    heads, head_dim, q_rank, keys = 2, 16, 12, 600
+    selector = sct.IndexerSelector(torch.randn((heads * head_dim, q_rank), generator=generator),
+                                   torch.randn((keys, head_dim), generator=generator), RATIO, TOPK, rope_dim=8)
+    fit = sct.calibrate(selector, q_rank=q_rank, heads=heads, keys=keys, ratio=RATIO, topk=TOPK, rope_dim=8,
+                        rows=32, visible=(0, 16, 64, 256), dtype=torch.float32, max_residual=0)
+    assert isinstance(fit.model, sparsecp.CostModel) and fit.model.unit == "ns"
+    assert min(fit.model.a, fit.model.b, fit.model.c) >= 0 and fit.model.a + fit.model.b + fit.model.c > 0
+    assert "IndexerSelector" in fit.model.note and fit.device == "cpu"
+    assert all(p.seconds > 0 for p in fit.points)

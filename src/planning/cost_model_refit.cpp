@@ -1,0 +1,58 @@
+#include "sparsecp/planning/cost_model_refit.hpp"
+
+#include <utility>
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/planning/plan.hpp"
+
+namespace sparsecp {
+
+CostSample segment_cost_sample(std::span<const Segment> segments, int64_t ratio, int64_t topk,
+                               double seconds) {
+  SPARSECP_CHECK(ratio >= 1, "cost sample ratio must be positive, got ", ratio);
+  std::vector<Task> tasks;
+  tasks.reserve(segments.size());
+  for (const Segment& s : segments) {
+    const int64_t end = (s.key_end - s.key_begin) * ratio + s.residual;
+    tasks.push_back(Task{0, end - (s.q_end - s.q_begin), end});
+  }
+  return cost_sample(tasks, ratio, topk, seconds);
+}
+
+CostModelRefit::CostModelRefit(CostModel start, int64_t window)
+    : model_(std::move(start)), window_(window) {
+  validate_cost_model(model_);
+  start_note_ = model_.note.empty() ? cost_model_id(model_) : model_.note;
+  SPARSECP_CHECK(window >= 1, "the refit window must hold at least one step, got ", window);
+}
+
+int64_t CostModelRefit::samples() const {
+  int64_t n = 0;
+  for (const auto& step : recent_) n += static_cast<int64_t>(step.size());
+  return n;
+}
+
+void CostModelRefit::add_step(std::span<const CostSample> samples) {
+  validate_cost_samples(samples);  // an invalid sample must not enter the window
+  recent_.emplace_back(samples.begin(), samples.end());
+  while (static_cast<int64_t>(recent_.size()) > window_) recent_.pop_front();
+  ++steps_;
+  std::vector<CostSample> all;
+  for (const auto& step : recent_) all.insert(all.end(), step.begin(), step.end());
+  CostFitOptions options;
+  options.topk = model_.topk;
+  kept_previous_ = true;
+  if (all.size() < 3) return;  // fewer samples than a, b, c
+  try {
+    CostFit fit = fit_cost_model(all, options);
+    // The start's note names the shape and device (it enters the model's id).
+    fit.model.note = "refitted from a job's own times; started from " + start_note_;
+    model_ = fit.model;
+    fit_ = std::move(fit);
+    kept_previous_ = false;
+  } catch (const InvalidInputError&) {
+    // Degenerate window (every sample alike): keep the model the job plans with.
+  }
+}
+
+}  // namespace sparsecp

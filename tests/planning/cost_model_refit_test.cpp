@@ -1,0 +1,164 @@
+// CostModelRefit: the job's own per-rank times refit the model over a sliding window;
+// on a simulated job whose ranks take the time a hidden true model says, spill planned
+// with the refitted model converges to the balance the true model gives.
+#include "sparsecp/planning/cost_model_refit.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "sparsecp/error.hpp"
+#include "sparsecp/planning/route.hpp"
+#include "sparsecp/planning/strategy.hpp"
+
+namespace sparsecp {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kRatio = 4;
+constexpr int64_t kTopk = 512;
+
+TEST(SegmentCostSample, EqualsTheTaskListItCameFrom) {
+  const std::vector<int64_t> lengths = {9000, 3000, 4000};
+  const std::vector<Task> tasks = {{0, 100, 2600}, {1, 0, 3000}, {2, 2000, 3100}};
+  const std::vector<Segment> segments = make_segments(tasks, lengths, kRatio);
+  const CostSample from_tasks = cost_sample(tasks, kRatio, kTopk, 0.5);
+  const CostSample from_segments = segment_cost_sample(segments, kRatio, kTopk, 0.5);
+  EXPECT_EQ(from_segments.rows, from_tasks.rows);
+  EXPECT_EQ(from_segments.visible, from_tasks.visible);
+  EXPECT_EQ(from_segments.capped, from_tasks.capped);
+  EXPECT_EQ(from_segments.seconds, 0.5);
+  EXPECT_EQ(from_tasks.rows, 2500 + 3000 + 1100);
+}
+
+// Seconds a rank takes under `truth` for its route, with relative noise.
+double true_seconds(const CostModel& truth, const IndexerRoute& route, double noise,
+                    std::mt19937_64& rng) {
+  std::normal_distribution<double> jitter(0.0, noise);
+  const CostSample s = segment_cost_sample(route.segments, kRatio, kTopk, 1);
+  const double ns = truth.a * s.rows + truth.b * s.visible + truth.c * s.capped;
+  return ns * 1e-9 * (1 + jitter(rng));
+}
+
+struct StepFigures {
+  std::vector<CostSample> samples;
+  double spill_true_imbalance = 0;  // slowest / mean under the true model, noise-free
+};
+
+// One simulated job step: 'none' and spill (with `model`) on every rank, timed by truth.
+StepFigures run_step(const std::vector<int64_t>& lengths, int64_t cp, const CostModel& model,
+                     const CostModel& truth, double noise, std::mt19937_64& rng) {
+  StepFigures step;
+  StrategyParams params;
+  params.cost_model = model;
+  double most = 0, total = 0;
+  for (const char* name : {"none", "spill"}) {
+    const Strategy& strategy = find_strategy(name);
+    for (int64_t rank = 0; rank < cp; ++rank) {
+      const IndexerRoute route = strategy.route(lengths, cp, rank, kRatio, params);
+      step.samples.push_back(segment_cost_sample(route.segments, kRatio, kTopk,
+                                                 true_seconds(truth, route, noise, rng)));
+      if (std::string_view(name) == "spill") {
+        std::mt19937_64 quiet(0);
+        const double exact = true_seconds(truth, route, 0, quiet);
+        most = std::max(most, exact);
+        total += exact;
+      }
+    }
+  }
+  step.spill_true_imbalance = most * static_cast<double>(cp) / total;
+  return step;
+}
+
+TEST(CostModelRefit, ConvergesOnASimulatedJob) {
+  const uint64_t seed = 20261202;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  // A pareto-like batch: a few long documents, many short ones.
+  const std::vector<int64_t> lengths = {30000, 12000, 6000, 4000, 3000, 2000, 1200,
+                                        1000,  800,   600,  500,  300,  24};
+  const int64_t cp = 4;
+  ASSERT_EQ(std::accumulate(lengths.begin(), lengths.end(), int64_t{0}) % cp, 0);
+  const CostModel truth = CostModel::linear(45000, 60, 4, kTopk);
+  // The calibrated start is wrong the way a busy machine makes it: a per-row term far
+  // too small against the per-key one.
+  CostModel start = CostModel::linear(2000, 65, 12, kTopk);
+  start.unit = "ns";
+  CostModelRefit refit(start, 4);
+  const double start_imbalance = run_step(lengths, cp, start, truth, 0, rng).spill_true_imbalance;
+  double imbalance = start_imbalance;
+  for (int step = 0; step < 4; ++step) {
+    const StepFigures figures = run_step(lengths, cp, refit.model(), truth, 0.01, rng);
+    refit.add_step(figures.samples);
+    EXPECT_FALSE(refit.kept_previous()) << "step " << step;
+    imbalance = run_step(lengths, cp, refit.model(), truth, 0, rng).spill_true_imbalance;
+  }
+  EXPECT_GT(start_imbalance, 1.05) << "the wrong start model must be visibly off";
+  EXPECT_LE(imbalance, 1.01);
+  ASSERT_TRUE(refit.last_fit().has_value());
+  EXPECT_EQ(refit.model().unit, "ns");
+  EXPECT_NEAR(refit.model().a / truth.a, 1, 0.1);
+  EXPECT_NEAR(refit.model().b / truth.b, 1, 0.1);
+  EXPECT_LT(refit.last_fit()->rms_relative_residual, 0.03);
+  EXPECT_EQ(refit.steps(), 4);
+}
+
+TEST(CostModelRefit, KeepsOnlyTheLastWindowOfSteps) {
+  CostModelRefit refit(CostModel::linear(1, 1, 0, kTopk), 2);
+  const std::vector<CostSample> step = {
+      {100, 1000, 500, 0.1}, {200, 1000, 900, 0.2}, {300, 5000, 1000, 0.5}};
+  for (int i = 0; i < 5; ++i) refit.add_step(step);
+  EXPECT_EQ(refit.steps(), 5);
+  EXPECT_EQ(refit.samples(), 6);
+}
+
+TEST(CostModelRefit, ADegenerateStepKeepsTheModel) {
+  const CostModel start = CostModel::linear(7, 2, 1, kTopk);
+  CostModelRefit refit(start, 3);
+  // Too few samples for three terms.
+  const std::vector<CostSample> two = {{100, 1000, 500, 0.1}, {100, 1000, 500, 0.1}};
+  refit.add_step(two);
+  EXPECT_TRUE(refit.kept_previous());
+  EXPECT_EQ(refit.model().a, 7);
+  EXPECT_FALSE(refit.last_fit().has_value());
+  // Every column zero admits no fit at all.
+  CostModelRefit fresh(start, 3);
+  const std::vector<CostSample> zeros = {{0, 0, 0, 0.1}, {0, 0, 0, 0.2}, {0, 0, 0, 0.3}};
+  fresh.add_step(zeros);
+  EXPECT_TRUE(fresh.kept_previous());
+  EXPECT_EQ(fresh.model().b, 2);
+  EXPECT_EQ(fresh.samples(), 3);
+}
+
+TEST(CostModelRefit, AnInvalidSampleIsRefusedAndLeavesTheWindow) {
+  CostModelRefit refit(CostModel::linear(7, 2, 1, kTopk), 3);
+  const std::vector<CostSample> bad = {{100, 1000, 500, 0.1}, {100, 1000, 500, -1}};
+  try {
+    refit.add_step(bad);
+    FAIL() << "a negative time must be refused";
+  } catch (const InvalidInputError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("cost sample 1 must have a positive time, got -1"));
+  }
+  EXPECT_EQ(refit.steps(), 0);
+  EXPECT_EQ(refit.samples(), 0);
+}
+
+TEST(CostModelRefit, RefusesABadStart) {
+  try {
+    CostModelRefit refit(CostModel::linear(1, 1, 0, kTopk), 0);
+    FAIL() << "a window of 0 steps must be refused";
+  } catch (const InvalidInputError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("at least one step, got 0"));
+  }
+  EXPECT_THROW(CostModelRefit(CostModel::linear(-1, 1, 0, kTopk), 2), Error);
+}
+
+}  // namespace
+}  // namespace sparsecp
