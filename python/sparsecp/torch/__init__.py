@@ -62,7 +62,6 @@ from ._exchange import _exchange_inputs as _exchange_inputs  # noqa: E402
 from ._exchange import _exchange_rows as _exchange_rows  # noqa: E402
 from ._exchange import _PendingRows as _PendingRows  # noqa: E402
 from ._plans import RowTuple  # noqa: E402
-from ._replay import SelectionReplay, selection_replay_contexts  # noqa: E402
 from ._prebuilt import (  # noqa: E402
     FixedIndices,
     PrebuiltRoutes,
@@ -71,6 +70,7 @@ from ._prebuilt import (  # noqa: E402
     padding_bytes,
     prebuild,
 )
+from ._replay import SelectionReplay, selection_replay_contexts  # noqa: E402
 from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
     IndexerRoute,

@@ -70,8 +70,8 @@ from ._exchange import expected_exchange_bytes as expected_exchange_bytes
 from ._exchange import reset_exchange_stats as reset_exchange_stats
 from ._plans import PlanCached, int64_array, is_sparsecp_strategy, mode_name, option, planned, planning_inputs, positive
 from ._plans import RowTuple as RowTuple
-from ._replay import replayable
 from ._prebuilt import launch_prebuilt
+from ._replay import replayable
 
 __all__ = [
     "IndexerInputExchange",
