@@ -143,6 +143,9 @@ def compiled_step(rank: int, size: int, mode: str, options: dict, seed: int, bac
     case = make_case(rank, size, seed, lengths=lengths)
     capacity = sct.fixed_capacity([lengths], size, [RATIO], mode, **options)
     routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
+    from sparsecp.torch import _prebuilt
+
+    staging_before = len(_prebuilt._STAGING)
     index = sct.fixed_step_indices(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode, group,
                                    routes=routes, **options)
     layer = routes.layer(RATIO)
@@ -175,6 +178,7 @@ def compiled_step(rank: int, size: int, mode: str, options: dict, seed: int, bac
                                           **options)
     return {"equal": [bool(torch.equal(a, b)) for a, b in zip(eager, compiled)],
             "dynamic_equal": bool(torch.equal(eager[1], dynamic[0])),
+            "staging_made": len(_prebuilt._STAGING) - staging_before,  # the functional path needs none
             "loss": float(eager[0]), "ids_checksum": int(eager[1].long().sum())}
 
 

@@ -150,6 +150,7 @@ def test_compiled_step_fullgraph_equals_eager_on_two_gloo_ranks():
         assert all(result["equal"]), result["equal"]  # loss, ids, three gradients
         assert result["dynamic_equal"]
         assert result["ids_checksum"] != 0
+        assert result["staging_made"] == 0  # fixed_step_indices allocated the eager path's buffers
 
 
 def _training_loop_snippets(*titles: str) -> list[str]:

@@ -443,10 +443,15 @@ def _all_to_all(received: torch.Tensor, send: torch.Tensor, group: Any, async_op
 _STAGING: dict[tuple[Any, ...], StagingBuffers] = {}
 
 
+def _cache_key(group: Any, device: torch.device, size: int, capacity: int, owner_rows: int,
+               fields: tuple[tuple[int, torch.dtype], ...]) -> tuple[Any, ...]:
+    return id(group), str(device), size, capacity, owner_rows, fields
+
+
 def staging_buffers(group: Any, device: torch.device, size: int, capacity: int, owner_rows: int,
                     fields: tuple[tuple[int, torch.dtype], ...]) -> StagingBuffers:
     """The run's staging buffers for this group, device and layout (made on first use)."""
-    key = (id(group), str(device), size, capacity, owner_rows, fields)
+    key = _cache_key(group, device, size, capacity, owner_rows, fields)
     found = _STAGING.get(key)
     if found is None:
         found = _STAGING[key] = StagingBuffers(device, size, capacity, owner_rows, fields)
@@ -560,7 +565,7 @@ def _prebuilt_checks(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: 
 
             raise ValueError(BATCH_TEXT)
         check_inputs(inputs, size, sum(layer.inputs.lengths), axes_text)
-        if layer.indices is not None and _staging_for(layer.indices, inputs, group, size).in_use:
+        if layer.indices is not None and _staging_in_use(layer.indices, inputs, group, size):
             raise RuntimeError("Indexer fixed-capacity exchange: the previous launch on these staging buffers "
                                "(same group, device, capacity, owner rows and field layout) has not been waited "
                                "on to its result; wait() its inputs and its launch_result handle (or drop its "
@@ -603,6 +608,17 @@ def launch_prebuilt(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: A
     return exchange
 
 
-def _staging_for(indices: FixedIndices, inputs: tuple, group: Any, size: int) -> StagingBuffers:
+def _staging_key(indices: FixedIndices, inputs: tuple, group: Any, size: int) -> tuple[Any, ...]:
     fields = tuple((int(tensor.shape[-1]), tensor.dtype) for tensor in inputs)
-    return staging_buffers(group, inputs[0].device, size, indices.capacity, indices.owner_rows, fields)
+    return group, inputs[0].device, size, indices.capacity, indices.owner_rows, fields
+
+
+def _staging_for(indices: FixedIndices, inputs: tuple, group: Any, size: int) -> StagingBuffers:
+    return staging_buffers(*_staging_key(indices, inputs, group, size))
+
+
+def _staging_in_use(indices: FixedIndices, inputs: tuple, group: Any, size: int) -> bool:
+    """Whether this call's staging buffers exist and serve an unfinished step (looked up, not
+    made: ``fixed_step_indices``' functional path never allocates them)."""
+    found = _STAGING.get(_cache_key(*_staging_key(indices, inputs, group, size)))
+    return found is not None and found.in_use
