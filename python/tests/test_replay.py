@@ -332,3 +332,25 @@ def test_check_inputs_tells_layers_sharing_one_replay_apart(kernel_calls):
     unchecked.check_inputs = True
     with pytest.raises(ValueError, match="recorded without check_inputs"), unchecked.replay():
         sct.select_indices(query, key, weights, segments, ratio, topk)
+
+
+def test_a_compiled_function_replays_each_recording_not_a_traced_one():
+    """torch.compile around a selection call: each replay returns its own recording's ids
+    (no stale ids baked into a compiled graph), and outside a session it selects."""
+    query, key, weights, segments, ratio, topk = _selection_inputs()
+
+    def layer(q):
+        return sct.select_indices(q, key, weights, segments, ratio, topk) + 0
+
+    first, second = sct.SelectionReplay(), sct.SelectionReplay()
+    with first.record():
+        recorded_first = layer(query)
+    with second.record():
+        recorded_second = layer(-query)
+    assert not torch.equal(recorded_first, recorded_second)
+    compiled = torch.compile(layer, backend="eager")
+    with first.replay():
+        assert torch.equal(compiled(query), recorded_first)
+    with second.replay():
+        assert torch.equal(compiled(query), recorded_second)
+    assert torch.equal(compiled(query * 2), layer(query * 2))  # no session: selects
