@@ -143,6 +143,9 @@ def compiled_step(rank: int, size: int, mode: str, options: dict, seed: int, bac
     case = make_case(rank, size, seed, lengths=lengths)
     capacity = sct.fixed_capacity([lengths], size, [RATIO], mode, **options)
     routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
+    from sparsecp.torch import _prebuilt
+
+    staging_before = len(_prebuilt._STAGING)
     index = sct.fixed_step_indices(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode, group,
                                    routes=routes, **options)
     layer = routes.layer(RATIO)
@@ -175,6 +178,7 @@ def compiled_step(rank: int, size: int, mode: str, options: dict, seed: int, bac
                                           **options)
     return {"equal": [bool(torch.equal(a, b)) for a, b in zip(eager, compiled)],
             "dynamic_equal": bool(torch.equal(eager[1], dynamic[0])),
+            "staging_made": len(_prebuilt._STAGING) - staging_before,  # the functional path needs none
             "loss": float(eager[0]), "ids_checksum": int(eager[1].long().sum())}
 
 
@@ -196,3 +200,86 @@ def run_readme(rank: int, size: int, snippets: list[str]) -> dict:
         torch.compile = original  # type: ignore[assignment]
     return {"capacity": namespace["capacity"], "compiled_loss": float(namespace["compiled_loss"]),
             "loss": float(namespace["loss"])}
+
+
+def shared_staging(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:
+    """Two layers on one batch and capacity share the staging buffers: layer B launched
+    while layer A's result is pending (would overwrite A's result rows and index tensors)
+    raises on every rank, A's result stays its own, and B runs once A is finished; a
+    dropped unfinished step frees the buffers."""
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    first, second = make_case(rank, size, seed, lengths=lengths), make_case(rank, size, seed + 1, lengths=lengths)
+    capacity = sct.fixed_capacity([lengths], size, [RATIO], mode, **options)
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
+
+    def launch(case: Any) -> Any:
+        return sct.launch_indexer_inputs(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode, group,
+                                         routes=routes, **options)
+
+    def select(case: Any, exchange: Any) -> torch.Tensor:
+        qr, weights, cos, sin = exchange.wait()
+        return case.selector(qr, weights, (cos, sin), exchange.route.segments)[0]
+
+    def dynamic(case: Any) -> torch.Tensor:
+        return sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,
+                                           group, **options)[0]
+
+    out: dict[str, Any] = {}
+    exchange_a = launch(first)
+    pending_a = exchange_a.launch_result(select(first, exchange_a))
+    try:
+        exchange_b = launch(second)
+        pending_b = exchange_b.launch_result(select(second, exchange_b))
+        out["second_launch"] = None
+    except RuntimeError as error:
+        out["second_launch"], pending_b = str(error), None
+    out["first_equal"] = bool(torch.equal(pending_a.wait(), dynamic(first)))
+    if pending_b is None:
+        exchange_b = launch(second)
+        pending_b = exchange_b.launch_result(select(second, exchange_b))
+    out["second_equal"] = bool(torch.equal(pending_b.wait(), dynamic(second)))
+    abandoned = launch(first)  # inputs waited, result never launched: dropping it frees the buffers
+    abandoned.wait()
+    del abandoned
+    exchange = launch(second)
+    out["after_drop_equal"] = bool(torch.equal(exchange.launch_result(select(second, exchange)).wait(),
+                                               dynamic(second)))
+    return out
+
+
+def replay_with_routes(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:
+    """Record the fixed-capacity path (both entry points), replay it: the recorded ids, no
+    collective; a replay given another batch's routes raises as outside a replay."""
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    case = make_case(rank, size, seed, lengths=lengths)
+    capacity = sct.fixed_capacity([lengths], size, [RATIO], mode, **options)
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
+    stale = sct.prebuild(lengths[::-1], size, rank, [RATIO], mode, **options, capacity=2 * capacity)
+    select_args = (*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode, group)
+
+    def overlapped(routes: Any) -> torch.Tensor:
+        exchange = sct.launch_indexer_inputs(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode,
+                                             group, routes=routes, **options)
+        qr, weights, cos, sin = exchange.wait()
+        return exchange.launch_result(case.selector(qr, weights, (cos, sin), exchange.route.segments)[0]).wait()
+
+    replay = sct.SelectionReplay()
+    with replay.record():
+        recorded = (sct.balanced_indexer_select(*select_args, routes=routes, **options), overlapped(routes))
+    out: dict[str, Any] = {}
+    with CollectiveLog() as log, replay.replay():
+        again = (sct.balanced_indexer_select(*select_args, routes=routes, **options), overlapped(routes))
+    out["equal"] = [bool(torch.equal(a, b)) for a, b in zip(recorded, again)]
+    out["replay_collectives"] = len(log.calls)
+    with replay.replay():  # the ids do not depend on the routes: a replay may drop them
+        out["without_routes_equal"] = bool(torch.equal(sct.balanced_indexer_select(*select_args, **options),
+                                                       recorded[0]))
+    try:
+        with replay.replay():
+            sct.balanced_indexer_select(*select_args, routes=stale, **options)
+        out["stale"] = None
+    except ValueError as error:
+        out["stale"] = str(error)
+    return out

@@ -150,6 +150,7 @@ def test_compiled_step_fullgraph_equals_eager_on_two_gloo_ranks():
         assert all(result["equal"]), result["equal"]  # loss, ids, three gradients
         assert result["dynamic_equal"]
         assert result["ids_checksum"] != 0
+        assert result["staging_made"] == 0  # fixed_step_indices allocated the eager path's buffers
 
 
 def _training_loop_snippets(*titles: str) -> list[str]:
@@ -193,3 +194,22 @@ def test_gpu_check_without_cuda_fails_clearly():
 def test_gpu_check_dry_run_on_cpu_passes():
     run = _gpu_check("--cpu", "--no-compile", "--tokens", "512")  # the script's code, no capture, no compile
     assert run.returncode == 0 and "3 passed, 0 failed" in run.stdout, run.stdout + run.stderr
+
+
+def test_a_launch_on_staging_still_in_use_raises_and_results_stay_their_own():
+    """Two layers of one ratio share the staging: the second launching while the first's
+    result is pending raised nowhere and handed the first layer the second's ids."""
+    results = results_or_raise(pool_of(4).run(fixed_tasks.shared_staging, "spill", {}, 13))
+    for result in results:
+        assert result["second_launch"] is not None and "has not been waited on" in result["second_launch"]
+        assert result["first_equal"] and result["second_equal"] and result["after_drop_equal"]
+
+
+def test_a_replay_of_the_fixed_path_moves_nothing_and_checks_its_routes():
+    """Replay + routes=: the recorded ids with no collective; another batch's routes raise
+    in a replay as outside one (the replay ignored them)."""
+    results = results_or_raise(pool_of(4).run(fixed_tasks.replay_with_routes, "spill", {}, 17))
+    for result in results:
+        assert result["equal"] == [True, True] and result["replay_collectives"] == 0
+        assert result["without_routes_equal"]
+        assert result["stale"] is not None and "prebuilt for other inputs" in result["stale"]

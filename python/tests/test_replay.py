@@ -302,3 +302,55 @@ def test_invalid_inputs_inside_a_recording_fail_on_every_rank():
     for rank, error in enumerate(results):
         assert error.startswith("ValueError: ") and error.endswith("; recorded False"), (rank, error)
         assert "lengths" in error or "rank 1" in error, (rank, error)
+
+
+def test_check_inputs_tells_layers_sharing_one_replay_apart(kernel_calls):
+    """Two layers with identical calls share one SelectionReplay and recompute in reverse
+    order (reentrant checkpointing): without check_inputs layer 1 silently gets layer 0's
+    ids; with it the swapped replay raises naming the input, and the in-order one replays."""
+    query, key, weights, segments, ratio, topk = _selection_inputs()
+    layers = (query, query.flip(0) * 2)  # same shapes, other values: another layer's Q
+    for check in (False, True):
+        replay = sct.SelectionReplay(check_inputs=check)
+        with replay.record():
+            recorded = [sct.select_indices(q, key, weights, segments, ratio, topk) for q in layers]
+        assert not torch.equal(recorded[0], recorded[1])
+        with replay.replay():
+            if not check:  # the known gap: the first replayed call takes the first recording
+                assert torch.equal(sct.select_indices(layers[1], key, weights, segments, ratio, topk), recorded[0])
+                continue
+            with pytest.raises(ValueError, match=r"call 1 \(select_indices\) differs from its recording: its query "
+                                                 r"values differ .*one SelectionReplay per recomputed layer"):
+                sct.select_indices(layers[1], key, weights, segments, ratio, topk)
+        with replay.replay():
+            replayed = [sct.select_indices(q.clone(), key, weights, segments, ratio, topk) for q in layers]
+        assert all(torch.equal(a, b) for a, b in zip(replayed, recorded))
+    assert len(kernel_calls) == 4  # two recordings of two calls; no replay selected
+    unchecked = sct.SelectionReplay()
+    with unchecked.record():
+        sct.select_indices(query, key, weights, segments, ratio, topk)
+    unchecked.check_inputs = True
+    with pytest.raises(ValueError, match="recorded without check_inputs"), unchecked.replay():
+        sct.select_indices(query, key, weights, segments, ratio, topk)
+
+
+def test_a_compiled_function_replays_each_recording_not_a_traced_one():
+    """torch.compile around a selection call: each replay returns its own recording's ids
+    (no stale ids baked into a compiled graph), and outside a session it selects."""
+    query, key, weights, segments, ratio, topk = _selection_inputs()
+
+    def layer(q):
+        return sct.select_indices(q, key, weights, segments, ratio, topk) + 0
+
+    first, second = sct.SelectionReplay(), sct.SelectionReplay()
+    with first.record():
+        recorded_first = layer(query)
+    with second.record():
+        recorded_second = layer(-query)
+    assert not torch.equal(recorded_first, recorded_second)
+    compiled = torch.compile(layer, backend="eager")
+    with first.replay():
+        assert torch.equal(compiled(query), recorded_first)
+    with second.replay():
+        assert torch.equal(compiled(query), recorded_second)
+    assert torch.equal(compiled(query * 2), layer(query * 2))  # no session: selects

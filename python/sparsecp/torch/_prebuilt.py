@@ -18,8 +18,12 @@ naming the rows needed and the capacity (it never truncates); since the need is 
 property of the whole plan, every rank computes the same need and raises alike.
 
 The launch functions check and agree eagerly (one small all-reduce, a host read) and
-return the ids as a copy; a launch while the previous one on the same buffers has not
-been waited on raises on every rank (it would overwrite rows still travelling). For CUDA
+return the ids as a copy. The buffers serve one step at a time: a launch while the previous
+launch on the same buffers is not finished (its result not waited for, and its handles
+still alive) raises on every rank, since it would overwrite rows still travelling or the
+index tensors and result rows that step still reads. The layers of a model share the
+buffers (the same group, capacity, owner rows and field layout, whatever their ratio):
+finish one layer's selection before the next one's launch. For CUDA
 graphs, capture the data movement itself: ``StagingBuffers.send_inputs`` /
 ``finish_inputs`` / ``send_results`` / ``finish_results`` with ``async_op=False`` and
 ``torch.ops.sparsecp.select_rows`` between them, after an eager ``load(indices)`` per
@@ -37,6 +41,7 @@ the capacity, ``W = Q + (P - 1) * C`` the worker rows it can ever hold):
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -329,6 +334,21 @@ class StagingBuffers:
         # True from a launch until its inputs are placed (FixedInputExchange): a second
         # launch on the same buffers meanwhile would overwrite rows still travelling.
         self.inputs_in_flight = False
+        # After that, the step's live handle (its FixedInputExchange, then its result handle)
+        # until the result is waited for: a launch meanwhile would reload the index tensors
+        # and overwrite the worker rows and result staging that handle still reads (every
+        # layer of a model shares these buffers, whatever its ratio).
+        # A weak reference: a dropped handle frees the buffers.
+        self._user: weakref.ref[Any] | None = None
+
+    @property
+    def in_use(self) -> bool:
+        """True from a launch until its result is waited for (or its handles are dropped)."""
+        return self.inputs_in_flight or (self._user is not None and self._user() is not None)
+
+    def use(self, handle: Any) -> None:
+        """``handle`` (or None: free) is the step now using these buffers."""
+        self._user = None if handle is None else weakref.ref(handle)
 
     def collective_tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor handed to a collective (inputs, then results): fixed for the run."""
@@ -423,10 +443,15 @@ def _all_to_all(received: torch.Tensor, send: torch.Tensor, group: Any, async_op
 _STAGING: dict[tuple[Any, ...], StagingBuffers] = {}
 
 
+def _cache_key(group: Any, device: torch.device, size: int, capacity: int, owner_rows: int,
+               fields: tuple[tuple[int, torch.dtype], ...]) -> tuple[Any, ...]:
+    return id(group), str(device), size, capacity, owner_rows, fields
+
+
 def staging_buffers(group: Any, device: torch.device, size: int, capacity: int, owner_rows: int,
                     fields: tuple[tuple[int, torch.dtype], ...]) -> StagingBuffers:
     """The run's staging buffers for this group, device and layout (made on first use)."""
-    key = (id(group), str(device), size, capacity, owner_rows, fields)
+    key = _cache_key(group, device, size, capacity, owner_rows, fields)
     found = _STAGING.get(key)
     if found is None:
         found = _STAGING[key] = StagingBuffers(device, size, capacity, owner_rows, fields)
@@ -477,9 +502,15 @@ class FixedInputExchange:
         rows = self.route.query_count
         if isinstance(selected, torch.Tensor) and selected.ndim == 2 and selected.shape[0] == self.staging.worker_rows:
             selected = selected[:rows]
-        result_checks(selected, rows, self.group, self.staging.device, failure)
+        try:
+            result_checks(selected, rows, self.group, self.staging.device, failure)
+        except BaseException:
+            self.staging.use(None)  # raised on every rank: the step is over, the buffers free
+            raise
         work = self.staging.send_results(selected, self.group, not _capturing(self.staging.device))
-        return _FixedPendingResult(self.staging, work, int(selected.shape[1]), selected.dtype)
+        pending = _FixedPendingResult(self.staging, work, int(selected.shape[1]), selected.dtype)
+        self.staging.use(pending)
+        return pending
 
 
 @dataclass
@@ -497,7 +528,26 @@ class _FixedPendingResult:
         if self.consumed:
             raise RuntimeError("Indexer communication handle cannot be consumed twice")
         self.consumed = True
-        return self.staging.finish_results(self.work, self.topk, self.dtype).clone()
+        ids = self.staging.finish_results(self.work, self.topk, self.dtype).clone()
+        self.staging.use(None)
+        return ids
+
+
+def prebuilt_layer(routes: Any, lengths: Any, size: int, rank: int, ratio: Any, mode: Any, block_size: Any,
+                   zigzag_min_length: Any, params: dict[str, Any]) -> PrebuiltLayer:
+    """The layer of ``routes`` for this call (host checks only, no communication); raises
+    when the routes were not prebuilt for this call's planning inputs and rank."""
+    if not isinstance(routes, PrebuiltRoutes):
+        raise TypeError(f"routes must come from sparsecp.torch.prebuild, got {type(routes).__name__}")
+    layer = routes.layer(ratio)
+    called = planning_inputs(lengths, size, ratio, mode, block_size, zigzag_min_length, params)
+    if called != layer.inputs:
+        differ = [name for name, a, b in zip(PlanningInputs._fields, called, layer.inputs) if a != b]
+        raise ValueError(f"routes were prebuilt for other inputs than this call's (they differ in "
+                         f"{', '.join(differ)})")
+    if routes.rank != rank:
+        raise ValueError(f"routes were prebuilt for rank {routes.rank}, called on rank {rank}")
+    return layer
 
 
 def _prebuilt_checks(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: Any, block_size: Any,
@@ -509,25 +559,17 @@ def _prebuilt_checks(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: 
     device = control_device(group, tensors[0].device if tensors else None)
 
     def check() -> PrebuiltLayer:
-        if not isinstance(routes, PrebuiltRoutes):
-            raise TypeError(f"routes must come from sparsecp.torch.prebuild, got {type(routes).__name__}")
-        layer = routes.layer(ratio)
-        called = planning_inputs(lengths, size, ratio, mode, block_size, zigzag_min_length, params)
-        if called != layer.inputs:
-            differ = [name for name, a, b in zip(PlanningInputs._fields, called, layer.inputs) if a != b]
-            raise ValueError(f"routes were prebuilt for other inputs than this call's (they differ in "
-                             f"{', '.join(differ)})")
-        if routes.rank != rank:
-            raise ValueError(f"routes were prebuilt for rank {routes.rank}, called on rank {rank}")
+        layer = prebuilt_layer(routes, lengths, size, rank, ratio, mode, block_size, zigzag_min_length, params)
         if len(tensors) != len(inputs):
             from ._checks import BATCH_TEXT
 
             raise ValueError(BATCH_TEXT)
         check_inputs(inputs, size, sum(layer.inputs.lengths), axes_text)
-        if layer.indices is not None and _staging_for(layer.indices, inputs, group, size).inputs_in_flight:
+        if layer.indices is not None and _staging_in_use(layer.indices, inputs, group, size):
             raise RuntimeError("Indexer fixed-capacity exchange: the previous launch on these staging buffers "
-                               "(same group, device, capacity and field layout) has not been waited on; wait() "
-                               "it before the next launch")
+                               "(same group, device, capacity, owner rows and field layout) has not been waited "
+                               "on to its result; wait() its inputs and its launch_result handle (or drop its "
+                               "handles) before the next launch")
         return layer
 
     layer, error = capture(check)
@@ -561,9 +603,22 @@ def launch_prebuilt(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: A
     staging.load(layer.indices)
     staging.inputs_in_flight = True
     works = staging.send_inputs(inputs, group, not _capturing(staging.device))
-    return FixedInputExchange(layer.route, group, staging, works)
+    exchange = FixedInputExchange(layer.route, group, staging, works)
+    staging.use(exchange)
+    return exchange
+
+
+def _staging_key(indices: FixedIndices, inputs: tuple, group: Any, size: int) -> tuple[Any, ...]:
+    fields = tuple((int(tensor.shape[-1]), tensor.dtype) for tensor in inputs)
+    return group, inputs[0].device, size, indices.capacity, indices.owner_rows, fields
 
 
 def _staging_for(indices: FixedIndices, inputs: tuple, group: Any, size: int) -> StagingBuffers:
-    fields = tuple((int(tensor.shape[-1]), tensor.dtype) for tensor in inputs)
-    return staging_buffers(group, inputs[0].device, size, indices.capacity, indices.owner_rows, fields)
+    return staging_buffers(*_staging_key(indices, inputs, group, size))
+
+
+def _staging_in_use(indices: FixedIndices, inputs: tuple, group: Any, size: int) -> bool:
+    """Whether this call's staging buffers exist and serve an unfinished step (looked up, not
+    made: ``fixed_step_indices``' functional path never allocates them)."""
+    found = _STAGING.get(_cache_key(*_staging_key(indices, inputs, group, size)))
+    return found is not None and found.in_use

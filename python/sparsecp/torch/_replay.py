@@ -28,7 +28,11 @@ A replayed call must be the recorded one: the entry point, document lengths, rat
 and options, rank and group size, and the shapes, dtypes and device of the tensors (for
 ``select_indices`` / ``packed_indexer_select`` also the segments and topk) are compared, and
 a difference raises ``ValueError`` naming it; a call past the end of the recording raises
-``RuntimeError``. Calls a recorded call makes itself (the selector's ``select_indices``), and
+``RuntimeError``. A replayed call's ``routes=`` (``prebuild``) must be prebuilt for the call,
+as outside a replay (they do not change the ids, so a replay may pass them where the
+recording did not, or the other way round). ``SelectionReplay(check_inputs=True)`` also
+compares a checksum of each call's query inputs (for recompute; see the class). Calls a
+recorded call makes itself (the selector's ``select_indices``), and
 selection calls between an overlapped launch and its ``launch_result`` (the worker's
 selector), belong to that call and are neither recorded nor replayed on their own.
 
@@ -78,13 +82,15 @@ class Call(NamedTuple):
 
 
 class _Entry:
-    """One recorded call: its description and the int ids it returned (a copy)."""
+    """One recorded call: its description, the int ids it returned (a copy) and, with
+    ``check_inputs``, its query inputs' checksum."""
 
-    __slots__ = ("call", "ids")
+    __slots__ = ("call", "ids", "checksum")
 
     def __init__(self, call: Call) -> None:
         self.call = call
         self.ids: torch.Tensor | None = None
+        self.checksum: tuple[tuple[str, float, float], ...] | None = None
 
 
 class _State:
@@ -113,14 +119,25 @@ class SelectionReplay:
     layers with the same lengths, ratio and shapes are told apart only by order, so one
     SelectionReplay shared by separately recomputed layers would give a layer another's ids.
 
+    ``check_inputs=True`` catches that (and any other replay on other values): each recorded
+    call keeps a checksum of its query-side inputs (``query_residual`` and ``weights``, or
+    ``query`` and ``weights``: a float64 sum and a position-weighted sum of each, 32 bytes a
+    tensor), and a replayed call whose inputs' checksum differs raises ``ValueError``. Use it
+    where a replay runs on the recorded values (recompute: a checkpointed forward runs again
+    on the same inputs, bit for bit when its ops are deterministic), never for RL replays on
+    new activations. It costs two reductions over those tensors per call and, on a GPU, a
+    host read. ``selection_replay_contexts`` needs no check: it makes one SelectionReplay per
+    checkpointed call.
+
     Attributes:
         recorded: True once a ``record()`` block finished without an exception.
         nbytes: Bytes held: the ids' int32 copies (``4 * topk`` per owned row and call).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, check_inputs: bool = False) -> None:
         self._entries: list[_Entry] = []
         self._recorded = False
+        self.check_inputs = bool(check_inputs)
 
     def record(self) -> _Session:
         """A context manager recording this region's selection calls (discarding any earlier)."""
@@ -300,6 +317,10 @@ def _resolve(sessions: list[_Session], kind: str, call: Call, execute: Callable[
     session = sessions[-1]
     if session.replaying:
         entry = session.next_entry(call)
+        if kind in (_LAUNCH, "balanced_indexer_select") and arguments.get("routes") is not None:
+            _check_routes(call, arguments)  # invalid routes raise as outside a replay
+        if session.replay.check_inputs:
+            _compare_checksums(session.cursor, kind, entry, _checksum(kind, arguments))
         if kind == _LAUNCH:
             return _ReplayedInputExchange(entry, arguments, call, top)
         if entry.ids is None:
@@ -307,12 +328,50 @@ def _resolve(sessions: list[_Session], kind: str, call: Call, execute: Callable[
         with _hidden():
             return entry.ids.clone()
     entry = session.add_entry(call)
+    if session.replay.check_inputs:
+        entry.checksum = _checksum(kind, arguments)
     result = _resolve(sessions[:-1], kind, call, execute, arguments, top=False)
     if kind == _LAUNCH:
         return _RecordingExchange(result, entry, top)
     with _hidden():
         entry.ids = result.detach().clone()
     return result
+
+
+def _check_routes(call: Call, arguments: dict[str, Any]) -> None:
+    """A replayed call's ``routes=`` must be this call's (``prebuild``), as outside a replay."""
+    from ._prebuilt import prebuilt_layer
+
+    fields = dict(call.fields)
+    prebuilt_layer(arguments["routes"], arguments["lengths"], fields["group size"], fields["rank"],
+                   arguments["ratio"], arguments["mode"], arguments["block_size"], arguments["zigzag_min_length"],
+                   arguments["strategy_params"])
+
+
+def _checksum(kind: str, arguments: dict[str, Any]) -> tuple[tuple[str, float, float], ...]:
+    """(name, sum, position-weighted sum) in float64 of the call's query-side tensors."""
+    names = ("query", "weights") if kind in _WORKER_KINDS else ("query_residual", "weights")
+    sums = []
+    with _hidden(), torch.no_grad():
+        for name in names:
+            tensor = arguments[name]
+            if not isinstance(tensor, torch.Tensor):
+                continue  # an invalid argument: the call's own checks name it
+            values = tensor.detach().reshape(-1).double()
+            positions = torch.arange(1, values.numel() + 1, dtype=torch.float64, device=values.device)
+            sums.append((name, float(values.sum()), float((values * positions).sum())))
+    return tuple(sums)
+
+
+def _compare_checksums(index: int, kind: str, entry: _Entry, now: tuple[tuple[str, float, float], ...]) -> None:
+    if entry.checksum is None:
+        raise ValueError(f"Selection replay: call {index} ({kind}) was recorded without check_inputs")
+    for (name, *was), (_, *value) in zip(entry.checksum, now):
+        if [float.hex(v) for v in was] != [float.hex(v) for v in value]:  # bit for bit, NaN equal to NaN
+            raise ValueError(f"Selection replay: call {index} ({kind}) differs from its recording: its {name} "
+                             f"values differ (checksum {was[0]!r} recorded, {value[0]!r} now): another layer's "
+                             "call, or other activations; use one SelectionReplay per recomputed layer "
+                             "(check_inputs only where a replay runs on the recorded values)")
 
 
 class _Window:
