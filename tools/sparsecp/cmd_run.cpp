@@ -21,7 +21,6 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,7 +29,9 @@
 #include "calibration.hpp"
 #include "command.hpp"
 #include "model_flags.hpp"
+#include "run_job.hpp"
 #include "run_model.hpp"
+#include "run_report.hpp"
 #include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/cost_model_file.hpp"
@@ -49,23 +50,6 @@
 namespace sparsecp::cli {
 namespace {
 
-struct RunFlags {
-  BatchOptions batch;
-  int64_t ratio = 4;
-  StrategyFlags strategy;
-  ModelFlags model{.heads = 16, .head_dim = 128, .rope_dim = 64, .q_rank = 256, .topk = 512};
-  uint64_t model_seed = 7;
-  int threads = 1;
-  int64_t repeats = 5;
-  int64_t max_repeats = 60;
-  double time_budget = 30;
-  bool calibrate = true;
-  bool cache = true;  // reuse and save calibrated models (cost_model_cache_dir)
-  bool overlap = false;
-  bool json = false;
-  bool check_agreement = true;
-};
-
 // A step every rank runs, voted on after a sleeping barrier (steps take uneven time here:
 // ranks outnumber cores): transport/collectives.hpp's on_every_rank.
 template <typename Step>
@@ -75,11 +59,6 @@ void on_every_rank(MpiCommunicator& comm, const char* what, Step&& step) {
 
 // ---------------------------------------------------------------------------------------
 // Prepare: the batch, the model, the strategies and the cost model spill balances.
-
-struct CostModelChoice {
-  std::optional<CostModel> model;  // unset: causal pairs
-  std::string source;              // "file X", "calibrated now in 3.2 s", "cache X", ...
-};
 
 // The cost model of this run (identical on every rank): --cost-model FILE, else (unless
 // --no-calibrate) a model calibrated for the run's shape on this machine, reused from
@@ -145,18 +124,6 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
   if (comm.rank() != 0) choice.source = "from rank 0";
   return choice;
 }
-
-struct Job {
-  double load_average = 0;  // the machine's 1-minute load average at start (rank 0)
-  int64_t cores = 0;        // online CPUs (rank 0)
-  std::string stopped;      // why the repeats stopped (measure)
-  std::vector<int64_t> lengths;
-  int64_t cp = 0;
-  RunModel model;
-  std::vector<const Strategy*> strategies;  // strategies[0] is 'none', the baseline
-  StrategyParams params;
-  CostModelChoice cost;
-};
 
 Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
   Job job;
@@ -226,6 +193,7 @@ void agree(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
       .add("threads", flags.threads)
       .add("repeats", flags.repeats)
       .add("max_repeats", flags.max_repeats)
+
       .add_real("time_budget", flags.time_budget)
       .add("calibrate", flags.calibrate ? 1 : 0)
       .add("overlap", flags.overlap ? 1 : 0);
@@ -234,37 +202,6 @@ void agree(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
 
 // ---------------------------------------------------------------------------------------
 // Measure
-
-// What one rank measured in one run of one strategy.
-struct RankFigures {
-  int64_t rows = 0;
-  int64_t work = 0;
-  double select_cpu = 0;
-  double select_wall = 0;
-  double input_wait = 0;
-  double result_wait = 0;
-  int64_t bytes_sent = 0;
-  int64_t bytes_received = 0;
-  int64_t predicted_sent = 0;
-  int64_t predicted_received = 0;
-
-  static constexpr size_t kFields = 10;
-  std::vector<int64_t> encode() const {
-    const auto ns = [](double s) { return static_cast<int64_t>(s * 1e9); };
-    return {rows,           work,
-            ns(select_cpu), ns(select_wall),
-            ns(input_wait), ns(result_wait),
-            bytes_sent,     bytes_received,
-            predicted_sent, predicted_received};
-  }
-  static RankFigures decode(std::span<const int64_t> v) {
-    const auto s = [](int64_t ns) { return static_cast<double>(ns) * 1e-9; };
-    return {v[0], v[1], s(v[2]), s(v[3]), s(v[4]), s(v[5]), v[6], v[7], v[8], v[9]};
-  }
-  bool bytes_match() const {
-    return bytes_sent == predicted_sent && bytes_received == predicted_received;
-  }
-};
 
 // Causal (query, key) pairs of a worker's segments (cost.hpp).
 int64_t segment_work(std::span<const Segment> segments, int64_t ratio) {
@@ -275,16 +212,6 @@ int64_t segment_work(std::span<const Segment> segments, int64_t ratio) {
   }
   return work;
 }
-
-// One strategy's runs: this rank's result and every rank's figures per repeat.
-struct StrategyRuns {
-  const Strategy* strategy = nullptr;
-  std::string parameters;
-  std::shared_ptr<const IndexerRoute> route;      // this rank's
-  SelectedKeys result;                            // this rank's own rows, from the first run
-  int64_t unstable_repeats = 0;                   // runs whose result differed from the first
-  std::vector<std::vector<RankFigures>> repeats;  // [repeat][rank]
-};
 
 // One balanced selection through the overlapped path, timed. CPU time of the selection
 // is the calling thread's (one selection thread) or the process's (several).
@@ -348,17 +275,6 @@ std::vector<double> slowest_per_repeat(const StrategyRuns& runs) {
   }
   return slowest;
 }
-
-// How much faster `b` is than `a`: per round (the strategies of one round run back to
-// back, so a slow spell of the machine hits both), a's slowest-rank time over b's; the
-// median of those ratios and its 95% interval (median_interval). Outside noise when the
-// interval excludes 1: then more repeats would not change which is faster.
-struct Comparison {
-  const StrategyRuns* a = nullptr;
-  const StrategyRuns* b = nullptr;
-  MedianInterval ratio{1, 1, 1};
-  bool outside_noise = false;
-};
 
 Comparison compare(const StrategyRuns& a, const StrategyRuns& b) {
   const std::vector<double> ta = slowest_per_repeat(a);
@@ -441,17 +357,6 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, const Job& job, MpiComm
   return all;
 }
 
-// How much of the input exchange the owner's own work hides (--overlap): the exchange
-// alone (launch then wait at once) against launch, the owner's Index-Q projection of its
-// own rows (the seed overlaps exactly this), then wait; with `poll`, the owner calls
-// test() between row blocks so that MPI can progress the transfer. Medians per rank.
-struct OverlapFigures {
-  double alone = 0;        // launch + wait, nothing in between
-  double work = 0;         // the owner's projection (wall)
-  double wait_after = 0;   // wait() after the projection, no polling
-  double wait_polled = 0;  // wait() after the projection, test() between blocks
-};
-
 OverlapFigures measure_overlap(const RunModel& model, const StrategyRuns& runs, int64_t repeats,
                                MpiCommunicator& comm) {
   const int64_t width = model.config.heads * model.config.head_dim;
@@ -491,27 +396,6 @@ OverlapFigures measure_overlap(const RunModel& model, const StrategyRuns& runs, 
 
 // ---------------------------------------------------------------------------------------
 // Verify and summarise
-
-// One strategy's summary, the same on every rank.
-struct Summary {
-  const StrategyRuns* runs = nullptr;
-  std::vector<RankFigures> ranks;  // per rank: medians of the times over the repeats
-  Spread slowest;                  // the slowest rank's selection CPU time per repeat
-  double work_imbalance = 1;
-  double time_imbalance = 1;  // of the per-rank median selection CPU times
-  int64_t busiest_sent = 0;
-  int64_t busiest_received = 0;
-  int64_t total_sent = 0;
-  bool bytes_match = true;
-  int64_t mismatched_rows = 0;  // rows whose top-k differs from 'none', all ranks
-  int64_t unstable_repeats = 0;
-  // Speedup of the slowest rank over 'none': the median per-round ratio and its 95%
-  // interval (compare); significant when the interval excludes 1.
-  double speedup = 1, speedup_low = 1, speedup_high = 1;
-  bool significant = false;
-  std::optional<OverlapFigures> overlap;  // the rank with the slowest exchange alone
-  int64_t overlap_rank = 0;
-};
 
 Summary summarise(const StrategyRuns& runs, const StrategyRuns& baseline, MpiCommunicator& comm) {
   Summary s;
@@ -591,251 +475,6 @@ void attach_overlap(Summary& s, const OverlapFigures& mine, MpiCommunicator& com
   };
   s.overlap = OverlapFigures{at(0), at(1), at(2), at(3)};
   s.overlap_rank = rank;
-}
-
-bool verified(const std::vector<Summary>& summaries) {
-  return std::all_of(summaries.begin(), summaries.end(), [](const Summary& s) {
-    return s.mismatched_rows == 0 && s.unstable_repeats == 0;
-  });
-}
-
-// ---------------------------------------------------------------------------------------
-// Report
-
-double hidden(const OverlapFigures& o, double wait) {
-  return o.alone > 0 ? std::clamp(1.0 - wait / o.alone, 0.0, 1.0) : 0.0;
-}
-
-nlohmann::ordered_json summary_json(const Summary& s) {
-  nlohmann::ordered_json out;
-  out["mode"] = s.runs->strategy->name();
-  out["parameters"] = s.runs->parameters;
-  out["ranks"] = nlohmann::ordered_json::array();
-  for (size_t r = 0; r < s.ranks.size(); ++r) {
-    const RankFigures& f = s.ranks[r];
-    out["ranks"].push_back({{"rank", r},
-                            {"rows", f.rows},
-                            {"work", f.work},
-                            {"select_cpu_s", f.select_cpu},
-                            {"select_wall_s", f.select_wall},
-                            {"input_wait_s", f.input_wait},
-                            {"result_wait_s", f.result_wait},
-                            {"bytes_sent", f.bytes_sent},
-                            {"bytes_received", f.bytes_received},
-                            {"predicted_bytes_sent", f.predicted_sent},
-                            {"predicted_bytes_received", f.predicted_received}});
-  }
-  out["work_imbalance"] = s.work_imbalance;
-  out["time_imbalance"] = s.time_imbalance;
-  out["slowest_select_cpu_s"] = {
-      {"min", s.slowest.min}, {"median", s.slowest.median}, {"max", s.slowest.max}};
-  out["speedup_slowest_rank"] = {{"median", s.speedup},
-                                 {"low", s.speedup_low},
-                                 {"high", s.speedup_high},
-                                 {"outside_noise", s.significant}};
-  out["busiest_rank_bytes_sent"] = s.busiest_sent;
-  out["busiest_rank_bytes_received"] = s.busiest_received;
-  out["total_bytes_moved"] = s.total_sent;
-  out["bytes_match_route"] = s.bytes_match;
-  out["mismatched_rows"] = s.mismatched_rows;
-  out["unstable_repeats"] = s.unstable_repeats;
-  if (s.overlap) {
-    const OverlapFigures& o = *s.overlap;
-    out["overlap"] = {{"rank", s.overlap_rank},
-                      {"exchange_alone_s", o.alone},
-                      {"owner_projection_wall_s", o.work},
-                      {"wait_after_projection_s", o.wait_after},
-                      {"wait_after_polled_projection_s", o.wait_polled},
-                      {"hidden_fraction", hidden(o, o.wait_after)},
-                      {"hidden_fraction_polled", hidden(o, o.wait_polled)}};
-  }
-  return out;
-}
-
-void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
-                const std::vector<Comparison>& pairs) {
-  nlohmann::ordered_json out;
-  out["verified"] = verified(summaries);
-  out["load_average"] = job.load_average;
-  out["cores"] = job.cores;
-  out["cp"] = job.cp;
-  out["batch"] = flags.batch.describe();
-  out["documents"] = job.lengths.size();
-  out["tokens"] = job.model.local * job.cp;
-  out["ratio"] = flags.ratio;
-  out["model"] = {{"heads", flags.model.heads},       {"head_dim", flags.model.head_dim},
-                  {"rope_dim", flags.model.rope_dim}, {"q_rank", flags.model.q_rank},
-                  {"topk", flags.model.topk},         {"seed", flags.model_seed},
-                  {"threads", flags.threads}};
-  if (job.params.cost_model || !job.cost.source.empty()) {
-    nlohmann::ordered_json cost;
-    if (job.params.cost_model) {
-      cost = {{"a_ns", job.params.cost_model->a},
-              {"b_ns", job.params.cost_model->b},
-              {"c_ns", job.params.cost_model->c}};
-    }
-    cost["source"] = job.cost.source;
-    out["cost_model"] = cost;
-  }
-  out["repeats"] = summaries.front().runs->repeats.size();
-  out["repeats_stopped"] = job.stopped;
-  out["strategies"] = nlohmann::ordered_json::array();
-  for (const Summary& s : summaries) out["strategies"].push_back(summary_json(s));
-  out["comparisons"] = nlohmann::ordered_json::array();
-  for (const Comparison& c : pairs) {
-    out["comparisons"].push_back(
-        {{"a", c.a->strategy->name()},
-         {"b", c.b->strategy->name()},
-         {"a_over_b", {{"median", c.ratio.median}, {"low", c.ratio.low}, {"high", c.ratio.high}}},
-         {"outside_noise", c.outside_noise}});
-  }
-  std::printf("%s\n", out.dump(2).c_str());
-}
-
-void print_rank_table(const Summary& s) {
-  std::printf("\n%s%s%s\n", std::string(s.runs->strategy->name()).c_str(),
-              s.runs->parameters.empty() ? "" : ": ", s.runs->parameters.c_str());
-  std::printf("  %4s %9s %16s %14s %14s %14s %14s %12s\n", "rank", "rows", "work (pairs)",
-              "select CPU ms", "select wall ms", "bytes sent", "bytes received", "bytes = route");
-  for (size_t r = 0; r < s.ranks.size(); ++r) {
-    const RankFigures& f = s.ranks[r];
-    std::printf("  %4zu %9lld %16lld %14.1f %14.1f %14lld %14lld %12s\n", r,
-                static_cast<long long>(f.rows), static_cast<long long>(f.work), f.select_cpu * 1e3,
-                f.select_wall * 1e3, static_cast<long long>(f.bytes_sent),
-                static_cast<long long>(f.bytes_received), f.bytes_match() ? "yes" : "NO");
-  }
-}
-
-// Under load the ranks wait for cores, and the times say more about the other programs.
-std::string load_warning(const Job& job) {
-  if (job.cores <= 0 || job.load_average <= static_cast<double>(job.cores)) return "";
-  char text[200];
-  std::snprintf(text, sizeof text,
-                "warning: the load average was %.1f at start, above this machine's %lld cores: "
-                "other programs compete for the CPUs and the times are unreliable",
-                job.load_average, static_cast<long long>(job.cores));
-  return text;
-}
-
-// Which of two strategies is faster, or that the repeats cannot tell.
-void print_comparison(const Comparison& c) {
-  const std::string a(c.a->strategy->name()), b(c.b->strategy->name());
-  if (c.outside_noise) {
-    const bool b_faster = c.ratio.median > 1;
-    const std::string& fast = b_faster ? b : a;
-    const double factor = b_faster ? c.ratio.median : 1 / c.ratio.median;
-    const double low = b_faster ? c.ratio.low : 1 / c.ratio.high;
-    const double high = b_faster ? c.ratio.high : 1 / c.ratio.low;
-    std::printf("  %-8s vs %-8s %s is faster: %.2fx (%.2f-%.2f)\n", a.c_str(), b.c_str(),
-                fast.c_str(), factor, low, high);
-  } else {
-    std::printf("  %-8s vs %-8s within noise of each other: %s / %s = %.2fx (%.2f-%.2f) ~\n",
-                a.c_str(), b.c_str(), a.c_str(), b.c_str(), c.ratio.median, c.ratio.low,
-                c.ratio.high);
-  }
-}
-
-// The job's batch, model, cost model and repeats, then each strategy's per-rank table.
-void print_header(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
-  if (const std::string warning = load_warning(job); !warning.empty()) {
-    std::printf("%s\n", warning.c_str());
-  }
-  std::printf(
-      "sparsecp run: %lld ranks, %s: %zu documents, %lld tokens (%lld per rank), ratio %lld\n",
-      static_cast<long long>(job.cp), flags.batch.describe().c_str(), job.lengths.size(),
-      static_cast<long long>(job.model.local * job.cp), static_cast<long long>(job.model.local),
-      static_cast<long long>(flags.ratio));
-  std::printf(
-      "model: %s, bank %lld keys; bf16 qr/Wq_b/keys, fp32 weights/RoPE; seed %llu; %d "
-      "selection thread(s) per rank\n",
-      flags.model.describe().c_str(), static_cast<long long>(job.model.bank),
-      static_cast<unsigned long long>(flags.model_seed), flags.threads);
-  if (!job.cost.source.empty()) {
-    std::printf("cost model for spill/auto: %s; %s\n",
-                describe_cost_model(job.params.cost_model, "causal pairs").c_str(),
-                job.cost.source.c_str());
-  }
-  const size_t repeats = summaries.front().runs->repeats.size();
-  std::printf(
-      "times: each rank's selection CPU time (ranks may share cores); %zu interleaved "
-      "repeat(s) (%s), per-rank figures are medians\n",
-      repeats, job.stopped.c_str());
-  for (const Summary& s : summaries) print_rank_table(s);
-}
-
-// One line per strategy: slowest rank, speedup, imbalances, bytes, verification.
-void print_side_by_side(const std::vector<Summary>& summaries) {
-  std::printf("\nside by side (slowest rank = the rank with the most selection CPU time):\n");
-  std::printf("  %-8s %26s %22s %9s %9s %21s %12s %9s\n", "mode", "slowest rank ms min/med/max",
-              "speedup vs none", "work imb", "time imb", "busiest sent/recv MB", "total MB",
-              "verified");
-  for (const Summary& s : summaries) {
-    char speedup[64];
-    if (s.runs == summaries.front().runs) {
-      std::snprintf(speedup, sizeof speedup, "baseline");
-    } else {
-      std::snprintf(speedup, sizeof speedup, "%.2fx (%.2f-%.2f)%s", s.speedup, s.speedup_low,
-                    s.speedup_high, s.significant ? "" : "~");
-    }
-    char slowest[64];
-    std::snprintf(slowest, sizeof slowest, "%.0f / %.0f / %.0f", s.slowest.min * 1e3,
-                  s.slowest.median * 1e3, s.slowest.max * 1e3);
-    char traffic[48];
-    std::snprintf(traffic, sizeof traffic, "%.1f / %.1f", static_cast<double>(s.busiest_sent) / 1e6,
-                  static_cast<double>(s.busiest_received) / 1e6);
-    std::printf("  %-8s %26s %22s %9.3f %9.3f %21s %12.1f %9s\n",
-                std::string(s.runs->strategy->name()).c_str(), slowest, speedup, s.work_imbalance,
-                s.time_imbalance, traffic, static_cast<double>(s.total_sent) / 1e6,
-                s.mismatched_rows == 0 && s.unstable_repeats == 0 ? "yes" : "NO");
-  }
-  std::printf(
-      "  speedup = the median over repeats of none's slowest-rank time / the strategy's in the "
-      "same repeat, with its 95%% interval;\n  ~ = within noise (the interval holds 1): not a "
-      "measurable difference. work imb = busiest rank's causal pairs / mean; time imb = slowest "
-      "rank's median time / mean.\n");
-}
-
-// Pairwise comparisons, overlap, byte check and the verdict.
-void print_footer(const Job& job, const std::vector<Summary>& summaries,
-                  const std::vector<Comparison>& pairs) {
-  std::printf("each pair (the same per-repeat ratios and intervals):\n");
-  for (const Comparison& c : pairs) print_comparison(c);
-  for (const Summary& s : summaries) {
-    if (!s.overlap) continue;
-    const OverlapFigures& o = *s.overlap;
-    std::printf(
-        "overlap, %s (rank %lld, the slowest exchange): input exchange alone %.2f ms; the "
-        "owner's own Index-Q projection while it is in flight %.2f ms wall; wait after it "
-        "%.2f ms (%.0f%% hidden), with test() between blocks %.2f ms (%.0f%% hidden)\n",
-        std::string(s.runs->strategy->name()).c_str(), static_cast<long long>(s.overlap_rank),
-        o.alone * 1e3, o.work * 1e3, o.wait_after * 1e3, 100 * hidden(o, o.wait_after),
-        o.wait_polled * 1e3, 100 * hidden(o, o.wait_polled));
-  }
-  const bool bytes_match = std::all_of(summaries.begin(), summaries.end(),
-                                       [](const Summary& s) { return s.bytes_match; });
-  std::printf("bytes moved equal the route's prediction on every rank: %s\n",
-              bytes_match ? "yes" : "NO");
-  if (verified(summaries)) {
-    std::printf(
-        "verified: every strategy's top-k equals none's bit for bit on every rank (%lld rows)\n",
-        static_cast<long long>(job.model.local * job.cp));
-  } else {
-    for (const Summary& s : summaries) {
-      if (s.mismatched_rows || s.unstable_repeats) {
-        std::printf("NOT VERIFIED: %s: %lld rows differ from none; %lld repeats not reproducible\n",
-                    std::string(s.runs->strategy->name()).c_str(),
-                    static_cast<long long>(s.mismatched_rows),
-                    static_cast<long long>(s.unstable_repeats));
-      }
-    }
-  }
-}
-
-void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
-                const std::vector<Comparison>& pairs) {
-  print_header(flags, job, summaries);
-  print_side_by_side(summaries);
-  print_footer(job, summaries, pairs);
 }
 
 // ---------------------------------------------------------------------------------------

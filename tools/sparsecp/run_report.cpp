@@ -1,0 +1,263 @@
+#include "run_report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "sparsecp/planning/strategy.hpp"
+
+namespace sparsecp::cli {
+
+bool verified(const std::vector<Summary>& summaries) {
+  return std::all_of(summaries.begin(), summaries.end(), [](const Summary& s) {
+    return s.mismatched_rows == 0 && s.unstable_repeats == 0;
+  });
+}
+
+namespace {
+
+double hidden(const OverlapFigures& o, double wait) {
+  return o.alone > 0 ? std::clamp(1.0 - wait / o.alone, 0.0, 1.0) : 0.0;
+}
+
+nlohmann::ordered_json summary_json(const Summary& s) {
+  nlohmann::ordered_json out;
+  out["mode"] = s.runs->strategy->name();
+  out["parameters"] = s.runs->parameters;
+  out["ranks"] = nlohmann::ordered_json::array();
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const RankFigures& f = s.ranks[r];
+    out["ranks"].push_back({{"rank", r},
+                            {"rows", f.rows},
+                            {"work", f.work},
+                            {"select_cpu_s", f.select_cpu},
+                            {"select_wall_s", f.select_wall},
+                            {"input_wait_s", f.input_wait},
+                            {"result_wait_s", f.result_wait},
+                            {"bytes_sent", f.bytes_sent},
+                            {"bytes_received", f.bytes_received},
+                            {"predicted_bytes_sent", f.predicted_sent},
+                            {"predicted_bytes_received", f.predicted_received}});
+  }
+  out["work_imbalance"] = s.work_imbalance;
+  out["time_imbalance"] = s.time_imbalance;
+  out["slowest_select_cpu_s"] = {
+      {"min", s.slowest.min}, {"median", s.slowest.median}, {"max", s.slowest.max}};
+  out["speedup_slowest_rank"] = {{"median", s.speedup},
+                                 {"low", s.speedup_low},
+                                 {"high", s.speedup_high},
+                                 {"outside_noise", s.significant}};
+  out["busiest_rank_bytes_sent"] = s.busiest_sent;
+  out["busiest_rank_bytes_received"] = s.busiest_received;
+  out["total_bytes_moved"] = s.total_sent;
+  out["bytes_match_route"] = s.bytes_match;
+  out["mismatched_rows"] = s.mismatched_rows;
+  out["unstable_repeats"] = s.unstable_repeats;
+  if (s.overlap) {
+    const OverlapFigures& o = *s.overlap;
+    out["overlap"] = {{"rank", s.overlap_rank},
+                      {"exchange_alone_s", o.alone},
+                      {"owner_projection_wall_s", o.work},
+                      {"wait_after_projection_s", o.wait_after},
+                      {"wait_after_polled_projection_s", o.wait_polled},
+                      {"hidden_fraction", hidden(o, o.wait_after)},
+                      {"hidden_fraction_polled", hidden(o, o.wait_polled)}};
+  }
+  return out;
+}
+
+}  // namespace
+
+void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
+                const std::vector<Comparison>& pairs) {
+  nlohmann::ordered_json out;
+  out["verified"] = verified(summaries);
+  out["load_average"] = job.load_average;
+  out["cores"] = job.cores;
+  out["cp"] = job.cp;
+  out["batch"] = flags.batch.describe();
+  out["documents"] = job.lengths.size();
+  out["tokens"] = job.model.local * job.cp;
+  out["ratio"] = flags.ratio;
+  out["model"] = {{"heads", flags.model.heads},       {"head_dim", flags.model.head_dim},
+                  {"rope_dim", flags.model.rope_dim}, {"q_rank", flags.model.q_rank},
+                  {"topk", flags.model.topk},         {"seed", flags.model_seed},
+                  {"threads", flags.threads}};
+  if (job.params.cost_model || !job.cost.source.empty()) {
+    nlohmann::ordered_json cost;
+    if (job.params.cost_model) {
+      cost = {{"a_ns", job.params.cost_model->a},
+              {"b_ns", job.params.cost_model->b},
+              {"c_ns", job.params.cost_model->c}};
+    }
+    cost["source"] = job.cost.source;
+    out["cost_model"] = cost;
+  }
+  out["repeats"] = summaries.front().runs->repeats.size();
+  out["repeats_stopped"] = job.stopped;
+  out["strategies"] = nlohmann::ordered_json::array();
+  for (const Summary& s : summaries) out["strategies"].push_back(summary_json(s));
+  out["comparisons"] = nlohmann::ordered_json::array();
+  for (const Comparison& c : pairs) {
+    out["comparisons"].push_back(
+        {{"a", c.a->strategy->name()},
+         {"b", c.b->strategy->name()},
+         {"a_over_b", {{"median", c.ratio.median}, {"low", c.ratio.low}, {"high", c.ratio.high}}},
+         {"outside_noise", c.outside_noise}});
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
+namespace {
+
+void print_rank_table(const Summary& s) {
+  std::printf("\n%s%s%s\n", std::string(s.runs->strategy->name()).c_str(),
+              s.runs->parameters.empty() ? "" : ": ", s.runs->parameters.c_str());
+  std::printf("  %4s %9s %16s %14s %14s %14s %14s %12s\n", "rank", "rows", "work (pairs)",
+              "select CPU ms", "select wall ms", "bytes sent", "bytes received", "bytes = route");
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const RankFigures& f = s.ranks[r];
+    std::printf("  %4zu %9lld %16lld %14.1f %14.1f %14lld %14lld %12s\n", r,
+                static_cast<long long>(f.rows), static_cast<long long>(f.work), f.select_cpu * 1e3,
+                f.select_wall * 1e3, static_cast<long long>(f.bytes_sent),
+                static_cast<long long>(f.bytes_received), f.bytes_match() ? "yes" : "NO");
+  }
+}
+
+// Under load the ranks wait for cores, and the times say more about the other programs.
+std::string load_warning(const Job& job) {
+  if (job.cores <= 0 || job.load_average <= static_cast<double>(job.cores)) return "";
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "warning: the load average was %.1f at start, above this machine's %lld cores: "
+                "other programs compete for the CPUs and the times are unreliable",
+                job.load_average, static_cast<long long>(job.cores));
+  return text;
+}
+
+// Which of two strategies is faster, or that the repeats cannot tell.
+void print_comparison(const Comparison& c) {
+  const std::string a(c.a->strategy->name()), b(c.b->strategy->name());
+  if (c.outside_noise) {
+    const bool b_faster = c.ratio.median > 1;
+    const std::string& fast = b_faster ? b : a;
+    const double factor = b_faster ? c.ratio.median : 1 / c.ratio.median;
+    const double low = b_faster ? c.ratio.low : 1 / c.ratio.high;
+    const double high = b_faster ? c.ratio.high : 1 / c.ratio.low;
+    std::printf("  %-8s vs %-8s %s is faster: %.2fx (%.2f-%.2f)\n", a.c_str(), b.c_str(),
+                fast.c_str(), factor, low, high);
+  } else {
+    std::printf("  %-8s vs %-8s within noise of each other: %s / %s = %.2fx (%.2f-%.2f) ~\n",
+                a.c_str(), b.c_str(), a.c_str(), b.c_str(), c.ratio.median, c.ratio.low,
+                c.ratio.high);
+  }
+}
+
+// The job's batch, model, cost model and repeats, then each strategy's per-rank table.
+void print_header(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
+  if (const std::string warning = load_warning(job); !warning.empty()) {
+    std::printf("%s\n", warning.c_str());
+  }
+  std::printf(
+      "sparsecp run: %lld ranks, %s: %zu documents, %lld tokens (%lld per rank), ratio %lld\n",
+      static_cast<long long>(job.cp), flags.batch.describe().c_str(), job.lengths.size(),
+      static_cast<long long>(job.model.local * job.cp), static_cast<long long>(job.model.local),
+      static_cast<long long>(flags.ratio));
+  std::printf(
+      "model: %s, bank %lld keys; bf16 qr/Wq_b/keys, fp32 weights/RoPE; seed %llu; %d "
+      "selection thread(s) per rank\n",
+      flags.model.describe().c_str(), static_cast<long long>(job.model.bank),
+      static_cast<unsigned long long>(flags.model_seed), flags.threads);
+  if (!job.cost.source.empty()) {
+    std::printf("cost model for spill/auto: %s; %s\n",
+                describe_cost_model(job.params.cost_model, "causal pairs").c_str(),
+                job.cost.source.c_str());
+  }
+  const size_t repeats = summaries.front().runs->repeats.size();
+  std::printf(
+      "times: each rank's selection CPU time (ranks may share cores); %zu interleaved "
+      "repeat(s) (%s), per-rank figures are medians\n",
+      repeats, job.stopped.c_str());
+  for (const Summary& s : summaries) print_rank_table(s);
+}
+
+// One line per strategy: slowest rank, speedup, imbalances, bytes, verification.
+void print_side_by_side(const std::vector<Summary>& summaries) {
+  std::printf("\nside by side (slowest rank = the rank with the most selection CPU time):\n");
+  std::printf("  %-8s %26s %22s %9s %9s %21s %12s %9s\n", "mode", "slowest rank ms min/med/max",
+              "speedup vs none", "work imb", "time imb", "busiest sent/recv MB", "total MB",
+              "verified");
+  for (const Summary& s : summaries) {
+    char speedup[64];
+    if (s.runs == summaries.front().runs) {
+      std::snprintf(speedup, sizeof speedup, "baseline");
+    } else {
+      std::snprintf(speedup, sizeof speedup, "%.2fx (%.2f-%.2f)%s", s.speedup, s.speedup_low,
+                    s.speedup_high, s.significant ? "" : "~");
+    }
+    char slowest[64];
+    std::snprintf(slowest, sizeof slowest, "%.0f / %.0f / %.0f", s.slowest.min * 1e3,
+                  s.slowest.median * 1e3, s.slowest.max * 1e3);
+    char traffic[48];
+    std::snprintf(traffic, sizeof traffic, "%.1f / %.1f", static_cast<double>(s.busiest_sent) / 1e6,
+                  static_cast<double>(s.busiest_received) / 1e6);
+    std::printf("  %-8s %26s %22s %9.3f %9.3f %21s %12.1f %9s\n",
+                std::string(s.runs->strategy->name()).c_str(), slowest, speedup, s.work_imbalance,
+                s.time_imbalance, traffic, static_cast<double>(s.total_sent) / 1e6,
+                s.mismatched_rows == 0 && s.unstable_repeats == 0 ? "yes" : "NO");
+  }
+  std::printf(
+      "  speedup = the median over repeats of none's slowest-rank time / the strategy's in the "
+      "same repeat, with its 95%% interval;\n  ~ = within noise (the interval holds 1): not a "
+      "measurable difference. work imb = busiest rank's causal pairs / mean; time imb = slowest "
+      "rank's median time / mean.\n");
+}
+
+// Pairwise comparisons, overlap, byte check and the verdict.
+void print_footer(const Job& job, const std::vector<Summary>& summaries,
+                  const std::vector<Comparison>& pairs) {
+  std::printf("each pair (the same per-repeat ratios and intervals):\n");
+  for (const Comparison& c : pairs) print_comparison(c);
+  for (const Summary& s : summaries) {
+    if (!s.overlap) continue;
+    const OverlapFigures& o = *s.overlap;
+    std::printf(
+        "overlap, %s (rank %lld, the slowest exchange): input exchange alone %.2f ms; the "
+        "owner's own Index-Q projection while it is in flight %.2f ms wall; wait after it "
+        "%.2f ms (%.0f%% hidden), with test() between blocks %.2f ms (%.0f%% hidden)\n",
+        std::string(s.runs->strategy->name()).c_str(), static_cast<long long>(s.overlap_rank),
+        o.alone * 1e3, o.work * 1e3, o.wait_after * 1e3, 100 * hidden(o, o.wait_after),
+        o.wait_polled * 1e3, 100 * hidden(o, o.wait_polled));
+  }
+  const bool bytes_match = std::all_of(summaries.begin(), summaries.end(),
+                                       [](const Summary& s) { return s.bytes_match; });
+  std::printf("bytes moved equal the route's prediction on every rank: %s\n",
+              bytes_match ? "yes" : "NO");
+  if (verified(summaries)) {
+    std::printf(
+        "verified: every strategy's top-k equals none's bit for bit on every rank (%lld rows)\n",
+        static_cast<long long>(job.model.local * job.cp));
+  } else {
+    for (const Summary& s : summaries) {
+      if (s.mismatched_rows || s.unstable_repeats) {
+        std::printf("NOT VERIFIED: %s: %lld rows differ from none; %lld repeats not reproducible\n",
+                    std::string(s.runs->strategy->name()).c_str(),
+                    static_cast<long long>(s.mismatched_rows),
+                    static_cast<long long>(s.unstable_repeats));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
+                const std::vector<Comparison>& pairs) {
+  print_header(flags, job, summaries);
+  print_side_by_side(summaries);
+  print_footer(job, summaries, pairs);
+}
+
+}  // namespace sparsecp::cli
