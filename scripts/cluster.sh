@@ -139,6 +139,7 @@ cleanup() {
   for pid in "${fault_pids[@]}" $timer_pid; do kill "$pid" 2>/dev/null || true; done
   [ -z "$job_pid" ] || kill -TERM -- "-$job_pid" 2>/dev/null || true
   for ns in "${made_ns[@]}"; do kill_namespace "$ns"; done
+  [ -z "$job_pid" ] || wait "$job_pid" 2>/dev/null || true
   for ns in "${made_ns[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
   [ -z "$tmp_dir" ] || rm -rf "$tmp_dir"
   exit "$status"
@@ -293,5 +294,11 @@ fi
 status=0
 wait "$job_pid" || status=$?
 job_pid=
+# What crossed the links (MPI's or gloo's data plus the launcher's own small traffic).
+for ((i = 0; i < nodes; i++)); do
+  stats=/sys/class/net/eth0/statistics
+  echo "cluster: node $i link: sent $(ip netns exec "$(node_ns "$i")" cat $stats/tx_bytes) bytes," \
+    "received $(ip netns exec "$(node_ns "$i")" cat $stats/rx_bytes) bytes" >&2
+done
 if [ -n "$timer_pid" ] && ! kill -0 "$timer_pid" 2>/dev/null; then status=124; fi
 exit "$status"
