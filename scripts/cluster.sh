@@ -136,7 +136,12 @@ kill_namespace() {
 cleanup() {
   local status=$?
   trap - EXIT INT TERM HUP
-  for pid in "${fault_pids[@]}" $timer_pid; do kill "$pid" 2>/dev/null || true; done
+  # The fault and timer subshells first (and their sleeps, which hold the caller's stderr).
+  for pid in "${fault_pids[@]}" $timer_pid; do
+    pkill -P "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   [ -z "$job_pid" ] || kill -TERM -- "-$job_pid" 2>/dev/null || true
   for ns in "${made_ns[@]}"; do kill_namespace "$ns"; done
   [ -z "$job_pid" ] || wait "$job_pid" 2>/dev/null || true
@@ -203,7 +208,7 @@ for ((i = 0; i < nodes; i++)); do
   shape "$switch_ns" "p$i" "$link_bits"
 done
 echo "cluster: $nodes nodes x $ranks_per_node ranks, links $rate${delay:+ delay $delay}${loss:+ loss $loss%}" \
-  "($([ "$torch" = 1 ] && echo "torch/gloo" || echo "Open MPI/TCP"))" >&2
+  "($([ "$torch" = 1 ] && echo "torch/gloo" || echo "Open MPI/TCP"); namespaces $prefix-*)" >&2
 
 tmp_dir=$(mktemp -d /tmp/scpcl-$$.XXXXXX)
 
@@ -214,7 +219,7 @@ apply_fault() {  # apply_fault SPEC
   kind=${spec%%:*}; spec=${spec#*:}
   node=${spec%%:*}; arg=${spec#*:}
   ns=$(node_ns "$node")
-  sleep "$at"
+  { sleep "$at"; } 2>/dev/null  # no "Terminated" when the job ends first
   case $kind in
     link-down) ip -n "$switch_ns" link set "p$node" down ;;
     kill)
@@ -287,12 +292,12 @@ for fault in "${faults[@]}"; do
   fault_pids+=($!)
 done
 if [ -n "$timeout_s" ]; then
-  (sleep "$timeout_s"; echo "cluster: --timeout $timeout_s s reached: stopping the job" >&2
+  ({ sleep "$timeout_s"; } 2>/dev/null; echo "cluster: --timeout $timeout_s s reached: stopping the job" >&2
    kill -TERM -- "-$job_pid" 2>/dev/null; for ns in "${made_ns[@]}"; do kill_namespace "$ns"; done) &
   timer_pid=$!
 fi
 status=0
-wait "$job_pid" || status=$?
+wait "$job_pid" 2>/dev/null || status=$?  # (a job killed by --timeout is reported below)
 job_pid=
 # What crossed the links (MPI's or gloo's data plus the launcher's own small traffic).
 for ((i = 0; i < nodes; i++)); do
