@@ -217,7 +217,8 @@ apply_fault() {  # apply_fault SPEC
   local spec=$1 kind node arg at ns
   at=${spec##*@}; spec=${spec%@*}
   kind=${spec%%:*}; spec=${spec#*:}
-  node=${spec%%:*}; arg=${spec#*:}
+  node=${spec%%:*}; arg=
+  [[ $spec != *:* ]] || arg=${spec#*:}
   ns=$(node_ns "$node")
   { sleep "$at"; } 2>/dev/null  # no "Terminated" when the job ends first
   case $kind in
