@@ -5,6 +5,7 @@
 #  2. COMMAND's exit status comes back;
 #  3. --timeout stops a hung job (exit 124);
 #  4. SIGTERM to the script mid-run;
+#  5-6. a link set down and a node's ranks killed mid-run: the job ends within 30 s;
 # and after each, none of the run's namespaces is left. Exits 77 (CTest SKIP_RETURN_CODE)
 # with the reason where network namespaces or tc are unavailable (not root, a container).
 # Usage: cluster_test.sh SOURCE_DIR SPARSECP_BINARY
@@ -73,5 +74,25 @@ wait "$pid"
 status=$?
 ((status == 143)) || fail "SIGTERM: the script exited $status (want 143)"
 check_clean "$log" "SIGTERM"
+
+# 5-6. Faults in the middle of the exchanges: a link set down, a node's ranks killed.
+# The job must end (no hang) within 30 s of the fault, with Open MPI's runtime naming it.
+fault_run() {  # fault_run FAULT EXPECTED_TEXT
+  start=$(date +%s)
+  "${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --timeout 90 --fault "$1" -- \
+    env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
+    --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 30 --max-repeats 30 --no-calibrate \
+    >"$log" 2>&1
+  status=$?
+  elapsed=$(($(date +%s) - start))
+  echo "fault $1: exit $status after $elapsed s"
+  ((status != 0 && status != 124 && elapsed < 3 + 30)) ||
+    fail "fault $1: exit $status after $elapsed s (want a failure, not --timeout, within 30 s of the fault)"
+  grep -q 'cluster: fault' "$log" || fail "fault $1 was never applied (the run ended first?)"
+  grep -q "$2" "$log" || { fail "fault $1: no '$2' in the output"; tail -20 "$log"; }
+  check_clean "$log" "fault $1"
+}
+fault_run link-down:1@3 "lost communication with a remote daemon"
+fault_run kill:1@3 "exited on signal 9"
 
 ((failures == 0)) && echo "cluster_test: all checks passed" || { echo "cluster_test: $failures failure(s)"; exit 1; }
