@@ -44,6 +44,11 @@ echo "run: exit $status in $(($(date +%s) - start)) s"
 ((status == 0)) || { fail "sparsecp run on the cluster exited $status"; cat "$log"; }
 grep -q '"verified": true' "$log" || fail "no '\"verified\": true' in the run's report"
 if grep -q '"verified": false\|"bytes_match_route": false' "$log"; then fail "a strategy was not verified"; fi
+# Every strategy reports its step's wall time and its exchanges' (medians > 0).
+steps=$(grep -c '"step_wall_s"\|"exchange_s"' "$log")
+((steps == 6)) || fail "want step_wall_s and exchange_s for none, hybrid and spill, found $steps"
+awk '/"(step_wall_s|exchange_s)"/ {inside = 1} /"median"/ && inside {if ($2 + 0 <= 0) bad = 1; inside = 0}
+     END {exit bad}' "$log" || fail "a step_wall_s or exchange_s median is not positive"
 sent=$(grep -o 'node 1 link: sent [0-9]*' "$log" | grep -o '[0-9]*$')
 # hybrid alone moves ~0.3 MB between the two nodes (ranks 0,1 <-> 2,3) each way.
 [ -n "$sent" ] && ((sent > 100000)) || fail "node 1 sent ${sent:-no} bytes over its link: the data did not cross it"
