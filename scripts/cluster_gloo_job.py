@@ -29,6 +29,11 @@ from rank_tasks import RATIO, local_reference, make_case  # noqa: E402
 import sparsecp.torch as indexer_balance  # noqa: E402
 
 
+def say(line: str) -> None:
+    """One line in one write, so that the ranks' lines do not interleave on a shared pipe."""
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="steps per mode")
@@ -46,22 +51,25 @@ def main() -> int:
     try:
         for mode in args.modes.split(","):
             times = []
+            # hybrid needs its block and zigzag threshold spelled out: one shard each.
+            options = {"block_size": args.tokens_per_rank, "zigzag_min_length": args.tokens_per_rank} \
+                if mode == "hybrid" else {}
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 selected = indexer_balance.balanced_indexer_select(
                     case.qr, case.weights, (case.cos, case.sin), case.selector, case.lengths, RATIO, mode,
-                    dist.group.WORLD)
+                    dist.group.WORLD, **options)
                 times.append(time.perf_counter() - t0)
                 if not torch.equal(selected, reference):
-                    print(f"rank {rank}: {mode}: step {len(times)} differs from local selection", flush=True)
+                    say(f"rank {rank}: {mode}: step {len(times)} differs from local selection")
                     return 1
                 done += 1
-            print(f"rank {rank}: {mode}: {len(times)} steps verified bit for bit, median step "
-                  f"{1e3 * statistics.median(times):.1f} ms", flush=True)
+            say(f"rank {rank}: {mode}: {len(times)} steps verified bit for bit, median step "
+                f"{1e3 * statistics.median(times):.1f} ms")
     except Exception as error:  # noqa: BLE001 - the point is to report whatever stopped the rank
         text = " ".join(str(error).split())[:300]
-        print(f"rank {rank}: error after {done} verified steps, {time.monotonic() - start:.1f} s in: "
-              f"{type(error).__name__}: {text}", flush=True)
+        say(f"rank {rank}: error after {done} verified steps, {time.monotonic() - start:.1f} s in: "
+            f"{type(error).__name__}: {text}")
         os._exit(1)  # a dead peer can hang destroy_process_group too
     dist.destroy_process_group()
     return 0
