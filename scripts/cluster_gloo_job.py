@@ -11,6 +11,7 @@ per rank: the steps verified and the median step time, or the error that stopped
     bash scripts/cluster.sh --nodes 2 --ranks-per-node 2 --rate 200mbit --torch -- \
         .venv/bin/python scripts/cluster_gloo_job.py --steps 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
-from rank_tasks import RATIO, local_reference, make_case  # noqa: E402
+from rank_tasks import RATIO, local_reference, make_case  # type: ignore[import-not-found]  # noqa: E402
 
 import sparsecp.torch as indexer_balance  # noqa: E402
 
@@ -52,24 +53,39 @@ def main() -> int:
         for mode in args.modes.split(","):
             times = []
             # hybrid needs its block and zigzag threshold spelled out: one shard each.
-            options = {"block_size": args.tokens_per_rank, "zigzag_min_length": args.tokens_per_rank} \
-                if mode == "hybrid" else {}
+            options = (
+                {"block_size": args.tokens_per_rank, "zigzag_min_length": args.tokens_per_rank}
+                if mode == "hybrid"
+                else {}
+            )
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 selected = indexer_balance.balanced_indexer_select(
-                    case.qr, case.weights, (case.cos, case.sin), case.selector, case.lengths, RATIO, mode,
-                    dist.group.WORLD, **options)
+                    case.qr,
+                    case.weights,
+                    (case.cos, case.sin),
+                    case.selector,
+                    case.lengths,
+                    RATIO,
+                    mode,
+                    dist.group.WORLD,
+                    **options,
+                )
                 times.append(time.perf_counter() - t0)
                 if not torch.equal(selected, reference):
                     say(f"rank {rank}: {mode}: step {len(times)} differs from local selection")
                     return 1
                 done += 1
-            say(f"rank {rank}: {mode}: {len(times)} steps verified bit for bit, median step "
-                f"{1e3 * statistics.median(times):.1f} ms")
+            say(
+                f"rank {rank}: {mode}: {len(times)} steps verified bit for bit, median step "
+                f"{1e3 * statistics.median(times):.1f} ms"
+            )
     except Exception as error:  # noqa: BLE001 - the point is to report whatever stopped the rank
         text = " ".join(str(error).split())[:300]
-        say(f"rank {rank}: error after {done} verified steps, {time.monotonic() - start:.1f} s in: "
-            f"{type(error).__name__}: {text}")
+        say(
+            f"rank {rank}: error after {done} verified steps, {time.monotonic() - start:.1f} s in: "
+            f"{type(error).__name__}: {text}"
+        )
         os._exit(1)  # a dead peer can hang destroy_process_group too
     dist.destroy_process_group()
     return 0
