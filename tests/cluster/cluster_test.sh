@@ -86,7 +86,7 @@ fault_run() {  # fault_run FAULT EXPECTED_TEXT
   start=$(date +%s)
   "${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --timeout 90 --fault "$1" -- \
     env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
-    --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 30 --max-repeats 30 --no-calibrate \
+    --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 300 --max-repeats 300 --time-budget 600 --no-calibrate \
     >"$log" 2>&1
   status=$?
   elapsed=$(($(date +%s) - start))
