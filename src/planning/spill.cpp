@@ -6,6 +6,7 @@
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/lower_bound.hpp"
+#include "sparsecp/planning/node_map.hpp"
 
 namespace sparsecp {
 
@@ -44,7 +45,11 @@ class SpillPlanner {
  public:
   SpillPlanner(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                const SpillOptions& options)
-      : cp_(cp), ratio_(ratio), model_(options.cost), bound_(options.max_received_fragments) {
+      : cp_(cp),
+        ratio_(ratio),
+        model_(options.cost),
+        bound_(options.max_received_fragments),
+        per_node_(options.ranks_per_node) {
     int64_t total_rows = 0;
     for (const int64_t length : lengths) {
       total_rows += length;
@@ -83,8 +88,9 @@ class SpillPlanner {
     result_.load_after = result_.load_before;
     for (int64_t r = 0; r < cp_; ++r) {
       const auto& pieces = ranks_[static_cast<size_t>(r)];
-      const Shed shed = heaviest_rows(pieces, ratio_, model_,
-                                      result_.load_before[static_cast<size_t>(r)] - target());
+      double load = 0;  // load_before, less what the node exported
+      for (const Task& piece : pieces) load += model_.range(piece.start, piece.end, ratio_);
+      const Shed shed = heaviest_rows(pieces, ratio_, model_, load - target());
       double kept = 0;
       for (size_t i = 0; i < pieces.size(); ++i) {
         const Task& piece = pieces[i];
@@ -94,7 +100,7 @@ class SpillPlanner {
         if (shed.cut[i] < piece.end) shed_.push_back({piece.document, shed.cut[i], piece.end, r});
         kept += model_.range(piece.start, shed.cut[i], ratio_);
       }
-      result_.rows_shed[static_cast<size_t>(r)] = shed.rows;
+      result_.rows_shed[static_cast<size_t>(r)] += shed.rows;
       rows_[static_cast<size_t>(r)] -= shed.rows;
       result_.load_after[static_cast<size_t>(r)] = kept;
     }
@@ -104,13 +110,84 @@ class SpillPlanner {
   // order, each up to its deficit ("next fit": a tail is split only where a receiver is
   // full), within the row cap and the fragment bound. Returns what no receiver took.
   std::vector<Piece> fill_receivers() {
+    if (per_node_ > 0) return fill_by_node();
     std::vector<int64_t> receivers;
     for (int64_t r = 0; r < cp_; ++r) {
       if (result_.load_before[static_cast<size_t>(r)] < target()) receivers.push_back(r);
     }
+    return next_fit(shed_, receivers);
+  }
+
+  // Topology step (before step 3): each node above per_node * T exports its heaviest
+  // rows, the fewest that carry its excess; its ranks keep the rest.
+  void export_node_excess() {
+    if (per_node_ == 0) return;
+    for (int64_t node = 0; node < cp_ / per_node_; ++node) {
+      std::vector<Task> pieces;
+      std::vector<std::pair<int64_t, size_t>> where;  // (rank, index in ranks_[rank])
+      double load = 0;
+      for (int64_t r = node * per_node_; r < (node + 1) * per_node_; ++r) {
+        const auto& own = ranks_[static_cast<size_t>(r)];
+        for (size_t i = 0; i < own.size(); ++i) {
+          pieces.push_back(own[i]);
+          where.emplace_back(r, i);
+        }
+        load += result_.load_before[static_cast<size_t>(r)];
+      }
+      const Shed shed =
+          heaviest_rows(pieces, ratio_, model_, load - static_cast<double>(per_node_) * target());
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        if (shed.cut[i] >= pieces[i].end) continue;
+        const auto [rank, index] = where[i];
+        exported_.push_back({pieces[i].document, shed.cut[i], pieces[i].end, rank});
+        ranks_[static_cast<size_t>(rank)][index].end = shed.cut[i];
+        result_.rows_shed[static_cast<size_t>(rank)] += pieces[i].end - shed.cut[i];
+        rows_[static_cast<size_t>(rank)] -= pieces[i].end - shed.cut[i];
+      }
+      result_.cross_node_bound += shed.rows;
+    }
+  }
+
+ private:
+  // Step 4 with a node map: each node's shed tails fill its own ranks below T; then
+  // the exported tails fill the ranks below T on the nodes that export nothing.
+  std::vector<Piece> fill_by_node() {
+    std::vector<Piece> leftover;
+    std::vector<bool> exporting(static_cast<size_t>(cp_ / per_node_), false);
+    for (const Piece& piece : exported_)
+      exporting[static_cast<size_t>(piece.owner / per_node_)] = true;
+    for (int64_t node = 0; node < cp_ / per_node_; ++node) {
+      std::vector<Piece> own;
+      for (const Piece& piece : shed_) {
+        if (piece.owner / per_node_ == node) own.push_back(piece);
+      }
+      const auto rest = next_fit(own, receivers_below_target(node, node + 1, exporting, false));
+      leftover.insert(leftover.end(), rest.begin(), rest.end());
+    }
+    const auto rest =
+        next_fit(exported_, receivers_below_target(0, cp_ / per_node_, exporting, true));
+    leftover.insert(leftover.end(), rest.begin(), rest.end());
+    return leftover;
+  }
+
+  // Ranks below T on nodes [first, last) (only the non-exporting ones when asked).
+  std::vector<int64_t> receivers_below_target(int64_t first, int64_t last,
+                                              const std::vector<bool>& exporting,
+                                              bool importers_only) const {
+    std::vector<int64_t> receivers;
+    for (int64_t r = first * per_node_; r < last * per_node_; ++r) {
+      if (importers_only && exporting[static_cast<size_t>(r / per_node_)]) continue;
+      if (result_.load_after[static_cast<size_t>(r)] < target()) receivers.push_back(r);
+    }
+    return receivers;
+  }
+
+  // Next fit of `pieces`, in order, over `receivers`, in order, each up to its deficit,
+  // within the row cap and the fragment bound. Returns what no receiver took.
+  std::vector<Piece> next_fit(std::span<const Piece> pieces, std::span<const int64_t> receivers) {
     std::vector<Piece> leftover;
     size_t current = 0;
-    for (Piece piece : shed_) {
+    for (Piece piece : pieces) {
       while (piece.start < piece.end && current < receivers.size()) {
         const int64_t rank = receivers[current];
         const size_t q = static_cast<size_t>(rank);
@@ -131,6 +208,7 @@ class SpillPlanner {
     return leftover;
   }
 
+ public:
   // Step 5: the rest. Raise the level one costliest row at a time and fill the ranks in
   // ascending load order (first fit, never the piece's owner), so that leftovers spread
   // instead of landing on one rank; what still remains goes a piece at a time to the
@@ -141,7 +219,9 @@ class SpillPlanner {
     double level = target();
     for (int round = 0; round < 4 && !leftover.empty(); ++round) {
       level += step;
-      leftover = fill_to_level(std::move(leftover), level);
+      // With a node map, the sender's node first at each level.
+      if (per_node_ > 0) leftover = fill_to_level(std::move(leftover), level, true);
+      leftover = fill_to_level(std::move(leftover), level, false);
     }
     for (Piece piece : leftover) {
       while (piece.start < piece.end) {
@@ -189,8 +269,9 @@ class SpillPlanner {
     ++result_.received_fragments[q];
   }
 
-  // One first-fit pass of the leftovers up to `level`, ranks in ascending load order.
-  std::vector<Piece> fill_to_level(std::vector<Piece> leftover, double level) {
+  // One first-fit pass of the leftovers up to `level`, ranks in ascending load order
+  // (only those on the piece owner's node when `same_node`).
+  std::vector<Piece> fill_to_level(std::vector<Piece> leftover, double level, bool same_node) {
     std::vector<int64_t> order(static_cast<size_t>(cp_));
     for (int64_t r = 0; r < cp_; ++r) order[static_cast<size_t>(r)] = r;
     std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
@@ -202,6 +283,7 @@ class SpillPlanner {
       for (const int64_t rank : order) {
         const size_t q = static_cast<size_t>(rank);
         if (rank == piece.owner || piece.start == piece.end) continue;
+        if (same_node && rank / per_node_ != piece.owner / per_node_) continue;
         if (bound_ > 0 && result_.received_fragments[q] >= bound_) continue;
         const int64_t count = std::min(
             rows_fitting(model_, ratio_, piece.start, piece.end, level - result_.load_after[q]),
@@ -236,12 +318,14 @@ class SpillPlanner {
   int64_t ratio_;
   const CostModel& model_;
   int64_t bound_;
+  int64_t per_node_;  // ranks per node; 0: no node map
   int64_t longest_ = 0;
   int64_t row_cap_ = 0;
   std::vector<std::vector<Task>> ranks_;  // contiguous pieces per rank
   std::vector<std::vector<Task>> tasks_;  // the plan so far
   std::vector<int64_t> rows_;             // rows each rank selects so far
   std::vector<Piece> shed_;               // shed tails, packed order
+  std::vector<Piece> exported_;           // tails leaving their node, packed order
   SpillPlan result_;
 };
 
@@ -256,12 +340,21 @@ SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio
                  "spill fragment bound must be non-negative (0 = unbounded), got ",
                  options.max_received_fragments);
   validate_cost_model(options.cost);
+  SPARSECP_CHECK(options.ranks_per_node >= 0,
+                 "spill ranks per node must be non-negative (0 = no node map), got ",
+                 options.ranks_per_node);
+  if (options.ranks_per_node > 0) validate_node_map(cp, options.ranks_per_node);
   SpillPlanner planner(lengths, cp, ratio, options);
   planner.keep_contiguous();
   planner.choose_target(options.target_imbalance);
+  planner.export_node_excess();
   planner.shed_excess();
   planner.place_leftovers(planner.fill_receivers());
-  return std::move(planner).finish();
+  SpillPlan result = std::move(planner).finish();
+  if (options.ranks_per_node > 0) {
+    result.cross_node_rows = cross_node_rows(result.plan, lengths, options.ranks_per_node);
+  }
+  return result;
 }
 
 }  // namespace sparsecp

@@ -246,7 +246,9 @@ RankFigures run_once(const RunModel& model, StrategyRuns& runs, bool first, MpiC
   RankFigures figures;
   sleeping_barrier(comm);
   comm.reset_stats();
+  const double step_start = wall_seconds();
   IndexerInputExchange exchange = launch_indexer_inputs(model.inputs(), runs.route, comm);
+  const double launched = wall_seconds();
   // Test hook (tests of failure handling): this rank fails alone, mid-exchange.
   if (const char* fail_rank = std::getenv("SPARSECP_RUN_FAIL_RANK")) {
     SPARSECP_CHECK(std::to_string(comm.rank()) != fail_rank, "injected failure on rank ",
@@ -269,10 +271,14 @@ RankFigures run_once(const RunModel& model, StrategyRuns& runs, bool first, MpiC
   figures.select_cpu = clock_seconds(cpu_clock) - cpu_start;
 
   sleeping_barrier(comm);  // ranks finish selecting at different times; wait asleep
+  const double result_launch = wall_seconds();
   PendingRows pending = exchange.launch_result(selected);
   start = wall_seconds();
   SelectedKeys owner = pending.wait();
-  figures.result_wait = wall_seconds() - start;
+  const double step_end = wall_seconds();
+  figures.result_wait = step_end - start;
+  figures.step_wall = step_end - step_start;
+  figures.exchange_wall = (launched - step_start) + figures.input_wait + (step_end - result_launch);
 
   figures.rows = route.query_count;
   figures.work = segment_work(route.segments, model.config.ratio);
@@ -537,6 +543,18 @@ Summary summarise(const StrategyRuns& runs, const StrategyRuns& baseline, MpiCom
     s.work_imbalance = static_cast<double>(most_work) * n / static_cast<double>(total_work);
   if (total_time > 0) s.time_imbalance = most_time * n / total_time;
   s.slowest = Spread::of(slowest_per_repeat(runs));
+  std::vector<double> step, exchange;
+  for (const auto& repeat : runs.repeats) {
+    double most_step = 0, most_exchange = 0;
+    for (const RankFigures& x : repeat) {
+      most_step = std::max(most_step, x.step_wall);
+      most_exchange = std::max(most_exchange, x.exchange_wall);
+    }
+    step.push_back(most_step);
+    exchange.push_back(most_exchange);
+  }
+  s.step_wall = Spread::of(step);
+  s.exchange_wall = Spread::of(exchange);
   if (&runs != &baseline) {
     const Comparison c = compare(baseline, runs);
     s.speedup = c.ratio.median;
@@ -711,6 +729,7 @@ const Registration registration("run", [](CLI::App& app) {
                 "strategies: [{mode, parameters, ranks: [{rank, rows, work, select_cpu_s, "
                 "bytes_sent, bytes_received, predicted_bytes_sent, ...}], work_imbalance, "
                 "time_imbalance, slowest_select_cpu_s: {min, median, max}, "
+                "step_wall_s: {min, median, max}, exchange_s: {min, median, max}, "
                 "speedup_slowest_rank: {median, low, high, outside_noise}, bytes..., "
                 "bytes_match_route, mismatched_rows}], comparisons: [{a, b, a_over_b: {median, "
                 "low, high}, outside_noise}], load_average, cores, repeats_stopped}");

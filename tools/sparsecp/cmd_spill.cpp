@@ -16,6 +16,7 @@
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/lower_bound.hpp"
+#include "sparsecp/planning/node_map.hpp"
 #include "sparsecp/planning/simulate.hpp"
 #include "sparsecp/planning/spill.hpp"
 #include "sparsecp/planning/strategies/spill.hpp"
@@ -35,6 +36,7 @@ struct SpillFlags {
                            // seed modes' options)
   int64_t repeats = 5;
   bool json = false;
+  int64_t ranks_per_node = 0;  // > 0: also the topology-aware plan and cross-node rows
 };
 
 // Rows each rank sends away as owner plus rows it selects for other owners.
@@ -70,6 +72,11 @@ struct BatchReport {
   int64_t rows_moved_bound_1 = 0;  // causal, target 1.0 (no rank above the mean)
   double plan_ms = 0;              // median of repeats
   std::vector<ModeFigures> modes;  // zigzag, greedy, hybrid
+  // --ranks-per-node: rows crossing nodes per plan, the topology-aware spill and its
+  // causal imbalance.
+  std::vector<std::pair<std::string, int64_t>> cross_node;
+  std::optional<SpillPlan> topology;
+  double topology_imbalance = 0;
   const ModeFigures* best_mode() const {
     const ModeFigures* best = nullptr;
     for (const ModeFigures& mode : modes) {
@@ -108,6 +115,19 @@ BatchReport report_batch(std::span<const int64_t> lengths, int64_t cp, const Spi
     const PlanStats& stats = planned->stats();
     report.modes.push_back({name, stats.imbalance, stats.rows_moved,
                             max_of(rows_sent_received(planned->tasks(), lengths))});
+    if (flags.ranks_per_node > 0) {
+      report.cross_node.emplace_back(
+          name, cross_node_rows(planned->tasks(), lengths, flags.ranks_per_node));
+    }
+  }
+  if (flags.ranks_per_node > 0) {
+    SpillOptions topology = options;
+    topology.ranks_per_node = flags.ranks_per_node;
+    report.topology = plan_spill(lengths, cp, flags.ratio, topology);
+    report.topology_imbalance = plan_stats(report.topology->plan, lengths, flags.ratio).imbalance;
+    report.cross_node.emplace_back(
+        "spill", cross_node_rows(report.spill.plan, lengths, flags.ranks_per_node));
+    report.cross_node.emplace_back("spill_topology", report.topology->cross_node_rows);
   }
   return report;
 }
@@ -132,6 +152,15 @@ nlohmann::json batch_json(const BatchReport& r, bool per_rank) {
       {"rows_max", max_of(r.stats.rows)},
       {"leftover_pieces", r.spill.leftover_pieces},
       {"plan_ms", r.plan_ms}};
+  if (r.topology) {
+    nlohmann::json rows = nlohmann::json::object();
+    for (const auto& [name, count] : r.cross_node) rows[name] = count;
+    out["cross_node"] = {{"bound", r.topology->cross_node_bound},
+                         {"rows", rows},
+                         {"spill_topology_imbalance", r.topology_imbalance},
+                         {"spill_topology_rows_moved", r.topology->rows_moved},
+                         {"spill_topology_target_met", r.topology->target_met}};
+  }
   if (!r.workload.empty()) {
     out["workload"] = r.workload;
     out["batch"] = r.batch;
@@ -313,6 +342,12 @@ const Registration registration("spill", [](CLI::App& app) {
   sub->add_option("--repeats", flags->repeats,
                   "Plan each batch this many times (at most 10000); the planning time is the "
                   "median")
+      ->capture_default_str();
+  sub->add_option("--ranks-per-node", flags->ranks_per_node,
+                  "Node map (consecutive ranks per node, dividing every --cp): also plan the "
+                  "topology-aware spill and report, in --json as cross_node, the rows each plan "
+                  "(zigzag, greedy, hybrid, spill, spill_topology) selects on another node than "
+                  "their owner's, beside the lower bound; 0: none")
       ->capture_default_str();
   sub->add_flag("--json", flags->json,
                 "Print JSON: {ratio, target, cost_model, batches: [{cp, tokens, imbalance, "

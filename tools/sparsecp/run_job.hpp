@@ -86,19 +86,26 @@ struct RankFigures {
   int64_t bytes_received = 0;
   int64_t predicted_sent = 0;
   int64_t predicted_received = 0;
+  // The step on this rank, wall: from launching the input exchange to holding its own
+  // rows' top-k (exchanges, selection and waiting for the other ranks), and the two
+  // exchanges alone (each launch plus its wait).
+  double step_wall = 0;
+  double exchange_wall = 0;
 
-  static constexpr size_t kFields = 10;
+  static constexpr size_t kFields = 12;
   std::vector<int64_t> encode() const {
     const auto ns = [](double s) { return static_cast<int64_t>(s * 1e9); };
     return {rows,           work,
             ns(select_cpu), ns(select_wall),
             ns(input_wait), ns(result_wait),
             bytes_sent,     bytes_received,
-            predicted_sent, predicted_received};
+            predicted_sent, predicted_received,
+            ns(step_wall),  ns(exchange_wall)};
   }
   static RankFigures decode(std::span<const int64_t> v) {
     const auto s = [](int64_t ns) { return static_cast<double>(ns) * 1e-9; };
-    return {v[0], v[1], s(v[2]), s(v[3]), s(v[4]), s(v[5]), v[6], v[7], v[8], v[9]};
+    return {v[0], v[1], s(v[2]), s(v[3]), s(v[4]),  s(v[5]),
+            v[6], v[7], v[8],    v[9],    s(v[10]), s(v[11])};
   }
   bool bytes_match() const {
     return bytes_sent == predicted_sent && bytes_received == predicted_received;
@@ -142,6 +149,8 @@ struct Summary {
   const StrategyRuns* runs = nullptr;
   std::vector<RankFigures> ranks;  // per rank: medians of the times over the repeats
   Spread slowest;                  // the slowest rank's selection CPU time per repeat
+  Spread step_wall;                // the slowest rank's step wall time per repeat
+  Spread exchange_wall;            // the slowest rank's exchange time per repeat
   double work_imbalance = 1;
   double time_imbalance = 1;  // of the per-rank median selection CPU times
   int64_t busiest_sent = 0;

@@ -45,6 +45,11 @@ nlohmann::ordered_json summary_json(const Summary& s) {
   out["time_imbalance"] = s.time_imbalance;
   out["slowest_select_cpu_s"] = {
       {"min", s.slowest.min}, {"median", s.slowest.median}, {"max", s.slowest.max}};
+  out["step_wall_s"] = {
+      {"min", s.step_wall.min}, {"median", s.step_wall.median}, {"max", s.step_wall.max}};
+  out["exchange_s"] = {{"min", s.exchange_wall.min},
+                       {"median", s.exchange_wall.median},
+                       {"max", s.exchange_wall.max}};
   out["speedup_slowest_rank"] = {{"median", s.speedup},
                                  {"low", s.speedup_low},
                                  {"high", s.speedup_high},
@@ -265,6 +270,16 @@ void print_side_by_side(const std::vector<Summary>& summaries) {
       "same repeat, with its 95%% interval;\n  ~ = within noise (the interval holds 1): not a "
       "measurable difference. work imb = busiest rank's causal pairs / mean; time imb = slowest "
       "rank's median time / mean.\n");
+  std::printf(
+      "\nthe step, wall (input exchange + selection + result exchange; per repeat the "
+      "slowest rank):\n  %-8s %30s %30s\n",
+      "mode", "step ms min/med/max", "exchanges ms min/med/max");
+  for (const Summary& s : summaries) {
+    std::printf("  %-8s %12.1f / %6.1f / %6.1f %12.1f / %6.1f / %6.1f\n",
+                std::string(s.runs->strategy->name()).c_str(), s.step_wall.min * 1e3,
+                s.step_wall.median * 1e3, s.step_wall.max * 1e3, s.exchange_wall.min * 1e3,
+                s.exchange_wall.median * 1e3, s.exchange_wall.max * 1e3);
+  }
 }
 
 // Pairwise comparisons, overlap, byte check and the verdict.

@@ -58,6 +58,15 @@ struct SpillOptions {
   int64_t max_received_fragments = 0;
   // What a row costs (default: causal pairs, the seed's measure).
   CostModel cost;
+  // > 0: the node map (node_map.hpp: ranks_per_node consecutive ranks per node) and
+  // the topology-aware plan: first each node above ranks_per_node * T exports its
+  // heaviest rows (the fewest that carry its excess: the cross-node bound), which fill
+  // the ranks below T on nodes below their capacity; then each node balances its own
+  // ranks as steps 3-4 do, receivers on the sender's node only; step 5 places the rest
+  // anywhere. Rows crossing nodes then equal cross_node_rows_lower_bound_at(T) unless
+  // step 5 sends a leftover across; rows moved in all may exceed the flat bound (the
+  // extra moves stay inside nodes). 0: no node map, the plan above.
+  int64_t ranks_per_node = 0;
 };
 
 struct SpillPlan {
@@ -73,10 +82,14 @@ struct SpillPlan {
   bool target_met = false;                  // max(load_after) <= T
   bool fragment_bound_met = true;           // no rank above max_received_fragments
   int64_t leftover_pieces = 0;              // pieces placed by step 5
+  // With a node map (ranks_per_node > 0): rows selected on another node than their
+  // owner's, and the cross-node lower bound at T (node_map.hpp); 0 without one.
+  int64_t cross_node_rows = 0;
+  int64_t cross_node_bound = 0;
 };
 
 // Validates like plan_tasks (seed texts), then target_imbalance >= 1,
-// max_received_fragments >= 0 and the cost model.
+// max_received_fragments >= 0, the cost model and ranks_per_node (>= 0, dividing cp).
 SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                      const SpillOptions& options = {});
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Faults on the cluster (scripts/cluster.sh): a link set down in the middle of the
+# exchanges, a node's ranks killed, a link slowed 100x, and 2% packet loss (where the
+# kernel has netem), each under Open MPI (`sparsecp run`) and under torch/gloo
+# (scripts/cluster_gloo_job.py), on 2 nodes x 2 ranks. Prints, per fault, the exit
+# status, the seconds from the fault to the job's end, whether every strategy was still
+# verified bit for bit, and every line the ranks and the launcher printed about the failure.
+# Usage: bash scripts/cluster_faults.sh [mpi|torch]...   (default: both)
+# Needs the release tool (build/release/sparsecp) and, for torch, .venv (scripts/pytest.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+paths=("$@"); ((${#paths[@]})) || paths=(mpi torch)
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+mpi_job=(env OMP_NUM_THREADS=1 build/release/sparsecp run --tokens 8000 --heads 2 --head-dim 16 --rope-dim 8
+         --q-rank 12 --topk 9 --repeats 8 --max-repeats 8 --no-calibrate)
+torch_job=(env OMP_NUM_THREADS=1 .venv/bin/python scripts/cluster_gloo_job.py --steps 60 --timeout 20)
+# Faults land in the middle of the steps: Open MPI's ranks start in about 2 s, Python's
+# (torch import, gloo rendezvous) in about 15 s on this loaded 2-core machine.
+mpi_faults=(none link-down:1@6 kill:1@6 slow:1:100@6 loss:1:2@6)
+torch_faults=(none link-down:1@20 kill:1@20 slow:1:100@20 loss:1:2@20)
+
+run_one() {  # run_one PATH FAULT -> one table row
+  local path=$1 fault=$2 log=$logs/$1-${2%%[:@]*}.log fault_args=() job launch=()
+  [ "$fault" = none ] || fault_args=(--fault "$fault")
+  if [ "$path" = torch ]; then launch=(--torch); job=("${torch_job[@]}"); else job=("${mpi_job[@]}"); fi
+  local start=$EPOCHREALTIME
+  bash scripts/cluster.sh --nodes 2 --ranks-per-node 2 --rate 200mbit --timeout 240 "${launch[@]}" \
+    "${fault_args[@]}" -- "${job[@]}" 2>&1 | while IFS= read -r line; do
+      printf '%.1f|%s\n' "$(bc <<<"$EPOCHREALTIME - $start")" "$line"; done >"$log"
+  local status=${PIPESTATUS[0]}
+  local applied end
+  applied=$(grep -m1 'cluster: fault' "$log" | cut -d'|' -f1)
+  end=$(grep 'cluster: node 0 link' "$log" | cut -d'|' -f1)
+  local to_end=n/a
+  [ -z "$applied" ] || [ -z "$end" ] || to_end=$(bc <<<"$end - $applied")
+  local verified=no
+  if [ "$path" = mpi ]; then
+    grep -q 'verified: every strategy' "$log" && verified=yes
+  else
+    (($(grep -o 'steps verified bit for bit' "$log" | wc -l) == 12)) && verified=yes
+    grep -q 'error after' "$log" && verified="no (a rank stopped: below)"
+  fi
+  echo "### $path, fault $fault: exit $status, fault at ${applied:-n/a} s, job ended ${to_end} s after it, every result verified: $verified"
+  grep -v '^[0-9.]*|  \|^[0-9.]*|$\|^[0-9.]*|-----' "$log" |
+    grep -v 'frame #' | grep -i -E 'error|fault|lost|noticed|abort|killed|timeout|timed out|verified|netem' |
+    sed 's/^/    /' | cut -c1-400 | head -16
+}
+for path in "${paths[@]}"; do
+  if [ "$path" = torch ]; then faults=("${torch_faults[@]}"); else faults=("${mpi_faults[@]}"); fi
+  for fault in "${faults[@]}"; do run_one "$path" "$fault"; done
+done
