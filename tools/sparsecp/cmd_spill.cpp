@@ -252,7 +252,7 @@ void print_sweep(const std::vector<BatchReport>& reports, double target) {
 
 void run_spill(const SpillFlags& flags) {
   check_repeats(flags.repeats, "--repeats");
-  const StrategyParams params = flags.strategy.params();
+  const StrategyParams params = flags.strategy.params(flags.ratio);
   SweepSpec spec = flags.sweep.spec();
   spec.ratio = flags.ratio;
   std::vector<BatchReport> reports;
