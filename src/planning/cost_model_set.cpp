@@ -108,8 +108,8 @@ CostModelSet parse_cost_model_set(std::string_view text, std::string_view origin
       SPARSECP_CHECK(!section->layer.ratio, origin, " line ", number, ": 'ratio' given twice");
       int64_t ratio = 0;
       const auto [stop, status] = std::from_chars(value.data(), value.data() + value.size(), ratio);
-      SPARSECP_CHECK(!value.empty() && status == std::errc() && stop == value.data() + value.size() &&
-                         ratio >= 1,
+      SPARSECP_CHECK(!value.empty() && status == std::errc() &&
+                         stop == value.data() + value.size() && ratio >= 1,
                      origin, " line ", number, ": ratio '", value, "' is not a positive integer");
       section->layer.ratio = ratio;
       section->text += '\n';
@@ -124,7 +124,8 @@ CostModelSet parse_cost_model_set(std::string_view text, std::string_view origin
   SPARSECP_CHECK(!sections || loose == 0, origin, " line ", loose,
                  ": a key before the first [layer kind] section (a file with sections holds "
                  "every model in one)");
-  if (!sections) set.layers.push_back({std::string(), std::nullopt, parse_cost_model(text, origin)});
+  if (!sections)
+    set.layers.push_back({std::string(), std::nullopt, parse_cost_model(text, origin)});
   return set;
 }
 

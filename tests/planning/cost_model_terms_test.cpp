@@ -22,8 +22,8 @@
 namespace sparsecp {
 namespace {
 
-using ::testing::HasSubstr;
 using sparsecp::testing::error_of;
+using ::testing::HasSubstr;
 
 CostModel with_terms(int64_t candidates, int64_t quantum) {
   CostModel model = CostModel::linear(3, 2, 5, 7);
@@ -51,8 +51,8 @@ TEST(CostModelTerms, WidthRoundsTheCappedKeyCountUp) {
   EXPECT_EQ(model.width(1), 4);
   EXPECT_EQ(model.width(4), 4);
   EXPECT_EQ(model.width(5), 8);
-  EXPECT_EQ(model.width(9), 12);    // min(9, 10) = 9 -> 12
-  EXPECT_EQ(model.width(10), 12);   // the cap itself rounds up too
+  EXPECT_EQ(model.width(9), 12);   // min(9, 10) = 9 -> 12
+  EXPECT_EQ(model.width(10), 12);  // the cap itself rounds up too
   EXPECT_EQ(model.width(1000), 12);
   EXPECT_EQ(with_terms(0, 1).width(1000), 1000);
   EXPECT_EQ(with_terms(16384, 1).width(20000), 16384);
@@ -79,9 +79,8 @@ TEST(CostModelTerms, RangeEqualsPerRowSumsOnAwkwardRanges) {
           if (end < start) continue;
           for (const int64_t stop : {end, end + 1}) {  // the single-row range [end, end + 1)
             const int64_t begin = stop == end + 1 ? end : start;
-            SCOPED_TRACE(::testing::Message() << "ratio " << ratio << " C " << candidates
-                                              << " Q " << quantum << " [" << begin << ", "
-                                              << stop << ")");
+            SCOPED_TRACE(::testing::Message() << "ratio " << ratio << " C " << candidates << " Q "
+                                              << quantum << " [" << begin << ", " << stop << ")");
             ASSERT_EQ(model.width_prefix(stop, ratio) - model.width_prefix(begin, ratio),
                       brute_widths(model, begin, stop, ratio));
             ASSERT_DOUBLE_EQ(model.range(begin, stop, ratio),
@@ -170,8 +169,8 @@ TEST(CostModelTerms, CandidateCapChangesSpillsPlanAsPredicted) {
     }
     moved.push_back(spill.rows_shed[0] + spill.rows_shed[1]);
   }
-  EXPECT_GT(moved[1], moved[0]) << "rows moved off the long document's ranks: no cap "
-                                << moved[0] << ", 16K cap " << moved[1];
+  EXPECT_GT(moved[1], moved[0]) << "rows moved off the long document's ranks: no cap " << moved[0]
+                                << ", 16K cap " << moved[1];
 }
 
 TEST(CostModelTerms, QuantumPricesShortRowsAsAFullWidth) {
@@ -295,10 +294,12 @@ TEST(CostModelSet, BadInputsNameTheField) {
     return error_of([&] { parse_cost_model_set(text, "f.txt"); });
   };
   const std::string body = "a 1\nb 1\nc 0\ntopk 8\n";
-  EXPECT_THAT(bad("[csa]\nratio 0\n" + body), HasSubstr("f.txt line 2: ratio '0' is not a positive"));
+  EXPECT_THAT(bad("[csa]\nratio 0\n" + body),
+              HasSubstr("f.txt line 2: ratio '0' is not a positive"));
   EXPECT_THAT(bad("[csa]\nratio four\n" + body), HasSubstr("ratio 'four'"));
   EXPECT_THAT(bad("[csa]\nratio 4\nratio 4\n" + body), HasSubstr("line 3: 'ratio' given twice"));
-  EXPECT_THAT(bad("[csa]\n" + body + "[csa]\n" + body), HasSubstr("line 6: layer kind 'csa' given twice"));
+  EXPECT_THAT(bad("[csa]\n" + body + "[csa]\n" + body),
+              HasSubstr("line 6: layer kind 'csa' given twice"));
   EXPECT_THAT(bad("[c s]\n" + body), HasSubstr("layer kind 'c s' must be letters"));
   EXPECT_THAT(bad("[csa\n" + body), HasSubstr("line 1: section '[csa' must end with ']'"));
   EXPECT_THAT(bad("a 1\n[csa]\n" + body), HasSubstr("f.txt line 1: a key before the first"));

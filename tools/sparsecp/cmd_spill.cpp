@@ -272,6 +272,8 @@ void run_spill(const SpillFlags& flags) {
                          {"b", options.cost.b},
                          {"c", options.cost.c},
                          {"topk", options.cost.topk},
+                         {"candidates", options.cost.candidates},
+                         {"quantum", options.cost.quantum},
                          {"unit", options.cost.unit}};
     out["batches"] = nlohmann::json::array();
     for (const BatchReport& r : reports) out["batches"].push_back(batch_json(r, single));

@@ -39,8 +39,9 @@
 //     candidates 16384
 //     quantum 1
 //     note heads 64 head_dim 128 q_rank 1536, AMD EPYC, 2026-11-30
-// a, b, c and topk are required; `candidates` (default 0, no cap), `quantum` (default 1), `unit` (default "pairs") and `note` are free text for
-// reports. Unknown keys and malformed numbers are errors naming the line.
+// a, b, c and topk are required; `candidates` (default 0, no cap), `quantum` (default 1), `unit`
+// (default "pairs") and `note` are free text for reports. Unknown keys and malformed numbers are
+// errors naming the line.
 #pragma once
 
 #include <cstdint>

@@ -36,7 +36,7 @@
 namespace sparsecp {
 
 struct LayerCostModel {
-  std::string kind;            // the section's name; empty for a single-model file
+  std::string kind;              // the section's name; empty for a single-model file
   std::optional<int64_t> ratio;  // the layers' compression ratio; unset: any ratio
   CostModel model;
 };
