@@ -100,6 +100,8 @@ void bind_params(nb::module_& m) {
       .def_rw("b", &CostModel::b)
       .def_rw("c", &CostModel::c)
       .def_rw("topk", &CostModel::topk)
+      .def_rw("candidates", &CostModel::candidates)
+      .def_rw("quantum", &CostModel::quantum)
       .def_rw("unit", &CostModel::unit)
       .def_rw("note", &CostModel::note)
       .def("row", &CostModel::row, nb::arg("visible"))

@@ -8,12 +8,31 @@
 
 namespace sparsecp {
 
-CostModel load_cost_model(const std::string& path) {
+namespace {
+
+std::string read_whole(const std::string& path) {
   std::ifstream file(path);
   SPARSECP_CHECK(file.good(), "cannot open cost model file '", path, "'");
   std::ostringstream text;
   text << file.rdbuf();
-  return parse_cost_model(text.str(), path);
+  return text.str();
+}
+
+}  // namespace
+
+CostModel load_cost_model(const std::string& path) {
+  return parse_cost_model(read_whole(path), path);
+}
+
+CostModelSet load_cost_model_set(const std::string& path) {
+  return parse_cost_model_set(read_whole(path), path);
+}
+
+void save_cost_model_set(const std::string& path, const CostModelSet& set) {
+  const std::string text = format_cost_model_set(set);  // validates every model
+  OutputSet output;
+  output.add_text(path, text, "cost model file");
+  output.commit();
 }
 
 void save_cost_model(const std::string& path, const CostModel& model) {

@@ -12,20 +12,42 @@
 
 namespace sparsecp {
 
+int64_t CostModel::width(int64_t visible) const {
+  const int64_t keys = candidates > 0 ? std::min(visible, candidates) : visible;
+  return (keys + quantum - 1) / quantum * quantum;
+}
+
 double CostModel::row(int64_t visible) const {
-  return a + b * static_cast<double>(visible) + c * static_cast<double>(std::min(topk, visible));
+  return a + b * static_cast<double>(width(visible)) +
+         c * static_cast<double>(std::min(topk, visible));
+}
+
+int64_t CostModel::width_prefix(int64_t rows, int64_t ratio) const {
+  if (exact_widths()) return work_prefix(rows, ratio);
+  // width(k) = Q * #{j >= 0 : j * Q < min(k, C)}, so the sum over rows is Q times, for
+  // each threshold j < J = ceil(C / Q), the rows that see more than j * Q keys. A row at
+  // position p sees at least t keys when p >= t * ratio - 1, so threshold j counts
+  // rows + 1 - (j * Q + 1) * ratio rows, for the n thresholds with j * Q + 1 <= rows / ratio.
+  const int64_t most = rows / ratio;  // keys of the last row, vis(rows - 1)
+  if (most == 0) return 0;
+  int64_t n = (most - 1) / quantum + 1;
+  if (candidates > 0) n = std::min(n, (candidates + quantum - 1) / quantum);
+  // sum_{j < n} (rows + 1 - ratio - j * Q * ratio); n * (n - 1) is even, and Q * (n - 1)
+  // stays below `most`, so no intermediate exceeds the result's magnitude by much.
+  return quantum * n * (rows + 1 - ratio) - ratio * quantum * quantum * (n * (n - 1) / 2);
 }
 
 double CostModel::prefix(int64_t rows, int64_t ratio) const {
   const int64_t pairs = work_prefix(rows, ratio);
   if (is_causal()) return static_cast<double>(pairs);
+  const int64_t keys = exact_widths() ? pairs : width_prefix(rows, ratio);
   // sum_{p < rows} min(topk, vis(p)): rows before m = topk * ratio - 1 see fewer than
   // topk keys, every later row sees at least topk.
   const int64_t m = topk > (INT64_MAX - 1) / ratio ? INT64_MAX : topk * ratio - 1;
   const double capped = rows <= m ? static_cast<double>(pairs)
                                   : static_cast<double>(work_prefix(m, ratio)) +
                                         static_cast<double>(topk) * static_cast<double>(rows - m);
-  return a * static_cast<double>(rows) + b * static_cast<double>(pairs) + c * capped;
+  return a * static_cast<double>(rows) + b * static_cast<double>(keys) + c * capped;
 }
 
 void validate_cost_model(const CostModel& model) {
@@ -36,6 +58,11 @@ void validate_cost_model(const CostModel& model) {
   SPARSECP_CHECK(model.a + model.b + model.c > 0,
                  "cost model needs a positive coefficient (a, b and c are all 0)");
   SPARSECP_CHECK(model.topk >= 1, "cost model topk must be positive, got ", model.topk);
+  SPARSECP_CHECK(model.candidates >= 0,
+                 "cost model candidates must be non-negative (0 = no cap), got ", model.candidates);
+  SPARSECP_CHECK(model.quantum >= 1 && model.quantum <= kMaxCostModelQuantum,
+                 "cost model quantum must be in [1, ", kMaxCostModelQuantum, "], got ",
+                 model.quantum);
 }
 
 namespace {
@@ -72,6 +99,10 @@ std::string cost_model_id(const CostModel& model) {
   mix_word(std::bit_cast<uint64_t>(model.b));
   mix_word(std::bit_cast<uint64_t>(model.c));
   mix_word(static_cast<uint64_t>(model.topk));
+  if (!model.exact_widths()) {  // older models (no such terms) keep their ids
+    mix_word(static_cast<uint64_t>(model.candidates));
+    mix_word(static_cast<uint64_t>(model.quantum));
+  }
   mix_text(model.unit);
   mix_text(model.note);
   char text[17];
@@ -81,16 +112,24 @@ std::string cost_model_id(const CostModel& model) {
 
 std::string format_cost_model(const CostModel& model) {
   std::ostringstream out;
-  out << "# sparsecp cost model: per-row cost a + b * vis + c * min(topk, vis)\n"
+  out << "# sparsecp cost model: per-row cost a + b * vis + c * min(topk, vis)"
+      << (model.exact_widths() ? "" : ", vis priced as roundup(min(vis, candidates), quantum)")
+      << "\n"
       << "a " << exact(model.a) << "\nb " << exact(model.b) << "\nc " << exact(model.c) << "\ntopk "
-      << model.topk << "\nunit " << model.unit << '\n';
+      << model.topk << '\n';
+  if (model.candidates != 0) out << "candidates " << model.candidates << '\n';
+  if (model.quantum != 1) out << "quantum " << model.quantum << '\n';
+  out << "unit " << model.unit << '\n';
   if (!model.note.empty()) out << "note " << model.note << '\n';
   return out.str();
 }
 
 CostModel parse_cost_model(std::string_view text, std::string_view origin) {
   CostModel model;
-  bool seen[4] = {false, false, false, false};  // a, b, c, topk
+  // a, b, c and topk are required; candidates and quantum keep their defaults.
+  constexpr const char* names[] = {"a", "b", "c", "topk", "candidates", "quantum"};
+  constexpr size_t required = 4;
+  bool seen[std::size(names)] = {};
   int64_t number = 0;
   while (!text.empty()) {
     const size_t newline = text.find('\n');
@@ -107,19 +146,19 @@ CostModel parse_cost_model(std::string_view text, std::string_view origin) {
       (key == "unit" ? model.unit : model.note) = std::string(value);
       continue;
     }
-    const char* names[] = {"a", "b", "c", "topk"};
     const auto* found = std::find(std::begin(names), std::end(names), key);
     SPARSECP_CHECK(found != std::end(names), origin, " line ", number, ": unknown key '", key,
-                   "' (expected a, b, c, topk, unit or note)");
+                   "' (expected a, b, c, topk, candidates, quantum, unit or note)");
     const size_t index = static_cast<size_t>(found - std::begin(names));
     SPARSECP_CHECK(!seen[index], origin, " line ", number, ": '", key, "' given twice");
     seen[index] = true;
     const char* begin = value.data();
     const char* end = value.data() + value.size();
-    if (index == 3) {
-      const auto [stop, status] = std::from_chars(begin, end, model.topk);
+    if (index >= 3) {
+      int64_t& target = index == 3 ? model.topk : index == 4 ? model.candidates : model.quantum;
+      const auto [stop, status] = std::from_chars(begin, end, target);
       SPARSECP_CHECK(!value.empty() && status == std::errc() && stop == end, origin, " line ",
-                     number, ": topk '", value, "' is not an integer");
+                     number, ": ", key, " '", value, "' is not an integer");
     } else {
       double parsed = 0;
       const auto [stop, status] = std::from_chars(begin, end, parsed);
@@ -128,8 +167,7 @@ CostModel parse_cost_model(std::string_view text, std::string_view origin) {
       (index == 0 ? model.a : index == 1 ? model.b : model.c) = parsed;
     }
   }
-  for (size_t i = 0; i < 4; ++i) {
-    const char* names[] = {"a", "b", "c", "topk"};
+  for (size_t i = 0; i < required; ++i) {
     SPARSECP_CHECK(seen[i], origin, ": missing '", names[i], "'");
   }
   validate_cost_model(model);

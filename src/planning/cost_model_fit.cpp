@@ -63,11 +63,15 @@ bool solve(std::span<const CostSample> samples, std::array<bool, 4> use, Beta& b
 
 }  // namespace
 
-CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk, double seconds) {
+CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk, double seconds,
+                       int64_t candidates, int64_t quantum) {
   SPARSECP_CHECK(ratio >= 1, "cost sample ratio must be positive, got ", ratio);
   SPARSECP_CHECK(topk >= 1, "cost sample topk must be positive, got ", topk);
   const CostModel rows = CostModel::linear(1, 0, 0, topk);
-  const CostModel visible = CostModel::linear(0, 1, 0, topk);
+  CostModel visible = CostModel::linear(0, 1, 0, topk);
+  visible.candidates = candidates;
+  visible.quantum = quantum;
+  validate_cost_model(visible);
   const CostModel capped = CostModel::linear(0, 0, 1, topk);
   CostSample sample;
   sample.seconds = seconds;
@@ -99,6 +103,12 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
   SPARSECP_CHECK(std::isfinite(bound) && bound >= 0,
                  "cost model fit residual bound must be finite and non-negative, got ", bound);
   validate_cost_samples(samples);
+  {
+    CostModel terms;  // the settings' errors are the model's
+    terms.candidates = options.candidates;
+    terms.quantum = options.quantum;
+    validate_cost_model(terms);
+  }
   Beta best{0, 0, 0, 0};
   double best_error = std::numeric_limits<double>::infinity();
   for (int mask = options.per_call_term ? 1 : 2; mask < 16; mask += options.per_call_term ? 1 : 2) {
@@ -122,6 +132,8 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
   CostFit fit;
   fit.model = CostModel::linear(best[1] * 1e9, best[2] * 1e9, best[3] * 1e9, options.topk);
   fit.model.unit = "ns";
+  fit.model.candidates = options.candidates;
+  fit.model.quantum = options.quantum;
   if (fit.model.a + fit.model.b + fit.model.c <= 0) fit.model.b = 1e-9;  // keep it valid
   fit.per_call_seconds = best[0];
   double rms = 0;

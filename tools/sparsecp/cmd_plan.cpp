@@ -99,7 +99,7 @@ void run_plan(const PlanCommand& command) {
   const std::vector<int64_t> lengths = command.batch.load(command.cp);
   const int64_t total_rows = checked_total(lengths);
   validate_plan_inputs(lengths, command.cp, command.ratio, Mode::kNone, std::nullopt);
-  const StrategyParams params = command.strategy.params(command.model);
+  const StrategyParams params = command.strategy.params(command.ratio, command.model);
   const BalanceBound bound = balance_bound(lengths, command.cp, command.ratio);
 
   std::vector<const Strategy*> strategies;

@@ -193,7 +193,7 @@ void run_route(const RouteCommand& command) {
   const std::vector<int64_t> lengths = command.batch.load(command.cp);
   checked_total(lengths);
   const Strategy& strategy = command.strategy.strategy("zigzag");
-  const StrategyParams params = command.strategy.params(command.model);
+  const StrategyParams params = command.strategy.params(command.ratio, command.model);
   if (command.all_ranks) {
     run_all_ranks(command, lengths, strategy, params);
     return;

@@ -174,7 +174,7 @@ Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
                      "strategy (or leave --mode out for none, hybrid and spill)");
       job.strategies.push_back(&chosen);
     }
-    job.params = flags.strategy.params(flags.model);
+    job.params = flags.strategy.params(flags.ratio, flags.model);
     job.model = make_run_model(flags.model, flags.ratio, flags.threads, flags.model_seed,
                                job.lengths, comm.rank(), total / job.cp);
   });

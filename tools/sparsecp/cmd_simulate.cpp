@@ -134,7 +134,7 @@ void run_simulate(const SimulateCommand& command) {
   spec.strategies = parse_strategy_list(command.strategies);
   spec.ratio = command.ratio;
   command.model.validate();
-  spec.params = command.strategy.params(command.model);
+  spec.params = command.strategy.params(command.ratio, command.model);
   spec.clock = [] { return wall_seconds() * 1e3; };
 
   const ProgressBar progress(isatty(STDERR_FILENO) == 1);

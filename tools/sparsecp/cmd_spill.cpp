@@ -281,7 +281,7 @@ void print_sweep(const std::vector<BatchReport>& reports, double target) {
 
 void run_spill(const SpillFlags& flags) {
   check_repeats(flags.repeats, "--repeats");
-  const StrategyParams params = flags.strategy.params();
+  const StrategyParams params = flags.strategy.params(flags.ratio);
   SweepSpec spec = flags.sweep.spec();
   spec.ratio = flags.ratio;
   std::vector<BatchReport> reports;
@@ -301,6 +301,8 @@ void run_spill(const SpillFlags& flags) {
                          {"b", options.cost.b},
                          {"c", options.cost.c},
                          {"topk", options.cost.topk},
+                         {"candidates", options.cost.candidates},
+                         {"quantum", options.cost.quantum},
                          {"unit", options.cost.unit}};
     out["batches"] = nlohmann::json::array();
     for (const BatchReport& r : reports) out["batches"].push_back(batch_json(r, single));

@@ -27,7 +27,12 @@ void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool
       ->capture_default_str();
   command.add_option("--cost-model", cost_model,
                      "spill/auto: per-row cost model file from `sparsecp calibrate` [default: "
-                     "spill balances causal pairs; auto predicts a nominal accelerator]");
+                     "spill balances causal pairs; auto predicts a nominal accelerator]; a file "
+                     "with a model per layer kind gives the one for --ratio, or --layer-kind's");
+  command.add_option("--layer-kind", layer_kind,
+                     "spill/auto: the model of this layer kind (e.g. csa, hca, candidates) in a "
+                     "--cost-model file with a model per layer kind [default: the one whose "
+                     "ratio is --ratio]");
   command
       .add_option(names("--bandwidth-gbps", {"--bandwidth"}), given.bandwidth_gbps,
                   "auto: exchange bandwidth per rank and direction in GB/s")
@@ -62,7 +67,7 @@ void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool
       ->capture_default_str();
 }
 
-StrategyParams StrategyFlags::params(const ModelFlags& model) const {
+StrategyParams StrategyFlags::params(int64_t ratio, const ModelFlags& model) const {
   // A seed mode checks its explicit options first, with the seed's texts and order (a
   // block under zigzag is misplaced before it is zero; hybrid's threshold 0 is not "an
   // explicit positive integer"); omitted options keep their friendly defaults.
@@ -74,7 +79,15 @@ StrategyParams StrategyFlags::params(const ModelFlags& model) const {
   StrategyParams params = given;
   if (!cost_model.empty()) {
     check_input_file(cost_model, "--cost-model");
-    params.cost_model = load_cost_model(cost_model);
+    const CostModelSet set = load_cost_model_set(cost_model);
+    try {
+      params.cost_model = set.select(ratio, layer_kind);
+    } catch (const Error& error) {
+      throw InvalidInputError("--cost-model " + cost_model + ": " + error.what());
+    }
+  } else {
+    SPARSECP_CHECK(layer_kind.empty(), "--layer-kind ", layer_kind,
+                   " needs --cost-model FILE (a file with a model per layer kind)");
   }
   params.lpt_cost = parse_row_cost(lpt_cost);
   params.row_bytes = model.row_bytes();

@@ -5,8 +5,8 @@
 //                            seed modes none/zigzag/greedy/hybrid, the peers, spill, auto
 //   --block-size, --zigzag-min-length   the seed modes' options (defaults resolved against the
 //                            batch by sparsecp::resolve_seed_options and printed)
-//   --target-imbalance, --max-received-fragments, --cost-model FILE, --bandwidth-gbps
-//                                  spill and auto
+//   --target-imbalance, --max-received-fragments, --cost-model FILE, --layer-kind K,
+//   --bandwidth-gbps                spill and auto
 //   --wlb-split-length       wlb
 //   --snake-block, --lpt-*, --window   the peers' own parameters
 // (--topk, which lpt-search's row cost and auto's row bytes use, is a model-shape option:
@@ -27,6 +27,7 @@ struct StrategyFlags {
   std::string mode;        // empty: the command's default
   StrategyParams given;    // the options bind to these fields directly
   std::string cost_model;  // a `sparsecp calibrate` file; empty: none
+  std::string layer_kind;  // the model of that kind in a file with a model per layer kind
   std::string lpt_cost = "magi";
 
   // Declares every option above; `mode_help` says what --mode does in this command
@@ -34,9 +35,10 @@ struct StrategyFlags {
   // --strategies list).
   void add_to(CLI::App& command, const std::string& mode_help, bool with_mode = true);
 
-  // The parameters, validated; the cost model file is read here. `model` supplies topk
-  // and the moved-row sizes (auto's bytes); without it, the defaults.
-  StrategyParams params(const ModelFlags& model = {}) const;
+  // The parameters, validated; the cost model file is read here, and from a file with a
+  // model per layer kind the one --layer-kind names, else the one for `ratio`. `model`
+  // supplies topk and the moved-row sizes (auto's bytes); without it, the defaults.
+  StrategyParams params(int64_t ratio, const ModelFlags& model = {}) const;
 
   // The strategy --mode names, or `fallback` when --mode was not given. For a seed mode,
   // --block-size / --zigzag-min-length where the seed forbids them are the seed's errors.

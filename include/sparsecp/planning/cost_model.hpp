@@ -3,13 +3,22 @@
 // The seed balances causal (query, key) pairs (cost.hpp): a row at document position
 // p costs vis = floor((p + 1) / ratio). What a worker really spends per row is
 //
-//     cost(vis) = a + b * vis + c * min(topk, vis)
+//     cost(vis) = a + b * width(vis) + c * min(topk, vis)
+//     width(vis) = roundup(min(vis, candidates), quantum)
 //
 //   a  the row's fixed work: Index-Q projection (qr @ Wq_b, RoPE), weights, the
 //      row's top-k output;
 //   b  scoring one visible key (heads x head_dim multiply-adds, ReLU, weighting);
 //   c  top-k upkeep per candidate while the heap is not yet full (a row that sees
 //      fewer than topk keys keeps every one of them).
+//
+// Two settings shape the key term; they describe the kernel, they are not fitted
+// (fit_cost_model copies them from its options into the model):
+//   candidates  C: layers that score a fixed candidate set (DeepSeek-V4.1's later indexer
+//               layers score 16K positions) spend at most C keys per row; 0 = no cap.
+//   quantum     Q: fused GPU kernels round a row's score width up to a multiple of Q
+//               (8192 in Megatron-LM's fused path); 1 = exact widths.
+// The defaults (no cap, quantum 1) give exactly the model without these terms.
 //
 // `sparsecp calibrate` fits a, b, c (nanoseconds) from timed selection runs on the
 // machine at hand and saves them with `save_cost_model` (io/cost_model_file.hpp); planners
@@ -27,9 +36,12 @@
 //     c 0.0031
 //     topk 512
 //     unit ns
+//     candidates 16384
+//     quantum 1
 //     note heads 64 head_dim 128 q_rank 1536, AMD EPYC, 2026-11-30
-// a, b, c and topk are required; `unit` (default "pairs") and `note` are free text for
-// reports. Unknown keys and malformed numbers are errors naming the line.
+// a, b, c and topk are required; `candidates` (default 0, no cap), `quantum` (default 1), `unit`
+// (default "pairs") and `note` are free text for reports. Unknown keys and malformed numbers are
+// errors naming the line.
 #pragma once
 
 #include <cstdint>
@@ -38,11 +50,16 @@
 
 namespace sparsecp {
 
+// Largest width quantum a model accepts (keeps every closed-form sum in 64 bits).
+inline constexpr int64_t kMaxCostModelQuantum = int64_t{1} << 24;
+
 struct CostModel {
   double a = 0;  // per selected row
   double b = 1;  // per visible key
   double c = 0;  // per min(topk, visible keys)
   int64_t topk = 512;
+  int64_t candidates = 0;      // C: most keys a row scores (0 = no cap)
+  int64_t quantum = 1;         // Q: key widths round up to a multiple of this
   std::string unit = "pairs";  // what one cost unit is ("pairs" or "ns")
   std::string note;            // where the figures come from (one line)
 
@@ -56,11 +73,20 @@ struct CostModel {
     return model;
   }
 
-  // The seed's causal pair count (a = 0, b = 1, c = 0).
-  bool is_causal() const { return a == 0 && b == 1 && c == 0; }
+  // The seed's causal pair count (a = 0, b = 1, c = 0, no cap, quantum 1).
+  bool is_causal() const { return a == 0 && b == 1 && c == 0 && exact_widths(); }
+
+  // No candidate cap and quantum 1: the key term is the visible key count itself.
+  bool exact_widths() const { return candidates == 0 && quantum == 1; }
+
+  // Keys the row's key term prices: roundup(min(visible, candidates), quantum).
+  int64_t width(int64_t visible) const;
 
   // Cost of one row that sees `visible` keys.
   double row(int64_t visible) const;
+
+  // sum of width(vis(p)) over document positions [0, rows): closed form, O(1).
+  int64_t width_prefix(int64_t rows, int64_t ratio) const;
 
   // Cost of the first `rows` rows of a document (document positions [0, rows)).
   // For the causal model this is work_prefix(rows, ratio) exactly (as a double, exact
@@ -73,11 +99,13 @@ struct CostModel {
   }
 };
 
-// Throws Error unless a, b, c are finite and non-negative, a + b + c > 0 and topk >= 1.
+// Throws Error unless a, b, c are finite and non-negative, a + b + c > 0, topk >= 1,
+// candidates >= 0 and quantum >= 1 (each error names the value).
 void validate_cost_model(const CostModel& model);
 
 // The model's id, 16 hex digits: a hash (FNV-1a, 64 bits) of its terms (a, b, c, topk,
-// unit, bit for bit) and its note, which names the shape and device it was fitted for
+// candidates and quantum when not the defaults, so older models keep their ids, unit, bit
+// for bit) and its note, which names the shape and device it was fitted for
 // (`sparsecp calibrate` writes "heads 16 head_dim 128 ... isa avx2 threads 1, <CPU>, <date>").
 // Every report that balances a model prints it, so two runs can tell whether they
 // balanced the same one. Stable across platforms and builds.

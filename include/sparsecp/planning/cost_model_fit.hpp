@@ -4,13 +4,19 @@
 // `sparsecp run`'s start-up calibration, Python's `sparsecp.fit_cost_model`, and
 // tools/cost_model/fit_run_times.py (a job's own per-rank selection times).
 //
-// Each sample is one timed call that selected `rows` rows whose visible-key counts sum
-// to `visible` and whose min(topk, vis) sum to `capped`. The time is modelled as
+// Each sample is one timed call that selected `rows` rows whose priced key widths sum
+// to `visible` (the visible-key counts themselves unless the model has a candidate cap or
+// a width quantum: then width(vis) = roundup(min(vis, candidates), quantum)) and whose
+// min(topk, vis) sum to `capped`. The time is modelled as
 //     seconds = k + a * rows + b * visible + c * capped
 // with k the per-call constant (threads, buffers) when `per_call_term` is set, else 0.
 // The fit is non-negative least squares, solved exactly: ordinary least squares on every
 // subset of the columns, keeping the non-negative solution with the least squared error
 // (at most 15 subsets of a 4-column problem). Pure and deterministic.
+//
+// The candidate cap and the width quantum are settings of the model (what the kernel
+// does), not fitted: the caller states them in CostFitOptions, computes `visible` with
+// them (cost_sample does), and the fitted model carries them.
 #pragma once
 
 #include <cstdint>
@@ -24,18 +30,22 @@ namespace sparsecp {
 
 struct CostSample {
   double rows = 0;
-  double visible = 0;  // sum of vis over the rows
+  double visible = 0;  // sum of width(vis) over the rows (vis itself by default)
   double capped = 0;   // sum of min(topk, vis) over the rows
   double seconds = 0;  // measured time of the call (> 0)
 };
 
-// The sums of a task list (one rank's selection) at `ratio` and `topk`, with `seconds`.
+// The sums of a task list (one rank's selection) at `ratio` and `topk`, with `seconds`;
+// `visible` sums widths under `candidates` (0 = no cap) and `quantum` (1 = exact).
 // Exact: closed forms per task, O(tasks).
-CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk, double seconds);
+CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk, double seconds,
+                       int64_t candidates = 0, int64_t quantum = 1);
 
 struct CostFitOptions {
   bool per_call_term = false;  // fit k as well (calibrate's points vary rows per call)
   int64_t topk = 512;          // the model's topk (what `capped` was computed with)
+  int64_t candidates = 0;      // the model's candidate cap (what `visible` was computed with)
+  int64_t quantum = 1;         // the model's width quantum (likewise)
   // > 0: a fit whose rms relative residual exceeds it is refused (InvalidInputError
   // naming both): timings that far from linear (a busy machine, too few repeats) must
   // not be balanced silently. 0: no bound.
@@ -43,7 +53,7 @@ struct CostFitOptions {
 };
 
 struct CostFit {
-  CostModel model;                // a, b, c in ns per row, unit "ns", topk from the options
+  CostModel model;  // a, b, c in ns per row, unit "ns", topk, candidates, quantum from the options
   double per_call_seconds = 0;    // k (0 without per_call_term)
   std::vector<double> predicted;  // per sample, seconds
   // sqrt(mean(((predicted - measured) / measured)^2)) over the samples.
