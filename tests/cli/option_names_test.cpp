@@ -43,6 +43,8 @@ const std::map<std::string, std::string>& canonical_names() {
       {"--target-imbalance", "target_imbalance"},
       {"--max-received-fragments", "max_received_fragments"},
       {"--cost-model", "cost model file"},
+      {"--layer-kind", "which model of a cost-model file with a model per layer kind"},
+      {"--ranks-per-node", "ranks per node of the node map (topology-aware plans)"},
       {"--bandwidth-gbps", "bandwidth_gbps"},
       {"--wlb-split-length", "wlb_split_length"},
       {"--snake-block", "snake_block"},
