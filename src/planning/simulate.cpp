@@ -226,7 +226,8 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
       result.workload = batch.workload;
       result.batch = batch.batch;
       result.rows_moved_bound = rows_moved_bound;
-      result.bytes_moved_bound = spec.params.row_bytes.wire_bytes(rows_moved_bound, rows_moved_bound);
+      result.bytes_moved_bound =
+          spec.params.row_bytes.wire_bytes(rows_moved_bound, rows_moved_bound);
       results.push_back(std::move(result));
     }
     ++done;
