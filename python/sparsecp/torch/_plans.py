@@ -169,13 +169,21 @@ class Planned:
 
     def fingerprint(self, settings: tuple[tuple[str, int], ...]) -> _core.PlanningFingerprint:
         """The planning inputs' fingerprint with ``settings`` (name, value) added in order."""
-        fingerprint = self._fingerprints.get(settings)
-        if fingerprint is None:
-            fingerprint = self.inputs.fingerprint()
-            for name, value in settings:
-                fingerprint.add(name, value)
-            self._fingerprints[settings] = fingerprint
-        return fingerprint
+        return settings_fingerprint(self.inputs, settings, self._fingerprints)
+
+
+def settings_fingerprint(inputs: PlanningInputs, settings: tuple[tuple[str, int], ...],
+                         cache: dict[tuple[tuple[str, int], ...], _core.PlanningFingerprint]
+                         ) -> _core.PlanningFingerprint:
+    """``inputs``' fingerprint with ``settings`` (name, value) added in order, kept in
+    ``cache`` (the lengths are hashed once per settings)."""
+    fingerprint = cache.get(settings)
+    if fingerprint is None:
+        fingerprint = inputs.fingerprint()
+        for name, value in settings:
+            fingerprint.add(name, value)
+        cache[settings] = fingerprint
+    return fingerprint
 
 
 @lru_cache(maxsize=128)

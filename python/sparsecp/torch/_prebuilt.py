@@ -56,7 +56,7 @@ from .._checks import integer
 from ._agreement import agree, capture, control_device, dtype_code
 from ._checks import INPUT_NAMES, check_inputs
 from ._exchange import _STATS, _STATS_LOCK, WorkerInputs, dtype_groups
-from ._plans import PlanningInputs, planned, planning_inputs, unusable_fingerprint
+from ._plans import PlanningInputs, planned, planning_inputs, settings_fingerprint, unusable_fingerprint
 
 __all__ = ["FixedIndices", "PrebuiltLayer", "PrebuiltRoutes", "StagingBuffers", "fixed_capacity",
            "padding_bytes", "prebuild"]
@@ -125,13 +125,7 @@ class PrebuiltLayer:
         nothing) with ``settings`` added."""
         if self._fingerprint is None:
             self._fingerprint = {}
-        found = self._fingerprint.get(settings)
-        if found is None:
-            found = self.inputs.fingerprint()
-            for name, value in settings:
-                found.add(name, value)
-            self._fingerprint[settings] = found
-        return found
+        return settings_fingerprint(self.inputs, settings, self._fingerprint)
 
 
 @dataclass
