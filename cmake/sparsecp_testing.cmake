@@ -16,7 +16,7 @@ function(sparsecp_add_test name)
   include(GoogleTest)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE sparsecp GTest::gtest GTest::gtest_main GTest::gmock
-                        nlohmann_json::nlohmann_json sparsecp_build_flags)
+                        nlohmann_json::nlohmann_json sparsecp_build_flags sparsecp_driver_flags)
   target_include_directories(${name} PRIVATE ${SPARSECP_TEST_DIR})
   target_compile_definitions(${name} PRIVATE SPARSECP_TEST_DATA_DIR="${SPARSECP_TEST_DIR}/data"
                              SPARSECP_CLI_PATH="$<TARGET_FILE:sparsecp_cli>")
@@ -33,7 +33,7 @@ function(sparsecp_add_mpi_test name)
   cmake_parse_arguments(ARG "" "" "NP;SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES} ${SPARSECP_TEST_DIR}/support/mpi_main.cpp)
   target_link_libraries(${name} PRIVATE sparsecp GTest::gtest GTest::gmock MPI::MPI_CXX
-                        nlohmann_json::nlohmann_json sparsecp_build_flags)
+                        nlohmann_json::nlohmann_json sparsecp_build_flags sparsecp_driver_flags)
   target_include_directories(${name} PRIVATE ${SPARSECP_TEST_DIR})
   target_compile_definitions(${name} PRIVATE SPARSECP_TEST_DATA_DIR="${SPARSECP_TEST_DIR}/data")
   foreach(np IN LISTS ARG_NP)
