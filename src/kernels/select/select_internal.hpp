@@ -107,7 +107,7 @@ void score_row_bf16_avx512(const ScoreRowArgs& args);
 // any alignment) into dst[c * 16 + row] (64-byte aligned), rows past `rows` as zero.
 void pack_panel_u32_avx512(const void* src, int64_t stride, int64_t rows, int64_t cols,
                            uint32_t* dst);
-inline constexpr int64_t kChunkHeadsPortable = 8;
+inline constexpr int64_t kChunkHeadsPortable = 2;
 inline constexpr int64_t kChunkHeadsAvx2 = 6;
 inline constexpr int64_t kChunkHeadsAvx512 = 8;
 
