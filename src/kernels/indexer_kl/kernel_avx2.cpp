@@ -18,6 +18,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+#include "gemm_driver.hpp"
 #include "indexer_kl_internal.hpp"
 
 namespace sparsecp::kl_detail {
@@ -143,47 +144,26 @@ inline float reduce_add(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// This ISA's side of the shared GEMM blocking (gemm_driver.hpp).
+struct Traits {
+  static constexpr int64_t kLanes = 8;
+  static constexpr int64_t kMaxVectors = 2;
+  using Mask = __m256i;
+  static Mask lane_mask(int64_t lanes) { return ::sparsecp::kl_detail::lane_mask(lanes); }
+  static int64_t row_block(int64_t vectors) { return ::sparsecp::kl_detail::row_block(vectors); }
+  static void widen_bf16(const uint16_t* src, int64_t step, int64_t count, float* dst) {
+    ::sparsecp::kl_detail::widen_bf16(src, step, count, dst);
+  }
+  static void micro(int64_t rows, int64_t vectors, const float* const* a, int64_t a_step,
+                    const float* const* b, int64_t j0, int64_t depth, float* c, int64_t ldc,
+                    Mask last, bool accumulate) {
+    kMicro[rows - 1][vectors - 1](a, a_step, b, j0, depth, c, ldc, last, accumulate);
+  }
+};
+
 }  // namespace
 
-void gemm_avx2(const GemmArgs& g) {
-  if (g.m == 0 || g.n == 0) return;
-  if (g.depth == 0) {
-    for (int64_t i = 0; i < g.m; ++i) {
-      for (int64_t j = 0; j < g.n; ++j) g.c[i * g.ldc + j] = 0.0f;
-    }
-    return;
-  }
-  const int64_t widest = g.n >= 16 ? 2 : 1;
-  const int64_t block = row_block(widest);
-  const bool widen = g.a_dtype == DType::kBFloat16;
-  const float* rows[kGemmRowBlock];
-  for (int64_t k0 = 0; k0 < g.depth; k0 += kDepthBlock) {
-    const int64_t depth = g.depth - k0 < kDepthBlock ? g.depth - k0 : kDepthBlock;
-    const float* const* b = g.b + k0;
-    for (int64_t i0 = 0; i0 < g.m; i0 += block) {
-      const int64_t mr = g.m - i0 < block ? g.m - i0 : block;
-      for (int64_t i = 0; i < mr; ++i) {
-        if (widen) {
-          float* dst = g.a_buffer + i * kDepthBlock;
-          widen_bf16(static_cast<const uint16_t*>(g.a[i0 + i]) + k0 * g.a_step, g.a_step, depth,
-                     dst);
-          rows[i] = dst;
-        } else {
-          rows[i] = static_cast<const float*>(g.a[i0 + i]) + k0 * g.a_step;
-        }
-      }
-      const int64_t step = widen ? 1 : g.a_step;
-      for (int64_t j0 = 0; j0 < g.n; j0 += 16) {
-        const int64_t lanes = g.n - j0 < 16 ? g.n - j0 : 16;
-        const int64_t nv = (lanes + 7) / 8;
-        // A 1-vector block in a call whose blocks are 2 wide still takes `block` rows:
-        // kMicro[mr - 1][0] exists for every mr <= 12.
-        kMicro[mr - 1][nv - 1](rows, step, b, j0, depth, g.c + i0 * g.ldc, g.ldc,
-                               lane_mask(lanes - 8 * (nv - 1)), k0 > 0);
-      }
-    }
-  }
-}
+void gemm_avx2(const GemmArgs& g) { blocked_gemm<Traits>(g); }
 
 void teacher_avx2(const TeacherArgs& t) {
   for (int64_t j = 0; j < t.slots; ++j) t.probabilities[j] = 0.0f;
