@@ -9,16 +9,14 @@
 // anonymous namespace: every instantiation has internal linkage, so no code built for
 // one ISA can be merged (ODR) into a caller of another.
 //
-// The traits type Isa provides:
-//   static constexpr int64_t kLanes;       floats per vector (8, 16)
-//   static constexpr int64_t kMaxVectors;  vectors in the widest micro-kernel
-//   using Mask;                            the last vector's lane mask
-//   static Mask lane_mask(int64_t lanes);
-//   static int64_t row_block(int64_t vectors);  rows per call for a widest block of `vectors`
-//   static void widen_bf16(const uint16_t* src, int64_t step, int64_t count, float* dst);
-//   static void micro(int64_t rows, int64_t vectors, const float* const* a, int64_t a_step,
-//                     const float* const* b, int64_t j0, int64_t depth, float* c,
-//                     int64_t ldc, Mask last, bool accumulate);
+// The traits type Isa provides (static constexpr members):
+//   kLanes, kMaxVectors   floats per vector (8, 16); vectors in the widest micro-kernel
+//   lane_mask(lanes)      the ISA's mask of lanes [0, lanes) of the last vector
+//   row_block(vectors)    rows per micro-kernel call when the widest block has `vectors`
+//   widen_bf16(src, step, count, dst)   count bf16 at stride step -> fp32
+//   micro[rows - 1][vectors - 1](a, a_step, b, j0, depth, c, ldc, last, accumulate):
+//                         C[i][j0 + l] (+)= sum_k A_i[k * a_step] * B_k[j0 + l], a table
+//                         with every (rows <= 12, vectors <= kMaxVectors) entry
 #pragma once
 
 #include <cstdint>
@@ -62,8 +60,8 @@ void blocked_gemm(const GemmArgs& g) {
         const int64_t nv = (lanes + Isa::kLanes - 1) / Isa::kLanes;
         // A narrower block in a call whose blocks are wider still takes `block` rows: the
         // micro-kernel table has every (rows <= 12, vectors <= kMaxVectors) entry.
-        Isa::micro(mr, nv, rows, step, b, j0, depth, g.c + i0 * g.ldc, g.ldc,
-                   Isa::lane_mask(lanes - Isa::kLanes * (nv - 1)), k0 > 0);
+        Isa::micro[mr - 1][nv - 1](rows, step, b, j0, depth, g.c + i0 * g.ldc, g.ldc,
+                                   Isa::lane_mask(lanes - Isa::kLanes * (nv - 1)), k0 > 0);
       }
     }
   }

@@ -148,17 +148,10 @@ inline float reduce_add(__m256 v) {
 struct Traits {
   static constexpr int64_t kLanes = 8;
   static constexpr int64_t kMaxVectors = 2;
-  using Mask = __m256i;
-  static Mask lane_mask(int64_t lanes) { return ::sparsecp::kl_detail::lane_mask(lanes); }
-  static int64_t row_block(int64_t vectors) { return ::sparsecp::kl_detail::row_block(vectors); }
-  static void widen_bf16(const uint16_t* src, int64_t step, int64_t count, float* dst) {
-    ::sparsecp::kl_detail::widen_bf16(src, step, count, dst);
-  }
-  static void micro(int64_t rows, int64_t vectors, const float* const* a, int64_t a_step,
-                    const float* const* b, int64_t j0, int64_t depth, float* c, int64_t ldc,
-                    Mask last, bool accumulate) {
-    kMicro[rows - 1][vectors - 1](a, a_step, b, j0, depth, c, ldc, last, accumulate);
-  }
+  static constexpr auto lane_mask = kl_detail::lane_mask;
+  static constexpr auto row_block = kl_detail::row_block;
+  static constexpr auto widen_bf16 = kl_detail::widen_bf16;
+  static constexpr const Micro* const* micro = kMicro;
 };
 
 }  // namespace
