@@ -3,7 +3,7 @@ sparsecp's C++ core: planning, routes, agreement fingerprints and CPU kernels. U
 """
 
 from collections.abc import Callable, Sequence
-from typing import Annotated
+from typing import Annotated, overload
 
 import numpy
 from numpy.typing import NDArray
@@ -315,9 +315,16 @@ def plan_strategy(name: str, lengths: Sequence[int], cp: int, ratio: int, params
     Strategy `name`'s plan (unset defaults resolved by resolve_seed_options).
     """
 
+@overload
 def plan_seed(lengths: Sequence[int], cp: int, ratio: int, mode: str, block_size: int | None, zigzag_min_length: int | None, params: StrategyParams | None = None) -> Plan:
     """
     The seed's indexer_task_plan (plan_tasks, the seed's validation and texts); other registered strategy names plan through the strategy with these two options.
+    """
+
+@overload
+def plan_seed(batch: PlanningFingerprint, cp: int, ratio: int, mode: str, block_size: int | None, zigzag_min_length: int | None, params: StrategyParams | None = None) -> Plan:
+    """
+    The same, on the document lengths a PlanningFingerprint already holds (so a call that agreed on its inputs does not pass its lengths into C++ again).
     """
 
 def resolve_block_size(mode: str, block_size: int | None) -> int | None:
@@ -365,10 +372,15 @@ class Route:
 
     def __eq__(self, arg: Route, /) -> bool: ...
 
+@overload
 def route_seed(lengths: Sequence[int], cp: int, rank: int, ratio: int, mode: str, block_size: int | None, zigzag_min_length: int | None, params: StrategyParams | None = None) -> Route:
     """
     The seed's indexer_route (seed validation and texts; zigzag's fast path).
     """
+
+@overload
+def route_seed(batch: PlanningFingerprint, cp: int, rank: int, ratio: int, mode: str, block_size: int | None, zigzag_min_length: int | None, params: StrategyParams | None = None) -> Route:
+    """The same, on the document lengths a PlanningFingerprint already holds."""
 
 def route_strategy(name: str, lengths: Sequence[int], cp: int, rank: int, ratio: int, params: StrategyParams) -> Route:
     """Strategy::route: any strategy's route of one rank."""

@@ -29,6 +29,7 @@
 #include "sparsecp/planning/row_bytes.hpp"
 #include "sparsecp/planning/strategy.hpp"
 #include "sparsecp/planning/workload.hpp"
+#include "sparsecp/transport/agreement.hpp"
 #include "sparsecp/transport/exchange.hpp"
 
 namespace sparsecp::python {
@@ -73,6 +74,37 @@ StrategyParams with_options(std::optional<StrategyParams> extra, Option block_si
   if (block_size) params.block_size = block_size;
   if (zigzag_min_length) params.zigzag_min_length = zigzag_min_length;
   return params;
+}
+
+// The seed's indexer_task_plan: plan_tasks for its modes (its validation and texts), the
+// registered strategy for any other name, with the seed API's two options.
+Plan plan_seed(Lengths lengths, int64_t cp, int64_t ratio, std::string_view mode, Option block_size,
+               Option zigzag_min_length, std::optional<StrategyParams> extra) {
+  if (!is_seed_mode(mode)) {
+    const Strategy& strategy = seed_api_strategy(mode, lengths, cp, ratio);
+    return strategy.plan(lengths, cp, ratio,
+                         with_options(std::move(extra), block_size, zigzag_min_length));
+  }
+  SPARSECP_CHECK(!extra, "the seed's mode '", mode,
+                 "' takes only block_size and zigzag_min_length");
+  TaskPlan tasks =
+      plan_tasks(lengths, cp, ratio, seed_options(mode, block_size, zigzag_min_length));
+  return Plan(std::move(tasks), std::move(lengths), cp, ratio, std::string(mode));
+}
+
+// The seed's indexer_route: one rank's route (zigzag's fast path plans only that rank).
+IndexerRoute route_seed(const Lengths& lengths, int64_t cp, int64_t rank, int64_t ratio,
+                        std::string_view mode, Option block_size, Option zigzag_min_length,
+                        std::optional<StrategyParams> extra) {
+  if (!is_seed_mode(mode)) {
+    SPARSECP_CHECK(rank >= 0 && rank < cp, "Indexer balance rank must be inside its CP group");
+    const Strategy& strategy = seed_api_strategy(mode, lengths, cp, ratio);
+    return strategy.route(lengths, cp, rank, ratio,
+                          with_options(std::move(extra), block_size, zigzag_min_length));
+  }
+  SPARSECP_CHECK(!extra, "the seed's mode '", mode,
+                 "' takes only block_size and zigzag_min_length");
+  return indexer_route(lengths, cp, rank, ratio, seed_options(mode, block_size, zigzag_min_length));
 }
 
 nb::tuple expected_bytes(const IndexerRoute& route, int64_t input_row_bytes, int64_t topk) {
@@ -264,27 +296,23 @@ void bind_plans(nb::module_& m) {
       nb::arg("name"), nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("params"),
       nb::call_guard<nb::gil_scoped_release>(),
       "Strategy `name`'s plan (unset defaults resolved by resolve_seed_options).");
+  m.def("plan_seed", &plan_seed, nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"),
+        nb::arg("mode"), nb::arg("block_size").none(), nb::arg("zigzag_min_length").none(),
+        nb::arg("params").none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+        "The seed's indexer_task_plan (plan_tasks, the seed's validation and texts); other "
+        "registered strategy names plan through the strategy with these two options.");
   m.def(
       "plan_seed",
-      [](Lengths lengths, int64_t cp, int64_t ratio, std::string_view mode, Option block_size,
-         Option zigzag_min_length, std::optional<StrategyParams> extra) {
-        if (!is_seed_mode(mode)) {
-          const Strategy& strategy = seed_api_strategy(mode, lengths, cp, ratio);
-          const StrategyParams params =
-              with_options(std::move(extra), block_size, zigzag_min_length);
-          return strategy.plan(lengths, cp, ratio, params);
-        }
-        SPARSECP_CHECK(!extra, "the seed's mode '", mode,
-                       "' takes only block_size and zigzag_min_length");
-        TaskPlan tasks =
-            plan_tasks(lengths, cp, ratio, seed_options(mode, block_size, zigzag_min_length));
-        return Plan(std::move(tasks), std::move(lengths), cp, ratio, std::string(mode));
+      [](const PlanningFingerprint& batch, int64_t cp, int64_t ratio, std::string_view mode,
+         Option block_size, Option zigzag_min_length, std::optional<StrategyParams> extra) {
+        return plan_seed(batch.lengths(), cp, ratio, mode, block_size, zigzag_min_length,
+                         std::move(extra));
       },
-      nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("mode"),
+      nb::arg("batch"), nb::arg("cp"), nb::arg("ratio"), nb::arg("mode"),
       nb::arg("block_size").none(), nb::arg("zigzag_min_length").none(),
       nb::arg("params").none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
-      "The seed's indexer_task_plan (plan_tasks, the seed's validation and texts); other "
-      "registered strategy names plan through the strategy with these two options.");
+      "The same, on the document lengths a PlanningFingerprint already holds (so a call that "
+      "agreed on its inputs does not pass its lengths into C++ again).");
 
   m.def(
       "resolve_block_size",
@@ -342,26 +370,23 @@ void bind_routes(nb::module_& m) {
            "rank moves to and from other ranks (expected_exchange_bytes).")
       .def("__eq__", [](const IndexerRoute& a, const IndexerRoute& b) { return a == b; });
 
+  m.def("route_seed", &route_seed, nb::arg("lengths"), nb::arg("cp"), nb::arg("rank"),
+        nb::arg("ratio"), nb::arg("mode"), nb::arg("block_size").none(),
+        nb::arg("zigzag_min_length").none(), nb::arg("params").none() = nb::none(),
+        nb::call_guard<nb::gil_scoped_release>(),
+        "The seed's indexer_route (seed validation and texts; zigzag's fast path).");
   m.def(
       "route_seed",
-      [](const Lengths& lengths, int64_t cp, int64_t rank, int64_t ratio, std::string_view mode,
-         Option block_size, Option zigzag_min_length, std::optional<StrategyParams> extra) {
-        if (!is_seed_mode(mode)) {
-          SPARSECP_CHECK(rank >= 0 && rank < cp,
-                         "Indexer balance rank must be inside its CP group");
-          const Strategy& strategy = seed_api_strategy(mode, lengths, cp, ratio);
-          return strategy.route(lengths, cp, rank, ratio,
-                                with_options(std::move(extra), block_size, zigzag_min_length));
-        }
-        SPARSECP_CHECK(!extra, "the seed's mode '", mode,
-                       "' takes only block_size and zigzag_min_length");
-        return indexer_route(lengths, cp, rank, ratio,
-                             seed_options(mode, block_size, zigzag_min_length));
+      [](const PlanningFingerprint& batch, int64_t cp, int64_t rank, int64_t ratio,
+         std::string_view mode, Option block_size, Option zigzag_min_length,
+         std::optional<StrategyParams> extra) {
+        return route_seed(batch.lengths(), cp, rank, ratio, mode, block_size, zigzag_min_length,
+                          std::move(extra));
       },
-      nb::arg("lengths"), nb::arg("cp"), nb::arg("rank"), nb::arg("ratio"), nb::arg("mode"),
+      nb::arg("batch"), nb::arg("cp"), nb::arg("rank"), nb::arg("ratio"), nb::arg("mode"),
       nb::arg("block_size").none(), nb::arg("zigzag_min_length").none(),
       nb::arg("params").none() = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
-      "The seed's indexer_route (seed validation and texts; zigzag's fast path).");
+      "The same, on the document lengths a PlanningFingerprint already holds.");
   m.def(
       "route_strategy",
       [](std::string_view name, const Lengths& lengths, int64_t cp, int64_t rank, int64_t ratio,

@@ -34,8 +34,9 @@ def launch_checks(inputs: tuple, lengths: Any, ratio: int, mode: Any, group: Any
                   wrap: Callable[[Any], R]) -> R:
     """Validate, route and agree with every rank; returns this rank's route (``wrap``ped).
 
-    The lengths are converted once (``planning_inputs``); the route and the fingerprint come
-    from the plan cache's entry for them."""
+    The lengths are converted once (``planning_inputs``) and cross into C++ once, into the
+    agreement's fingerprint, which the route then plans from; both come from the plan
+    cache's entry for them."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     tensors = tuple(value for value in inputs if isinstance(value, torch.Tensor))
     device = control_device(group, tensors[0].device if tensors else None)
@@ -52,17 +53,17 @@ def launch_checks(inputs: tuple, lengths: Any, ratio: int, mode: Any, group: Any
         check_inputs(inputs, size, entry.tokens, axes_text)
         return entry.route(rank, wrap)
 
-    route, error = capture(check)
     settings = tuple(setting for name, tensor in zip(INPUT_NAMES, tensors)
                      for setting in ((name + " width", int(tensor.shape[-1]) if tensor.ndim else -1),
                                      (name + " dtype", dtype_code(tensor.dtype))))
     settings += (("fields", len(inputs)),)
-    if entry is not None:
+    if entry is not None:  # first: the route then plans on the lengths it holds in C++
         fingerprint = entry.fingerprint(settings)
     else:
         fingerprint = unusable_fingerprint(mode)
         for name, value in settings:
             fingerprint.add(name, value)
+    route, error = capture(check)
     agree(group, device, error, fingerprint, "Indexer input exchange")
     return route
 

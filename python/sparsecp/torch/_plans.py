@@ -142,9 +142,19 @@ class Planned:
         """The C++ plan of every rank (the seed's validation and texts)."""
         if self._plan is None:
             i = self.inputs
-            self._plan = _core.plan_seed(i.lengths, i.size, i.ratio, mode_name(i.mode), option(i.block_size),
+            self._plan = _core.plan_seed(self._batch(), i.size, i.ratio, mode_name(i.mode), option(i.block_size),
                                          option(i.zigzag_min_length), i.extra_params())
         return self._plan
+
+    def _batch(self) -> _core.PlanningFingerprint | tuple[int, ...]:
+        """The lengths for planning: a fingerprint of them already made for the agreement
+        holds them in C++ (so they cross into C++ once per call), else the tuple. An unusable
+        fingerprint (``unusable_fingerprint``: no lengths) is never used."""
+        documents = len(self.inputs.lengths)
+        for fingerprint in self._fingerprints.values():
+            if documents and fingerprint.documents == documents:
+                return fingerprint
+        return self.inputs.lengths
 
     def route(self, rank: int, wrap: Callable[[_core.Route], T]) -> T:
         """This rank's route, ``wrap``ped (the seed's rank check and texts)."""
@@ -154,7 +164,7 @@ class Planned:
         if not 0 <= rank < i.size:
             raise ValueError("Indexer balance rank must be inside its CP group")
         if i.mode == "zigzag":  # the seed's fast path: only this rank's tasks
-            core = _core.route_seed(i.lengths, i.size, rank, i.ratio, i.mode, option(i.block_size),
+            core = _core.route_seed(self._batch(), i.size, rank, i.ratio, i.mode, option(i.block_size),
                                     option(i.zigzag_min_length), i.extra_params())
         else:
             core = _core.route_from_plan(self.plan(), rank)
