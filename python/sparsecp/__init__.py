@@ -30,6 +30,7 @@ from . import _core
 from ._checks import integer, integer_list, optional_integer, real
 from ._core import (
     CostModel,
+    CostModelRefit,
     Plan,
     PlanningFingerprint,
     Route,
@@ -46,6 +47,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "CostModel",
+    "CostModelRefit",
     "Plan",
     "PlanningFingerprint",
     "Route",

@@ -76,15 +76,48 @@ def load_cost_model(path: str) -> CostModel:
 
 def save_cost_model(path: str, model: CostModel) -> None: ...
 
-def fit_cost_model(rows: Sequence[float], visible: Sequence[float], capped: Sequence[float], seconds: Sequence[float], topk: int = 512, per_call_term: bool = False) -> tuple:
+def fit_cost_model(rows: Sequence[float], visible: Sequence[float], capped: Sequence[float], seconds: Sequence[float], topk: int = 512, per_call_term: bool = False, candidates: int = 0, quantum: int = 1, max_rms_relative_residual: float = 0.0) -> tuple:
     """
-    Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, predicted seconds per sample).
+    Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, predicted seconds per sample). `visible` sums widths under the model's candidate cap and quantum (cost_sample's), which the model carries; a fit whose rms relative residual exceeds max_rms_relative_residual (> 0) raises ValueError.
     """
 
-def cost_sample(tasks: Sequence[tuple[int, int, int]], ratio: int, topk: int = 512) -> tuple:
+def cost_sample(tasks: Sequence[tuple[int, int, int]], ratio: int, topk: int = 512, candidates: int = 0, quantum: int = 1) -> tuple:
     """
-    (rows, sum vis, sum min(topk, vis)) of a task list of (document, start, end).
+    (rows, sum of widths, sum min(topk, vis)) of a task list of (document, start, end); widths are the visible-key counts under the candidate cap (0 = none) and quantum.
     """
+
+class CostModelRefit:
+    """
+    Refits a cost model from a job's own per-rank selection times over a sliding window of steps (planning/cost_model_refit.hpp): add_step each step's samples, plan the next step with .model.
+    """
+
+    def __init__(self, start: CostModel, window: int = 4, max_rms_relative_residual: float = 0.25) -> None: ...
+
+    def add_step(self, samples: Sequence[tuple[float, float, float, float]]) -> None:
+        """
+        One step's samples: (rows, sum of widths, sum min(topk, vis), seconds) per rank (cost_sample of its task list, with the model's candidate cap and quantum).
+        """
+
+    @property
+    def model(self) -> CostModel: ...
+
+    @property
+    def kept_previous(self) -> bool: ...
+
+    @property
+    def refused(self) -> bool: ...
+
+    @property
+    def refused_residual(self) -> float: ...
+
+    @property
+    def rms_relative_residual(self) -> float: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def samples(self) -> int: ...
 
 class RowBytes:
     """Bytes of one moved row (planning/row_bytes.hpp)."""

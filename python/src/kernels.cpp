@@ -64,13 +64,7 @@ WeightLayout layout_of(bool out_in) { return out_in ? WeightLayout::kOutIn : Wei
 
 }  // namespace
 
-KernelIsa parse_isa(std::string_view name) {
-  for (const KernelIsa isa :
-       {KernelIsa::kAuto, KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
-    if (name == kernel_isa_name(isa)) return isa;
-  }
-  SPARSECP_FAIL("unknown kernel ISA '", name, "' (expected auto, portable, avx2 or avx512)");
-}
+KernelIsa parse_isa(std::string_view name) { return parse_kernel_isa(name, "isa"); }
 
 void bind_kernels(nb::module_& m) {
   m.def(

@@ -22,6 +22,7 @@
 #include "sparsecp/planning/compression_plan.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/cost_model_fit.hpp"
+#include "sparsecp/planning/cost_model_refit.hpp"
 #include "sparsecp/planning/dispatch.hpp"
 #include "sparsecp/planning/lower_bound.hpp"
 #include "sparsecp/planning/plan.hpp"
@@ -145,7 +146,7 @@ void bind_params(nb::module_& m) {
       "fit_cost_model",
       [](const std::vector<double>& rows, const std::vector<double>& visible,
          const std::vector<double>& capped, const std::vector<double>& seconds, int64_t topk,
-         bool per_call_term) {
+         bool per_call_term, int64_t candidates, int64_t quantum, double max_residual) {
         SPARSECP_CHECK(rows.size() == visible.size() && rows.size() == capped.size() &&
                            rows.size() == seconds.size(),
                        "fit_cost_model needs one rows, visible, capped and seconds value per "
@@ -156,26 +157,66 @@ void bind_params(nb::module_& m) {
         for (size_t i = 0; i < rows.size(); ++i) {
           samples.push_back({rows[i], visible[i], capped[i], seconds[i]});
         }
-        const CostFit fit = fit_cost_model(samples, {.per_call_term = per_call_term, .topk = topk});
+        const CostFit fit = fit_cost_model(samples, {.per_call_term = per_call_term,
+                                                     .topk = topk,
+                                                     .candidates = candidates,
+                                                     .quantum = quantum,
+                                                     .max_rms_relative_residual = max_residual});
         return nb::make_tuple(fit.model, fit.per_call_seconds, fit.rms_relative_residual,
                               fit.predicted);
       },
       nb::arg("rows"), nb::arg("visible"), nb::arg("capped"), nb::arg("seconds"),
-      nb::arg("topk") = 512, nb::arg("per_call_term") = false,
+      nb::arg("topk") = 512, nb::arg("per_call_term") = false, nb::arg("candidates") = 0,
+      nb::arg("quantum") = 1, nb::arg("max_rms_relative_residual") = 0.0,
       "Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped "
       "(planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, "
-      "predicted seconds per sample).");
+      "predicted seconds per sample). `visible` sums widths under the model's candidate cap "
+      "and quantum (cost_sample's), which the model carries; a fit whose rms relative residual "
+      "exceeds max_rms_relative_residual (> 0) raises ValueError.");
   m.def(
       "cost_sample",
       [](const std::vector<std::tuple<int64_t, int64_t, int64_t>>& tasks, int64_t ratio,
-         int64_t topk) {
+         int64_t topk, int64_t candidates, int64_t quantum) {
         std::vector<Task> list;
         for (const auto& [document, start, end] : tasks) list.push_back({document, start, end});
-        const CostSample s = cost_sample(list, ratio, topk, 0);
+        const CostSample s = cost_sample(list, ratio, topk, 0, candidates, quantum);
         return nb::make_tuple(s.rows, s.visible, s.capped);
       },
-      nb::arg("tasks"), nb::arg("ratio"), nb::arg("topk") = 512,
-      "(rows, sum vis, sum min(topk, vis)) of a task list of (document, start, end).");
+      nb::arg("tasks"), nb::arg("ratio"), nb::arg("topk") = 512, nb::arg("candidates") = 0,
+      nb::arg("quantum") = 1,
+      "(rows, sum of widths, sum min(topk, vis)) of a task list of (document, start, end); "
+      "widths are the visible-key counts under the candidate cap (0 = none) and quantum.");
+
+  nb::class_<CostModelRefit>(
+      m, "CostModelRefit",
+      "Refits a cost model from a job's own per-rank selection times over a sliding window "
+      "of steps (planning/cost_model_refit.hpp): add_step each step's samples, plan the next "
+      "step with .model.")
+      .def(nb::init<CostModel, int64_t, double>(), nb::arg("start"), nb::arg("window") = 4,
+           nb::arg("max_rms_relative_residual") = kDefaultRefitResidualBound)
+      .def(
+          "add_step",
+          [](CostModelRefit& refit,
+             const std::vector<std::tuple<double, double, double, double>>& samples) {
+            std::vector<CostSample> list;
+            for (const auto& [rows, visible, capped, seconds] : samples) {
+              list.push_back({rows, visible, capped, seconds});
+            }
+            refit.add_step(list);
+          },
+          nb::arg("samples"),
+          "One step's samples: (rows, sum of widths, sum min(topk, vis), seconds) per rank "
+          "(cost_sample of its task list, with the model's candidate cap and quantum).")
+      .def_prop_ro("model", &CostModelRefit::model)
+      .def_prop_ro("kept_previous", &CostModelRefit::kept_previous)
+      .def_prop_ro("refused", &CostModelRefit::refused)
+      .def_prop_ro("refused_residual", &CostModelRefit::refused_residual)
+      .def_prop_ro("rms_relative_residual",
+                   [](const CostModelRefit& r) {
+                     return r.last_fit() ? r.last_fit()->rms_relative_residual : 0.0;
+                   })
+      .def_prop_ro("steps", &CostModelRefit::steps)
+      .def_prop_ro("samples", &CostModelRefit::samples);
 
   nb::class_<RowBytes>(m, "RowBytes", "Bytes of one moved row (planning/row_bytes.hpp).")
       .def(nb::init<>())

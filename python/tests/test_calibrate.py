@@ -85,6 +85,38 @@ def test_a_fit_over_the_residual_bound_is_refused() -> None:
         sct.calibrate(selector, q_rank=8, heads=2, keys=2000, ratio=RATIO, topk=TOPK, rope_dim=4, max_residual=-1)
 
 
+def test_a_candidate_layer_calibrates_with_its_cap_and_quantum() -> None:
+    """A selector that scores at most 256 candidates per row (widths in steps of 64): the
+    fit recovers its cost with the cap and quantum given, and the model carries them."""
+    selector = Recording()
+    cap, quantum = 256, 64
+
+    def timer(call):  # noqa: ANN001, ANN202
+        call()
+        rows, widths, capped = segment_sums(selector.calls[-1], RATIO, TOPK, cap, quantum)
+        return 1e-5 + 2e-6 * rows + 50e-9 * widths + 30e-9 * capped
+    fit = sct.calibrate(selector, q_rank=8, heads=2, keys=4000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=64,
+                        visible=(0, 16, 64, 200, 512, 2048), candidates=cap, quantum=quantum, timer=timer)
+    assert (fit.model.candidates, fit.model.quantum) == (cap, quantum)
+    assert fit.model.b == pytest.approx(50, rel=1e-6) and fit.model.c == pytest.approx(30, rel=1e-6)
+    long_rows = [(0, 64, 0, 2000, 0)]  # every row sees far more than 256 keys
+    assert segment_sums(long_rows, RATIO, TOPK, cap, quantum)[1] == 64 * cap
+    assert fit.predict(long_rows, RATIO) == pytest.approx(1e-5 + 64 * (2e-6 + 50e-9 * cap + 30e-9 * TOPK))
+    with pytest.raises(ValueError, match="quantum"):
+        sct.calibrate(selector, q_rank=8, heads=2, keys=4000, ratio=RATIO, topk=TOPK, rope_dim=4, quantum=0,
+                      timer=timer)
+
+
+def test_the_refit_estimator_refuses_a_fit_over_its_bound() -> None:
+    start = sparsecp.CostModel.linear(7, 2, 1, TOPK)
+    refit = sparsecp.CostModelRefit(start, 3, 0.1)
+    refit.add_step([(100, 1000, 500, 0.1), (100, 1000, 500, 0.3), (200, 2000, 1000, 0.2), (200, 2000, 1000, 0.6)])
+    assert refit.kept_previous and refit.refused and refit.refused_residual > 0.1
+    assert refit.model.a == 7
+    refit.add_step([(100, 1000, 500, 0.1), (200, 1000, 900, 0.2), (300, 5000, 1000, 0.5)])
+    assert refit.steps == 2 and refit.samples == 7  # the window keeps both steps' samples
+
+
 def test_point_segments_center_on_the_target() -> None:
     (segment,) = point_segments(100, 64, RATIO)
     rows, visible, _ = segment_sums([segment], RATIO, TOPK)

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -158,6 +159,75 @@ TEST(CostModelRefit, RefusesABadStart) {
     EXPECT_THAT(error.what(), HasSubstr("at least one step, got 0"));
   }
   EXPECT_THROW(CostModelRefit(CostModel::linear(-1, 1, 0, kTopk), 2), Error);
+}
+
+TEST(CostModelRefit, AFitOverTheResidualBoundIsRefusedAndTheModelKept) {
+  const CostModel start = CostModel::linear(7, 2, 1, kTopk);
+  CostModelRefit refit(start, 3, 0.10);
+  // Equal sums, times 1x and 3x: no linear model explains both (residual about 50%).
+  const std::vector<CostSample> scattered = {
+      {100, 1000, 500, 0.1}, {100, 1000, 500, 0.3}, {200, 2000, 1000, 0.2}, {200, 2000, 1000, 0.6}};
+  refit.add_step(scattered);
+  EXPECT_TRUE(refit.kept_previous());
+  EXPECT_TRUE(refit.refused());
+  EXPECT_GT(refit.refused_residual(), 0.10);
+  EXPECT_EQ(refit.model().a, 7);
+  EXPECT_EQ(refit.model().b, 2);
+  EXPECT_FALSE(refit.last_fit().has_value());
+  // The same samples under the default bound (25%) are refused too; consistent ones are not.
+  CostModelRefit lenient(start, 3);
+  EXPECT_DOUBLE_EQ(lenient.max_rms_relative_residual(), kDefaultRefitResidualBound);
+  const std::vector<CostSample> linear = {
+      {100, 1000, 500, 0.1}, {200, 1000, 900, 0.2}, {300, 5000, 1000, 0.5}};
+  lenient.add_step(linear);
+  EXPECT_FALSE(lenient.kept_previous());
+  EXPECT_FALSE(lenient.refused());
+  EXPECT_EQ(lenient.refused_residual(), 0);
+  for (const double bad : {0.0, -0.5, std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_THROW(CostModelRefit(start, 3, bad), InvalidInputError) << bad;
+  }
+}
+
+TEST(CostModelRefit, KeepsTheStartsCandidateCapAndQuantum) {
+  // A candidate layer: keys beyond C = 64 cost nothing more; widths round up to 16.
+  CostModel start = CostModel::linear(1000, 10, 5, kTopk);
+  start.candidates = 64;
+  start.quantum = 16;
+  const CostModel truth = [&] {
+    CostModel m = start;
+    m.a = 3000, m.b = 40, m.c = 2;
+    return m;
+  }();
+  CostModelRefit refit(start, 4);
+  std::vector<CostSample> samples;
+  for (const int64_t doc : {257, 1024, 4099}) {
+    const std::vector<int64_t> lengths = {doc};
+    const IndexerRoute route = indexer_route(lengths, 1, 0, kRatio, PlanOptions{});
+    CostSample s =
+        segment_cost_sample(route.segments, kRatio, kTopk, 0, start.candidates, start.quantum);
+    // Exact widths sum other keys than the capped, rounded ones (more for long documents,
+    // fewer for short ones, whose widths round up to 16).
+    EXPECT_NE(s.visible, segment_cost_sample(route.segments, kRatio, kTopk, 0).visible) << doc;
+    s.seconds = truth.prefix(doc, kRatio) * 1e-9;
+    samples.push_back(s);
+  }
+  // Two row counts per length tell a from c.
+  for (const int64_t doc : {64, 640}) {
+    const std::vector<int64_t> lengths = {doc};
+    const IndexerRoute route = indexer_route(lengths, 1, 0, kRatio, PlanOptions{});
+    CostSample s =
+        segment_cost_sample(route.segments, kRatio, kTopk, 0, start.candidates, start.quantum);
+    s.seconds = truth.prefix(doc, kRatio) * 1e-9;
+    samples.push_back(s);
+  }
+  refit.add_step(samples);
+  ASSERT_FALSE(refit.kept_previous());
+  EXPECT_EQ(refit.model().candidates, 64);
+  EXPECT_EQ(refit.model().quantum, 16);
+  EXPECT_NEAR(refit.model().a, truth.a, 1e-6 * truth.a);
+  EXPECT_NEAR(refit.model().b, truth.b, 1e-6 * truth.b);
+  EXPECT_NEAR(refit.model().c, truth.c, 1e-6 * truth.c + 1e-9);
+  EXPECT_LT(refit.last_fit()->rms_relative_residual, 1e-9);
 }
 
 }  // namespace

@@ -412,7 +412,8 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
   }
   if (flags.adapt == 0 || stepping.size() == 1) return;
   CostModelRefit refit(job.params.cost_model.value_or(CostModel{}), flags.adapt_window);
-  const int64_t topk = refit.model().topk;
+  const CostModel& start = refit.model();
+  const int64_t topk = start.topk, candidates = start.candidates, quantum = start.quantum;
   for (int64_t step = 0; step < flags.adapt; ++step) {
     if (step == 1) stepping.erase(stepping.begin());  // 'none' once (see above)
     std::vector<StrategyRuns> runs(stepping.size());
@@ -426,7 +427,8 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
     std::vector<int64_t> mine;
     for (StrategyRuns& r : runs) {
       const RankFigures figures = run_once(job.model, r, true, comm);
-      const CostSample s = segment_cost_sample(r.route->segments, flags.ratio, topk, 0);
+      const CostSample s =
+          segment_cost_sample(r.route->segments, flags.ratio, topk, 0, candidates, quantum);
       mine.insert(mine.end(),
                   {static_cast<int64_t>(s.rows), static_cast<int64_t>(s.visible),
                    static_cast<int64_t>(s.capped), static_cast<int64_t>(figures.select_cpu * 1e9)});
@@ -457,6 +459,7 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
     if (total > 0) record.time_imbalance = most * static_cast<double>(job.cp) / total;
     record.refitted = refit.model();
     record.kept_previous = refit.kept_previous();
+    record.refused_residual = refit.refused_residual();
     record.rms_residual = refit.last_fit() ? refit.last_fit()->rms_relative_residual : 0;
     record.window_samples = refit.samples();
     job.adapt.push_back(record);
@@ -724,7 +727,8 @@ const Registration registration("run", [](CLI::App& app) {
                 "Print JSON (rank 0): {verified, cp, tokens, model, cost_model (when spill or "
                 "auto runs: a_ns, b_ns, c_ns, id, source), adapt (with --adapt steps: [{step, "
                 "strategy, planned_with, time_imbalance, slowest_select_cpu_s, refitted, "
-                "kept_previous, rms_relative_residual, window_samples}]), too_few_repeats, "
+                "kept_previous, refused_rms_relative_residual, rms_relative_residual, "
+                "window_samples}]), too_few_repeats, "
                 "repeats, "
                 "strategies: [{mode, parameters, ranks: [{rank, rows, work, select_cpu_s, "
                 "bytes_sent, bytes_received, predicted_bytes_sent, ...}], work_imbalance, "

@@ -51,12 +51,13 @@ struct CostModelChoice {
 // planned with `planned_with`, and the model refitted from the step's times.
 struct AdaptStep {
   CostModel planned_with;
-  std::string strategy;        // the strategy whose balance the step reports (spill, auto)
-  double time_imbalance = 1;   // its slowest rank's selection CPU time / the mean
-  double slowest_seconds = 0;  // its slowest rank's selection CPU time
-  CostModel refitted;          // the model of the next step
-  bool kept_previous = false;  // the step's window admitted no fit
-  double rms_residual = 0;     // of the refit over the window
+  std::string strategy;         // the strategy whose balance the step reports (spill, auto)
+  double time_imbalance = 1;    // its slowest rank's selection CPU time / the mean
+  double slowest_seconds = 0;   // its slowest rank's selection CPU time
+  CostModel refitted;           // the model of the next step
+  bool kept_previous = false;   // the step changed nothing: no fit yet, or the fit was refused
+  double refused_residual = 0;  // > 0: the fit's rms residual, over the bound, was refused
+  double rms_residual = 0;      // of the refit over the window
   int64_t window_samples = 0;
 };
 

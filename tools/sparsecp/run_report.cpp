@@ -116,6 +116,7 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
                               {"slowest_select_cpu_s", step.slowest_seconds},
                               {"refitted", model_json(step.refitted)},
                               {"kept_previous", step.kept_previous},
+                              {"refused_rms_relative_residual", step.refused_residual},
                               {"rms_relative_residual", step.rms_residual},
                               {"window_samples", step.window_samples}});
     }
@@ -200,10 +201,14 @@ void print_adapt(const Job& job) {
     const AdaptStep& step = job.adapt[i];
     char residual[32];
     std::snprintf(residual, sizeof residual, "%.1f%%", 100 * step.rms_residual);
+    char refused[64];
+    std::snprintf(refused, sizeof refused, "kept (fit refused: %.0f%%)",
+                  100 * step.refused_residual);
+    const char* kept = step.refused_residual > 0 ? refused : "kept (no fit yet)";
     std::printf("  %4zu %36s %9.3f %11.1f %36s %9s %8lld\n", i + 1,
                 coefficients(step.planned_with).c_str(), step.time_imbalance,
                 step.slowest_seconds * 1e3,
-                step.kept_previous ? "kept (no fit yet)" : coefficients(step.refitted).c_str(),
+                step.kept_previous ? kept : coefficients(step.refitted).c_str(),
                 step.kept_previous ? "-" : residual, static_cast<long long>(step.window_samples));
   }
 }

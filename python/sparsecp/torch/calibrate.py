@@ -54,18 +54,21 @@ class Calibration:
 
     def predict(self, segments: Sequence[Sequence[int]], ratio: int) -> float:
         """Predicted seconds of one selector call on ``segments`` (k included)."""
-        rows, visible, capped = segment_sums(segments, ratio, self.model.topk)
+        rows, visible, capped = segment_sums(segments, ratio, self.model.topk, self.model.candidates,
+                                             self.model.quantum)
         return (self.per_call_seconds + 1e-9 * (self.model.a * rows + self.model.b * visible
                                                 + self.model.c * capped))
 
 
-def segment_sums(segments: Sequence[Sequence[int]], ratio: int, topk: int) -> tuple[float, float, float]:
-    """(rows, sum vis, sum min(topk, vis)) of worker segments (5-tuples, segment.hpp)."""
+def segment_sums(segments: Sequence[Sequence[int]], ratio: int, topk: int, candidates: int = 0,
+                 quantum: int = 1) -> tuple[float, float, float]:
+    """(rows, sum of widths, sum min(topk, vis)) of worker segments (5-tuples, segment.hpp);
+    a row's width is its visible-key count under the candidate cap (0: none) and quantum."""
     tasks = []
     for index, (q_begin, q_end, key_begin, key_end, residual) in enumerate(segments):
         end = (key_end - key_begin) * ratio + residual
         tasks.append((index, end - (q_end - q_begin), end))
-    rows, visible, capped = cost_sample(tasks, ratio, topk)
+    rows, visible, capped = cost_sample(tasks, ratio, topk, candidates, quantum)
     return float(rows), float(visible), float(capped)
 
 
@@ -102,7 +105,8 @@ def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
 def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: int, ratio: int, topk: int,
               rope_dim: int = 64, rows: int = 64, visible: Sequence[int] = DEFAULT_VISIBLE, repeats: int = 3,
               device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, max_residual: float = 0.5,
-              seed: int = 0, timer: Callable[[Callable[[], Any]], float] | None = None) -> Calibration:
+              seed: int = 0, timer: Callable[[Callable[[], Any]], float] | None = None, candidates: int = 0,
+              quantum: int = 1) -> Calibration:
     """Fit the per-row cost model to ``selector``'s own times on ``device``.
 
     Args:
@@ -117,6 +121,9 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
         repeats: timed calls per point (interleaved; the median is kept).
         max_residual: refuse (ValueError) a fit whose rms relative residual exceeds it; 0: no bound.
         timer: ``timer(call) -> seconds`` instead of the device's clock (tests).
+        candidates, quantum: what the selector's kernel does, carried by the model: a row's key
+            term prices at most ``candidates`` keys (0: no cap; DeepSeek-V4.1's candidate layers
+            score 16384) and rounds its width up to a multiple of ``quantum`` (1: exact).
 
     Returns:
         A Calibration: ``model`` (a, b, c in ns; unit "ns"; note naming shape and device).
@@ -125,6 +132,7 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
     repeats = integer("repeats", repeats, 1)
     q_rank, heads, keys = integer("q_rank", q_rank, 1), integer("heads", heads, 1), integer("keys", keys, 1)
     ratio, topk, rope_dim = integer("ratio", ratio, 1), integer("topk", topk, 1), integer("rope_dim", rope_dim, 0)
+    candidates, quantum = integer("candidates", candidates, 0), integer("quantum", quantum, 1)
     if not (max_residual >= 0 and max_residual != float("inf")):
         raise ValueError(f"max_residual must be finite and non-negative, got {max_residual}")
     device = torch.device(device)
@@ -153,10 +161,11 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
         for i, (_, count, segments) in enumerate(shapes):
             args = (qr[:, :count], weights[:, :count], (cos[:, :count], sin[:, :count]), segments)
             times[i].append(clock(lambda args=args: selector(*args)))  # type: ignore[misc]
-    sums = [segment_sums(segments, ratio, topk) for _, _, segments in shapes]
+    sums = [segment_sums(segments, ratio, topk, candidates, quantum) for _, _, segments in shapes]
     seconds = [statistics.median(t) for t in times]
     model, per_call, rms, predicted = fit_cost_model([s[0] for s in sums], [s[1] for s in sums],
-                                                     [s[2] for s in sums], seconds, topk=topk, per_call_term=True)
+                                                     [s[2] for s in sums], seconds, topk=topk, per_call_term=True,
+                                                     candidates=candidates, quantum=quantum)
     if max_residual > 0 and rms > max_residual:
         raise ValueError(f"cost model fit refused: its rms relative residual {100 * rms:.1f}% exceeds the bound of "
                          f"{100 * max_residual:g}% (the times are far from a + b * vis + c * min(topk, vis): a busy "
