@@ -299,6 +299,37 @@ def gather_gradcheck(rank: int, size: int, seed: int) -> dict:
             "gradcheck": bool(passed)}
 
 
+def selection_time_refit(rank: int, size: int, seed: int) -> dict:
+    """The handle's selection time and step_cost_samples feeding a CostModelRefit."""
+    import sparsecp
+    import sparsecp.torch as sct
+
+    case = make_case(rank, size, seed, tokens_per_rank=256)
+    group = dist.group.WORLD
+    refit = sparsecp.CostModelRefit(sparsecp.CostModel.linear(0, 1, 0, TOPK), 4)
+    steps = []
+    for _ in range(2):
+        exchange = indexer_balance.launch_indexer_inputs(case.qr, case.weights, (case.cos, case.sin), case.lengths,
+                                                         RATIO, "spill", group, cost_model=refit.model)
+        before_wait = exchange.selection_seconds
+        qr, weights, cos, sin = exchange.wait()
+        before_launch = exchange.selection_seconds
+        for _ in range(3):  # enough CPU work to be timed
+            selected = case.selector(qr, weights, (cos, sin), exchange.route.segments)[0]
+        pending = exchange.launch_result(selected)
+        pending.wait()
+        seconds = exchange.selection_seconds
+        samples = sct.step_cost_samples(exchange, RATIO, TOPK, group)
+        refit.add_step(samples)
+        route = exchange.route
+        tasks = [(i, (s[3] - s[2]) * RATIO + s[4] - (s[1] - s[0]), (s[3] - s[2]) * RATIO + s[4])
+                 for i, s in enumerate(route.segments)]
+        steps.append({"before": (before_wait, before_launch), "seconds": seconds, "samples": samples,
+                      "own_sums": tuple(float(v) for v in sparsecp.cost_sample(tasks, RATIO, TOPK))})
+    return {"steps": steps, "unit": refit.model.unit, "kept_previous": refit.kept_previous,
+            "refit_samples": refit.samples}
+
+
 def handles(rank: int, size: int) -> dict:
     """Single-use gather handles and the deferred launch."""
     group = dist.group.WORLD

@@ -119,3 +119,22 @@ def test_selector_failure_and_topk_mismatch_raise_everywhere(size):
     for error in errors:
         assert error is not None and error[0] == "ValueError" and "topk differs" in error[1], error
     assert all(results_or_raise(pool.run(rank_tasks.still_works)))
+
+
+def test_the_handle_times_the_worker_and_its_samples_refit_the_cost_model() -> None:
+    """selection_seconds is None until launch_result, then this rank's CPU time; the gathered
+    samples are every rank's own sums and time, in rank order, and refit the model."""
+    size = 2
+    results = results_or_raise(pool_of(size).run(rank_tasks.selection_time_refit, 11))
+    for rank, result in enumerate(results):
+        for step, figures in enumerate(result["steps"]):
+            assert figures["before"] == (None, None), (rank, step)
+            assert figures["seconds"] > 0, (rank, step)
+            samples = figures["samples"]
+            assert len(samples) == size
+            assert samples == results[0]["steps"][step]["samples"]  # every rank holds the same list
+            assert samples[rank][:3] == results[rank]["steps"][step]["own_sums"]
+            assert samples[rank][3] == figures["seconds"]
+        # The window holds both steps; a fit (ns) unless this machine's noise got it refused.
+        assert result["refit_samples"] == 2 * size
+        assert result["unit"] == "ns" or result["kept_previous"]

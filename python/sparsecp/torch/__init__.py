@@ -72,6 +72,7 @@ from ._prebuilt import (  # noqa: E402
     prebuild,
 )
 from ._replay import SelectionReplay, selection_replay_contexts  # noqa: E402
+from ._worker_time import step_cost_samples  # noqa: E402
 from .calibrate import Calibration, CalibrationPoint, calibrate  # noqa: E402
 from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
@@ -157,5 +158,6 @@ __all__ = [
     "sequence_gather",
     "shared_compressed_indexer_kl_loss",
     "sliding_window_route",
+    "step_cost_samples",
     "validate_indexer_hybrid_threshold",
 ]

@@ -57,6 +57,7 @@ from ._agreement import agree, capture, control_device, dtype_code
 from ._checks import INPUT_NAMES, check_inputs
 from ._exchange import _STATS, _STATS_LOCK, WorkerInputs, dtype_groups
 from ._plans import PlanningInputs, planned, planning_inputs, settings_fingerprint, unusable_fingerprint
+from ._worker_time import WorkerClock
 
 __all__ = ["FixedIndices", "PrebuiltLayer", "PrebuiltRoutes", "StagingBuffers", "fixed_capacity",
            "padding_bytes", "prebuild"]
@@ -466,10 +467,16 @@ class FixedInputExchange:
     staging: StagingBuffers
     works: list[Any]
     consumed: bool = False
+    _clock: WorkerClock | None = None
 
     @property
     def owner_queries(self) -> int:
         return self.staging.owner_rows
+
+    @property
+    def selection_seconds(self) -> float | None:
+        """As ``IndexerInputExchange.selection_seconds`` (None inside CUDA graph capture)."""
+        return self._clock.seconds if self._clock is not None else None
 
     @torch.no_grad()
     def wait(self) -> WorkerInputs:
@@ -482,6 +489,7 @@ class FixedInputExchange:
         self.staging.inputs_in_flight = False
         self.works = []
         rows = self.route.query_count
+        self._clock = WorkerClock(self.staging.device)
         return WorkerInputs(*(tensor[:, :rows] for tensor in fields))
 
     @torch.no_grad()
@@ -493,6 +501,8 @@ class FixedInputExchange:
     def _launch_result(self, selected: Any, failure: BaseException | None = None) -> _FixedPendingResult:
         from ._checks import result_checks
 
+        if self._clock is not None:
+            self._clock.stop()
         rows = self.route.query_count
         if isinstance(selected, torch.Tensor) and selected.ndim == 2 and selected.shape[0] == self.staging.worker_rows:
             selected = selected[:rows]

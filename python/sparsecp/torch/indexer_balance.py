@@ -72,6 +72,7 @@ from ._plans import PlanCached, int64_array, is_sparsecp_strategy, mode_name, op
 from ._plans import RowTuple as RowTuple
 from ._prebuilt import launch_prebuilt
 from ._replay import replayable
+from ._worker_time import WorkerClock
 
 __all__ = [
     "IndexerInputExchange",
@@ -358,6 +359,7 @@ class IndexerInputExchange:
     fields: tuple
     widths: tuple
     consumed: bool = False
+    _clock: WorkerClock | None = None
     # Inside a SelectionReplay's replay() the launch returns a handle that moves nothing and
     # has this True (sparsecp.torch._replay): code may then skip the worker's selector.
     replayed: ClassVar[bool] = False
@@ -375,7 +377,17 @@ class IndexerInputExchange:
         self.consumed = True
         merged = [transfer.wait() for transfer in self.transfers]
         self.transfers = ()
-        return WorkerInputs(*unpack_fields(merged, self.fields, self.widths))
+        inputs = WorkerInputs(*unpack_fields(merged, self.fields, self.widths))
+        self._clock = WorkerClock(inputs.qr.device)
+        return inputs
+
+    @property
+    def selection_seconds(self) -> float | None:
+        """The worker's selection time: from ``wait()`` handing it its inputs to
+        ``launch_result()`` (device time on CUDA, CPU time elsewhere;
+        ``sparsecp.torch.step_cost_samples`` gathers every rank's for a cost-model refit).
+        None before ``launch_result()``."""
+        return self._clock.seconds if self._clock is not None else None
 
     @torch.no_grad()
     def launch_result(self, selected: torch.Tensor) -> _PendingRows:
@@ -394,6 +406,8 @@ class IndexerInputExchange:
     @torch.no_grad()
     def _launch_result(self, selected: Any, failure: BaseException | None = None) -> _PendingRows:
         """launch_result; ``failure``: this rank's selector error (every rank raises then)."""
+        if self._clock is not None:
+            self._clock.stop()  # before the checks' collective, which waits for the other ranks
         result_checks(selected, self.route.query_count, self.group, self.rows.send_rows.device, failure)
         return launch_rows(selected, to_owners(self.route, self.rows, self.owner_queries), self.group)
 
