@@ -44,6 +44,25 @@ def replay_snippets() -> list[str]:
     return [block for title in REPLAY_SUBSECTIONS for block in code_blocks(subsection(text, title), "python")]
 
 
+def refit_snippets() -> list[str]:
+    """The python blocks of the "In a training loop" subsection on the cost-model refit."""
+    return code_blocks(subsection(section("In a training loop"), "Spill's cost model from the job's own times"),
+                       "python")
+
+
+def run_refit_snippets(rank: int, size: int, pytorch: list[str], refit: list[str]) -> dict[str, Any]:
+    """The PyTorch snippets, then the refit snippet, in one namespace."""
+    import torch
+
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    for index, snippet in enumerate([*pytorch, *refit]):
+        exec(compile(snippet, f"README.md snippet {index + 1}", "exec"), namespace)  # noqa: S102
+    model = namespace["refit"].model
+    return {"steps": namespace["refit"].steps, "samples": namespace["refit"].samples,
+            "unit": model.unit, "kept_previous": namespace["refit"].kept_previous,
+            "equal": bool(torch.equal(namespace["own_ids"].unsqueeze(0), namespace["topk_ids"]))}
+
+
 def run_replay_snippets(rank: int, size: int, pytorch: list[str], replay: list[str]) -> dict[str, Any]:
     """The PyTorch snippets, then the replay snippets, in one namespace; counts the all-to-alls
     of each replay snippet (sparsecp.torch.exchange_stats)."""

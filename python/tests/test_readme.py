@@ -43,3 +43,14 @@ def test_readme_training_loop_replay_snippets_run_on_two_ranks():
         assert result["retained"] == local * 512 * 4, rank
         assert result["rollout_ids"] == (1, local, 512), rank
         assert math.isfinite(result["loss"]) and result["grad"], rank
+
+
+def test_readme_training_loop_refit_snippet_runs_on_two_ranks():
+    snippets = readme_snippets.refit_snippets()
+    assert len(snippets) == 1, "the README's refit subsection lost its python snippet"
+    results = results_or_raise(pool_of(2).run(readme_snippets.run_refit_snippets,
+                                              readme_snippets.pytorch_snippets(), snippets, timeout=120))
+    for rank, result in enumerate(results):
+        assert result["steps"] == 3 and result["samples"] == 3 * 2, rank  # a sample per rank and step
+        assert result["unit"] == "ns" or result["kept_previous"], rank
+        assert result["equal"], rank  # the refitted plans still select exactly
