@@ -50,6 +50,10 @@ __all__ = [
 _FLOATS = (torch.float32, torch.bfloat16)
 # Bytes of the [rows, heads, keys] score block one chunk of the torch path may hold.
 _TORCH_CHUNK_BYTES = 64 << 20
+# Rows per chunk at most: a chunk scores the rectangle of keys its last row sees, so a
+# long chunk from a document's start scores twice the causal triangle; 256 rows keep the
+# extra under 128 / ratio keys per row, and the path's time close to a + b * sum(vis).
+_TORCH_CHUNK_ROWS = 256
 
 
 def _torch_path(device: torch.device) -> bool:
@@ -149,7 +153,7 @@ def select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor
 def _select_torch(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, table: np.ndarray, ratio: int,
                   topk: int) -> torch.Tensor:
     """The device-agnostic path: per segment and row chunk, materialise [chunk, heads, keys]
-    scores (bounded by _TORCH_CHUNK_BYTES), order by a stable descending sort (ties to the
+    scores (bounded by _TORCH_CHUNK_BYTES and _TORCH_CHUNK_ROWS), order by a stable descending sort (ties to the
     lower id), keep each row's visible keys, sort ascending, pad -1."""
     if not isinstance(ratio, int) or isinstance(ratio, bool) or ratio < 1:
         raise ValueError(f"Indexer ratio must be a positive integer, got {ratio!r}")
@@ -166,7 +170,7 @@ def _select_torch(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor,
         end = (key_end - key_begin) * ratio + residual  # one past the last row's document position
         first_position = end - (q_end - q_begin)
         start = q_begin + max(0, ratio - 1 - first_position)  # rows at p < ratio - 1 see no key
-        chunk = max(1, _TORCH_CHUNK_BYTES // (4 * heads * max(1, end // ratio)))
+        chunk = max(1, min(_TORCH_CHUNK_ROWS, _TORCH_CHUNK_BYTES // (4 * heads * max(1, end // ratio))))
         while start < q_end:
             stop = min(q_end, start + chunk)
             positions = torch.arange(first_position + start - q_begin, first_position + stop - q_begin,
