@@ -40,19 +40,12 @@ RowTraffic row_traffic(const TaskPlan& tasks, std::span<const int64_t> lengths) 
   if (local <= 0) return traffic;
   for (int64_t worker = 0; worker < cp; ++worker) {
     for (const Task& task : tasks.tasks(worker)) {
-      // The task's packed rows [begin, end), split where an owner's shard ends.
-      int64_t begin = starts[static_cast<size_t>(task.document)] + task.start;
-      const int64_t end = begin + task.length();
-      while (begin < end) {
-        const int64_t owner = begin / local;
-        const int64_t stop = std::min(end, (owner + 1) * local);
-        if (owner != worker) {
-          traffic.sent[static_cast<size_t>(owner)] += stop - begin;
-          traffic.received[static_cast<size_t>(worker)] += stop - begin;
-          traffic.moved += stop - begin;
-        }
-        begin = stop;
-      }
+      for_each_owner_piece(task, starts, local, [&](int64_t owner, int64_t first, int64_t last) {
+        if (owner == worker) return;
+        traffic.sent[static_cast<size_t>(owner)] += last - first;
+        traffic.received[static_cast<size_t>(worker)] += last - first;
+        traffic.moved += last - first;
+      });
     }
   }
   return traffic;

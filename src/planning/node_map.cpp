@@ -63,15 +63,9 @@ int64_t cross_node_rows(const TaskPlan& plan, std::span<const int64_t> lengths,
   for (int64_t rank = 0; rank < cp; ++rank) {
     const int64_t node = rank / ranks_per_node;
     for (const Task& task : plan.tasks(rank)) {
-      // Global rows [begin, end) of the task, cut at owner boundaries.
-      const int64_t begin = offsets[static_cast<size_t>(task.document)] + task.start;
-      const int64_t end = offsets[static_cast<size_t>(task.document)] + task.end;
-      for (int64_t row = begin; row < end;) {
-        const int64_t owner = row / local;
-        const int64_t stop = std::min(end, (owner + 1) * local);
-        if (owner / ranks_per_node != node) crossing += stop - row;
-        row = stop;
-      }
+      for_each_owner_piece(task, offsets, local, [&](int64_t owner, int64_t first, int64_t last) {
+        if (owner / ranks_per_node != node) crossing += last - first;
+      });
     }
   }
   return crossing;

@@ -110,10 +110,7 @@ IndexerRoute route_from_ranges(std::span<const Task> tasks, std::span<const int6
   cursor = 0;
   for (const Task& task : tasks) {
     const int64_t begin = boundaries[static_cast<size_t>(task.document)] + task.start;
-    const int64_t end = begin + task.length();
-    for (int64_t owner = begin / local; owner <= (end - 1) / local; ++owner) {
-      const int64_t first = std::max(begin, owner * local);
-      const int64_t last = std::min(end, (owner + 1) * local);
+    for_each_owner_piece(task, boundaries, local, [&](int64_t owner, int64_t first, int64_t last) {
       const int64_t position = cursor + first - begin;
       if (owner == rank) {
         append_range(route.local_sources, first - owner * local, last - first);
@@ -122,7 +119,7 @@ IndexerRoute route_from_ranges(std::span<const Task> tasks, std::span<const int6
         append_range(route.receive_rows, position, last - first);
         route.output_splits[static_cast<size_t>(owner)] += last - first;
       }
-    }
+    });
     cursor += task.length();
   }
   return route;

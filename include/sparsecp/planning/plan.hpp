@@ -57,6 +57,24 @@ struct Task {
   friend constexpr auto operator<=>(const Task&, const Task&) = default;
 };
 
+// The one walk that splits a task at its owners' shards: calls piece(owner, first, last)
+// for each run of packed rows [first, last) of `task` that rank `owner` holds, in order,
+// where `starts[d]` is document d's first packed row and every rank owns `local` > 0
+// consecutive rows (the contiguous layout). Rows moved, routes and cross-node rows are
+// all counted through it.
+template <typename Piece>
+void for_each_owner_piece(const Task& task, std::span<const int64_t> starts, int64_t local,
+                          Piece&& piece) {
+  const int64_t begin = starts[static_cast<size_t>(task.document)] + task.start;
+  const int64_t end = begin + task.length();
+  for (int64_t first = begin; first < end;) {
+    const int64_t owner = first / local;
+    const int64_t last = (owner + 1) * local < end ? (owner + 1) * local : end;
+    piece(owner, first, last);
+    first = last;
+  }
+}
+
 // Options of a plan. Unset optionals are "omitted" in the seed's sense.
 struct PlanOptions {
   Mode mode = Mode::kNone;
