@@ -164,17 +164,15 @@ Assignments hybrid_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t r
 Assignments contiguous_tasks(std::span<const int64_t> lengths, int64_t cp, int64_t total) {
   Assignments assignments(static_cast<size_t>(cp));
   const int64_t local = total / cp;
-  int64_t boundary = 0;
+  std::vector<int64_t> starts(lengths.size() + 1, 0);
+  std::partial_sum(lengths.begin(), lengths.end(), starts.begin() + 1);
   for (size_t document = 0; document < lengths.size(); ++document) {
-    const int64_t begin = boundary;
-    const int64_t end = boundary + lengths[document];
-    for (int64_t owner = begin / local; owner <= (end - 1) / local; ++owner) {
-      const int64_t first = std::max(begin, owner * local);
-      const int64_t last = std::min(end, (owner + 1) * local);
+    const int64_t begin = starts[document];
+    const Task whole{static_cast<int64_t>(document), 0, lengths[document]};
+    for_each_owner_piece(whole, starts, local, [&](int64_t owner, int64_t first, int64_t last) {
       assignments[static_cast<size_t>(owner)].push_back(
-          {static_cast<int64_t>(document), first - begin, last - begin});
-    }
-    boundary = end;
+          {whole.document, first - begin, last - begin});
+    });
   }
   return assignments;
 }
