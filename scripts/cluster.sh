@@ -293,7 +293,10 @@ for fault in "${faults[@]}"; do
   fault_pids+=($!)
 done
 if [ -n "$timeout_s" ]; then
+  # The mark is made before the job is stopped: the job's end can be seen before the timer
+  # has finished stopping the namespaces' processes, so the timer's own exit cannot tell.
   ({ sleep "$timeout_s"; } 2>/dev/null; echo "cluster: --timeout $timeout_s s reached: stopping the job" >&2
+   : > "$tmp_dir/timed-out"
    kill -TERM -- "-$job_pid" 2>/dev/null; for ns in "${made_ns[@]}"; do kill_namespace "$ns"; done) &
   timer_pid=$!
 fi
@@ -306,5 +309,5 @@ for ((i = 0; i < nodes; i++)); do
   echo "cluster: node $i link: sent $(ip netns exec "$(node_ns "$i")" cat $stats/tx_bytes) bytes," \
     "received $(ip netns exec "$(node_ns "$i")" cat $stats/rx_bytes) bytes" >&2
 done
-if [ -n "$timer_pid" ] && ! kill -0 "$timer_pid" 2>/dev/null; then status=124; fi
+if [ -e "$tmp_dir/timed-out" ]; then status=124; fi
 exit "$status"
