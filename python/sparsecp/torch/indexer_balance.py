@@ -359,7 +359,8 @@ class IndexerInputExchange:
     fields: tuple
     widths: tuple
     consumed: bool = False
-    _clock: WorkerClock | None = None
+    # Set per instance by wait(); not a dataclass field, so the seed's fields stay as they are.
+    _clock: ClassVar[WorkerClock | None] = None
     # Inside a SelectionReplay's replay() the launch returns a handle that moves nothing and
     # has this True (sparsecp.torch._replay): code may then skip the worker's selector.
     replayed: ClassVar[bool] = False
@@ -378,7 +379,7 @@ class IndexerInputExchange:
         merged = [transfer.wait() for transfer in self.transfers]
         self.transfers = ()
         inputs = WorkerInputs(*unpack_fields(merged, self.fields, self.widths))
-        self._clock = WorkerClock(inputs.qr.device)
+        self._clock = WorkerClock(inputs.qr.device)  # type: ignore[misc]
         return inputs
 
     @property
