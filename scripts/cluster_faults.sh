@@ -28,9 +28,11 @@ mpi_job=(env OMP_NUM_THREADS=1 build/release/sparsecp run --tokens 8000 --heads 
          --q-rank 12 --topk 9 --repeats 8 --max-repeats 8 --no-calibrate)
 torch_job=(env OMP_NUM_THREADS=1 .venv/bin/python scripts/cluster_gloo_job.py --steps 60 --timeout 20)
 # Faults land in the middle of the steps: Open MPI's ranks start in about 2 s, Python's
-# (torch import, gloo rendezvous) in about 15 s on this loaded 2-core machine.
-mpi_faults=(none link-down:1@6 kill:1@6 slow:1:100@6 loss:1:2@6)
-torch_faults=(none link-down:1@20 kill:1@20 slow:1:100@20 loss:1:2@20)
+# (torch import, gloo rendezvous) in about 15 s on this loaded 2-core machine. Loss is
+# a condition, not an event: it starts at 1 s, before the ranks connect, so that every
+# exchange of the job runs under it however fast the job is.
+mpi_faults=(none link-down:1@6 kill:1@6 slow:1:100@6 loss:1:2@1)
+torch_faults=(none link-down:1@20 kill:1@20 slow:1:100@20 loss:1:2@1)
 
 run_one() {  # run_one PATH FAULT -> one table row
   local path=$1 fault=$2 log=$logs/$1-${2%%[:@]*}.log fault_args=() job launch=()
