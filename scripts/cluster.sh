@@ -25,10 +25,22 @@ How the cluster is built
 Link model
   --rate RATE      each node's link rate, in tc units: 100mbit, 1gbit, 20mbit, 500kbit.
                    Shaped by a token bucket (tbf).
-  --delay D        one-way delay added on each link end, e.g. 1ms (tc netem).
-  --loss P         packet loss on each link end, in percent, e.g. 2 (tc netem).
-                   --delay and --loss need the kernel's netem qdisc (sch_netem); where the
-                   kernel has none the script says so and stops before starting anything.
+  --delay D        one-way delay added on each link end, e.g. 1ms (tc netem). Needs the
+                   kernel's netem qdisc (sch_netem): tbf only queues while a link is over
+                   its rate, and nftables can drop a packet but not hold it back, so
+                   without netem there is no delay here; the script says so and stops
+                   before starting anything.
+  --loss P         packet loss on each link end, in percent with at most two decimals,
+                   e.g. 2 or 0.5: every packet leaving and every packet entering a node
+                   is dropped with probability P/100, independently. With netem: its
+                   `loss` (with the rate in netem too). Without netem: tbf for the rate
+                   and an nftables rule in each node's namespace (table inet scpcl,
+                   `numgen random mod 10000 < P*100 drop` on eth0's output and
+                   prerouting, with counters), installing nftables from apt when `nft`
+                   is missing; the node's eth0 then carries one packet per segment
+                   (gso_max_segs 1), so a drop loses one wire packet, as on a real link,
+                   not a 64 KiB offloaded burst. The per-node drop counts are printed at
+                   the end beside the bytes.
 
 Launch
   default          Open MPI: mpirun runs in node 0's namespace, one orted per other node
@@ -48,7 +60,10 @@ Faults (each may be repeated; SECONDS counted from COMMAND's start)
   link-down:NODE@S        set NODE's link down (its switch port), as a cable pulled.
   kill:NODE@S             SIGKILL every rank process on NODE (the node's ranks die).
   slow:NODE:FACTOR@S      divide NODE's link rate by FACTOR (e.g. slow:1:100@2).
-  loss:NODE:PERCENT@S     drop PERCENT of NODE's packets from then on (needs netem).
+  loss:NODE:PERCENT@S     drop PERCENT of NODE's packets, both directions, from then on
+                          (netem, or nftables as --loss; without netem, every node's eth0
+                          carries one packet per segment from the start, so the drops are
+                          wire packets).
   Every fault prints one line "cluster: fault ... at T s" on stderr when applied.
   TCP in the node namespaces gives up on an unacknowledged segment after about 10 s
   (net.ipv4.tcp_retries2=5), and Open MPI's runtime probes idle daemon connections
@@ -63,7 +78,8 @@ Examples
       .venv/bin/python my_gloo_job.py
 
 Exit status: COMMAND's; 2 for a usage error; 3 when the cluster cannot be built here
-(not root, iproute2 missing and not installable, a qdisc the kernel lacks); 124 on
+(not root, iproute2 missing and not installable, --delay without netem, loss with
+neither netem nor a working nftables); 124 on
 --timeout. Everything the script made is removed on exit, on failure and on
 SIGINT/SIGTERM/SIGHUP; namespaces left by a run killed with SIGKILL are removed by the
 next run (their owner's pid is gone).
@@ -95,8 +111,10 @@ done
 [[ $rate =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$ ]] ||
   die "--rate must be a number with a unit bit|kbit|mbit|gbit (e.g. 100mbit), got '$rate'"
 [[ -z $delay || $delay =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] || die "--delay must be like 1ms or 500us, got '$delay'"
-[[ -z $loss || $loss =~ ^[0-9]+(\.[0-9]+)?$ ]] && awk "BEGIN{exit !(${loss:-0} < 100)}" ||
-  die "--loss must be a percentage below 100, got '$loss'"
+# A loss percentage: below 100, at most two decimals (nftables' rule counts in 1/10000).
+loss_percent_ok() { [[ $1 =~ ^[0-9]+(\.[0-9]{1,2})?$ ]] && awk -v p="$1" 'BEGIN{exit !(p < 100)}'; }
+[ -z "$loss" ] || loss_percent_ok "$loss" ||
+  die "--loss must be a percentage below 100 with at most two decimals (e.g. 2 or 0.25), got '$loss'"
 [[ -z $timeout_s || $timeout_s =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive number of seconds, got '$timeout_s'"
 for fault in "${faults[@]}"; do
   [[ $fault =~ ^(link-down|kill):[0-9]+@[0-9]+(\.[0-9]+)?$ ||
@@ -104,6 +122,11 @@ for fault in "${faults[@]}"; do
     die "--fault must be link-down:NODE@S, kill:NODE@S, slow:NODE:FACTOR@S or loss:NODE:PERCENT@S; got '$fault'"
   fault_node=${fault#*:}; fault_node=${fault_node%%[:@]*}
   ((fault_node < nodes)) || die "--fault '$fault' names node $fault_node, but nodes are 0..$((nodes - 1))"
+  if [[ $fault == loss:* ]]; then
+    fault_loss=${fault#loss:*:}; fault_loss=${fault_loss%@*}
+    loss_percent_ok "$fault_loss" ||
+      die "--fault '$fault': the loss must be a percentage below 100 with at most two decimals, got '$fault_loss'"
+  fi
   ((torch || fault_node > 0)) || [[ $fault != kill:* ]] ||
     die "--fault '$fault': node 0 runs mpirun itself; kill ranks on another node"
 done
@@ -163,7 +186,8 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^scpcl-[0-9]*-'
   fi
 done
 
-# The qdisc on one link end: tbf at RATE, or netem (delay, loss, rate) when asked for.
+# The qdisc on one link end: tbf at RATE, or netem (delay, loss, rate) when asked for
+# and the kernel has it (without netem, loss is drop_packets' nftables rule instead).
 # tbf's bucket holds 1 ms of traffic (at least 64 KiB: veth hands it offloaded
 # segments that large); its queue 20 ms (at least 256 KiB), so a slow link drops
 # instead of buffering seconds of traffic.
@@ -177,14 +201,52 @@ shape() {  # shape NS DEV BITS [LOSS_PERCENT]
   local burst=$((bits / 8 / 1000)) limit=$((bits / 8 / 50))
   ((burst >= 65536)) || burst=65536
   ((limit >= 262144)) || limit=262144
-  if [ -n "$delay" ] || [ -n "$link_loss" ]; then
+  if [ -n "$delay" ] || { ((have_netem)) && [ -n "$link_loss" ]; }; then
     ip netns exec "$ns" tc qdisc replace dev "$dev" root netem rate "${bits}bit" \
-      ${delay:+delay $delay} ${link_loss:+loss ${link_loss}%} limit 10000 2>/dev/null ||
-      fail "this kernel has no netem qdisc (sch_netem), so --delay/--loss/loss faults cannot be emulated here; use --rate alone"
+      ${delay:+delay $delay} ${link_loss:+loss ${link_loss}%} limit 10000 ||
+      fail "tc could not set netem on $dev (rate ${bits}bit${delay:+ delay $delay}${link_loss:+ loss $link_loss%})"
   else
     ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "${bits}bit" burst "$burst" limit "$limit" ||
       fail "tc could not shape $dev with tbf at ${bits}bit"
   fi
+}
+
+# Loss without netem: an nftables rule in node $1's namespace drops each packet leaving
+# (output hook) and each packet entering (prerouting) through eth0 with probability
+# $2 percent, counting all of them and the dropped ones (loss_counts). Replaces the
+# node's earlier rule, if any. Removing the namespace removes the table.
+drop_packets() {  # drop_packets NODE PERCENT
+  local ns per_10000
+  ns=$(node_ns "$1")
+  per_10000=$(awk -v p="$2" 'BEGIN{printf "%d", p * 100 + 0.5}')
+  ip netns exec "$ns" nft -f - <<EOF || fail "nftables could not install the loss rule on node $1 ($2%)"
+table inet scpcl
+delete table inet scpcl
+table inet scpcl {
+  chain out {
+    type filter hook output priority 0; policy accept;
+    oifname "eth0" counter
+    oifname "eth0" numgen random mod 10000 < $per_10000 counter drop
+  }
+  chain in {
+    type filter hook prerouting priority 0; policy accept;
+    iifname "eth0" counter
+    iifname "eth0" numgen random mod 10000 < $per_10000 counter drop
+  }
+}
+EOF
+}
+# "dropped D of P packets sent, D of P received" for node $1; nothing without its rule.
+loss_counts() {
+  local ns sent received
+  ns=$(node_ns "$1")
+  sent=$(chain_counts "$ns" out) received=$(chain_counts "$ns" in)
+  [ -z "$sent" ] || echo "dropped $sent packets sent, $received received"
+}
+chain_counts() {  # chain_counts NS CHAIN -> "DROPPED of COUNTED"
+  ip netns exec "$1" nft list chain inet scpcl "$2" 2>/dev/null |
+    awk '{ for (i = 1; i < NF; i++) if ($i == "packets") v[n++] = $(i + 1) }
+         END { if (n == 2) print v[1], "of", v[0] }' || true
 }
 
 # --- build the cluster -------------------------------------------------------------------
@@ -192,6 +254,32 @@ link_bits=$(rate_bits "$rate")
 ((link_bits >= 8000)) || die "--rate $rate is below 8kbit"
 ip netns add "$switch_ns" || fail "cannot create network namespaces here (ip netns add failed)"
 made_ns+=("$switch_ns")
+# What the link model needs from this kernel, probed in the switch namespace before
+# any node exists: netem for --delay; for loss, netem or else nftables.
+have_netem=0
+if ip netns exec "$switch_ns" tc qdisc add dev lo root netem delay 0ms 2>/dev/null; then
+  have_netem=1
+  ip netns exec "$switch_ns" tc qdisc del dev lo root 2>/dev/null || true
+fi
+[ -z "$delay" ] || ((have_netem)) ||
+  fail "--delay needs the kernel's netem qdisc (sch_netem), which this kernel lacks (tbf and nftables cannot hold a packet back); --rate and --loss work without it"
+nft_loss=0
+if ((!have_netem)); then
+  [ -z "$loss" ] || nft_loss=1
+  for fault in "${faults[@]}"; do [[ $fault != loss:* ]] || nft_loss=1; done
+fi
+if ((nft_loss)); then
+  if ! command -v nft >/dev/null; then
+    echo "cluster: no netem qdisc here, and nft (nftables) is missing for the loss rule: installing it from apt" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nftables >/dev/null; } ||
+      fail "the kernel has no netem qdisc and nftables is missing and could not be installed (apt-get install nftables), so packet loss cannot be emulated here"
+  fi
+  { ip netns exec "$switch_ns" nft add table inet scpcl_probe &&
+    ip netns exec "$switch_ns" nft add chain inet scpcl_probe c '{ type filter hook output priority 0; }' &&
+    ip netns exec "$switch_ns" nft add rule inet scpcl_probe c numgen random mod 10000 '<' 1 drop &&
+    ip netns exec "$switch_ns" nft delete table inet scpcl_probe; } 2>/dev/null ||
+    fail "the kernel has no netem qdisc and nftables' random-drop rule does not work in a network namespace here, so packet loss cannot be emulated"
+fi
 ip -n "$switch_ns" link add br0 type bridge
 ip -n "$switch_ns" link set br0 up
 for ((i = 0; i < nodes; i++)); do
@@ -206,8 +294,17 @@ for ((i = 0; i < nodes; i++)); do
   ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_retries2=5 >/dev/null
   shape "$ns" eth0 "$link_bits"
   shape "$switch_ns" "p$i" "$link_bits"
+  if ((nft_loss)); then
+    # One wire packet per segment, so that one drop loses one packet (sockets take
+    # their segment limit from the device when they connect: set before anything runs).
+    ip -n "$ns" link set eth0 gso_max_segs 1 ||
+      fail "cannot limit eth0's offloaded segments on node $i (ip link set eth0 gso_max_segs 1)"
+    [ -z "$loss" ] || drop_packets "$i" "$loss"
+  fi
 done
-echo "cluster: $nodes nodes x $ranks_per_node ranks, links $rate${delay:+ delay $delay}${loss:+ loss $loss%}" \
+loss_by=
+if [ -n "$loss" ]; then loss_by=$( ((nft_loss)) && echo " (nftables)" || echo " (netem)"); fi
+echo "cluster: $nodes nodes x $ranks_per_node ranks, links $rate${delay:+ delay $delay}${loss:+ loss $loss%}$loss_by" \
   "($([ "$torch" = 1 ] && echo "torch/gloo" || echo "Open MPI/TCP"); namespaces $prefix-*)" >&2
 
 tmp_dir=$(mktemp -d /tmp/scpcl-$$.XXXXXX)
@@ -232,15 +329,15 @@ apply_fault() {  # apply_fault SPEC
       slow_bits=$(awk -v b="$link_bits" -v f="$arg" 'BEGIN{printf "%d", b / f}')
       ((slow_bits >= 8000)) || slow_bits=8000
       shape "$ns" eth0 "$slow_bits"; shape "$switch_ns" "p$node" "$slow_bits" ;;
-    loss) shape "$ns" eth0 "$link_bits" "$arg"; shape "$switch_ns" "p$node" "$link_bits" "$arg" ;;
+    loss)
+      if ((have_netem)); then
+        shape "$ns" eth0 "$link_bits" "$arg"; shape "$switch_ns" "p$node" "$link_bits" "$arg"
+      else
+        drop_packets "$node" "$arg"
+      fi ;;
   esac
   echo "cluster: fault $kind on node $node${arg:+ ($arg)} applied at $at s" >&2
 }
-# Faults that need netem are checked now, before anything runs.
-for fault in "${faults[@]}"; do
-  if [[ $fault == loss:* ]]; then shape "$switch_ns" p0 "$link_bits" 0 && shape "$switch_ns" p0 "$link_bits"; fi
-done
-
 # --- run -----------------------------------------------------------------------------------
 set -m  # the job gets its own process group, so cleanup can signal all of it
 if ((torch)); then
@@ -306,8 +403,9 @@ job_pid=
 # What crossed the links (MPI's or gloo's data plus the launcher's own small traffic).
 for ((i = 0; i < nodes; i++)); do
   stats=/sys/class/net/eth0/statistics
+  dropped=$(loss_counts "$i")
   echo "cluster: node $i link: sent $(ip netns exec "$(node_ns "$i")" cat $stats/tx_bytes) bytes," \
-    "received $(ip netns exec "$(node_ns "$i")" cat $stats/rx_bytes) bytes" >&2
+    "received $(ip netns exec "$(node_ns "$i")" cat $stats/rx_bytes) bytes${dropped:+; $dropped}" >&2
 done
 if [ -e "$tmp_dir/timed-out" ]; then status=124; fi
 exit "$status"

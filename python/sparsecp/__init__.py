@@ -102,8 +102,9 @@ def _cost_model(value: Any) -> CostModel:
 
 def strategy_params(**params: Any) -> StrategyParams:
     """StrategyParams from keywords: block_size, zigzag_min_length, target_imbalance,
-    max_received_fragments, cost_model (a CostModel, a file from ``sparsecp calibrate``, or
-    (a, b, c, topk)), bandwidth_gbps, row_bytes (a RowBytes or a dict of its fields),
+    max_received_fragments, ranks_per_node (spill's node map: consecutive ranks per node,
+    dividing the CP size; 0, the default, for none), cost_model (a CostModel, a file from
+    ``sparsecp calibrate``, or (a, b, c, topk)), bandwidth_gbps, row_bytes (a RowBytes or a dict of its fields),
     wlb_split_length, snake_block, lpt_align, lpt_row_cap, lpt_search_steps,
     lpt_fragment_cap, lpt_cost ("magi" or "causal"), window, topk.
 
@@ -134,8 +135,8 @@ def strategy_params(**params: Any) -> StrategyParams:
 
 
 _OPTIONAL_INTEGERS = ("block_size", "zigzag_min_length", "wlb_split_length")
-_INTEGERS = ("max_received_fragments", "snake_block", "lpt_align", "lpt_search_steps", "lpt_fragment_cap", "window",
-             "topk")
+_INTEGERS = ("max_received_fragments", "ranks_per_node", "snake_block", "lpt_align", "lpt_search_steps",
+             "lpt_fragment_cap", "window", "topk")
 _REALS = ("target_imbalance", "bandwidth_gbps", "lpt_row_cap")
 
 

@@ -239,6 +239,7 @@ void bind_params(nb::module_& m) {
       .def_rw("zigzag_min_length", &StrategyParams::zigzag_min_length)
       .def_rw("target_imbalance", &StrategyParams::target_imbalance)
       .def_rw("max_received_fragments", &StrategyParams::max_received_fragments)
+      .def_rw("ranks_per_node", &StrategyParams::ranks_per_node)
       .def_rw("cost_model", &StrategyParams::cost_model)
       .def_rw("bandwidth_gbps", &StrategyParams::bandwidth_gbps)
       .def_rw("row_bytes", &StrategyParams::row_bytes)

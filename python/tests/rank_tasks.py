@@ -169,6 +169,8 @@ def mismatched(rank: int, size: int, kind: str, path: str = "select") -> tuple[s
         mode, options = "greedy", {"block_size": 5}
     if kind == "block" and not odd:
         mode, options = "greedy", {"block_size": 4}
+    if kind == "node_map":  # spill with a node map on the last rank only
+        mode, options = "spill", ({"ranks_per_node": 1} if odd else {})
 
     def failing_selector(*args: Any) -> Any:
         raise RuntimeError("selector failed on purpose")

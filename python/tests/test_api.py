@@ -163,6 +163,84 @@ def test_sparsecp_planning_api():
     assert auto.strategy == "auto"
 
 
+def _cross_node_rows(tasks_of, lengths, cp, per_node):
+    """Reference: rows a plan selects on another node than their owner's (owner: the rank
+    whose contiguous shard of sum(lengths) / cp rows holds the row)."""
+    local, starts = sum(lengths) // cp, np.cumsum((0, *lengths))
+    return sum(1 for r in range(cp) for document, start, end in tasks_of(r) for row in range(start, end)
+               if (starts[document] + row) // local // per_node != r // per_node)
+
+
+def _cross_node_bound(lengths, cp, ratio, per_node, target_imbalance):
+    """Reference (node_map.hpp): per node, the fewest of its rows, costliest first, whose
+    causal cost (visible keys (p + 1) // ratio) covers its load above per_node * T, with
+    T = max(target * mean, costliest row) as spill's; summed over nodes."""
+    costs = [(p + 1) // ratio for length in lengths for p in range(length)]
+    local = len(costs) // cp
+    target = max(target_imbalance * sum(costs) / cp, max(costs))
+    total = 0
+    for node in range(cp // per_node):
+        mine = sorted(costs[node * per_node * local:(node + 1) * per_node * local], reverse=True)
+        rows = 0
+        excess = sum(mine) - per_node * target
+        while excess > 0 and rows < len(mine):
+            excess -= mine[rows]
+            rows += 1
+        total += rows
+    return total
+
+
+def test_spill_takes_the_node_map_and_crosses_nodes_at_the_bound():
+    cp, ratio, per_node = 8, 4, 4
+    changed = 0
+    for seed in (1, 2, 3):
+        lengths = tuple(sparsecp.generate_batch("lognormal", tokens=1 << 14, cp=cp, seed=seed))
+        mapped = sparsecp.plan(lengths, cp, ratio, "spill", ranks_per_node=per_node)
+        plain = sparsecp.plan(lengths, cp, ratio, "spill")
+        bound = _cross_node_bound(lengths, cp, ratio, per_node, 1.001)
+        crossing = _cross_node_rows(mapped.tasks, lengths, cp, per_node)
+        assert crossing == bound, f"seed {seed}"
+        # Same balance, up to one costliest row where a leftover piece went elsewhere.
+        costliest = max(lengths) // ratio / (mapped.total_work / cp)
+        assert mapped.imbalance <= max(plain.imbalance, 1.001) + costliest, f"seed {seed}"
+        assert _cross_node_rows(plain.tasks, lengths, cp, per_node) >= bound
+        changed += _cross_node_rows(plain.tasks, lengths, cp, per_node) > crossing
+        # The seed API takes it too, with its own cache entry; the seed's modes ignore it
+        # in sparsecp.plan and refuse it in the seed's names (their texts).
+        seed_api = indexer_balance.indexer_task_plan(lengths, cp, ratio, "spill", ranks_per_node=per_node)
+        assert [[(t.document, t.start, t.end) for t in tasks] for tasks in seed_api] == \
+            [list(mapped.tasks(r)) for r in range(cp)]
+        for mode in ("zigzag", "hybrid"):
+            with_map = sparsecp.plan(lengths, cp, ratio, mode, ranks_per_node=per_node)
+            without = sparsecp.plan(lengths, cp, ratio, mode)
+            assert [with_map.tasks(r) for r in range(cp)] == [without.tasks(r) for r in range(cp)]
+        with pytest.raises(ValueError, match="takes only block_size and zigzag_min_length, got ranks_per_node"):
+            indexer_balance.indexer_task_plan(lengths, cp, ratio, "zigzag", ranks_per_node=per_node)
+    assert changed >= 1  # the node map changes spill's plan
+    lengths = tuple(sparsecp.generate_batch("lognormal", tokens=1 << 14, cp=cp, seed=1))
+    with pytest.raises(ValueError, match=r"ranks per node \(3\) must divide the CP size \(8\)"):
+        sparsecp.plan(lengths, cp, ratio, "spill", ranks_per_node=3)
+    with pytest.raises(ValueError, match="spill ranks per node must be non-negative .*got -1"):
+        sparsecp.plan(lengths, cp, ratio, "spill", ranks_per_node=-1)
+    with pytest.raises(TypeError, match="ranks_per_node"):
+        sparsecp.plan(lengths, cp, ratio, "spill", ranks_per_node=True)
+
+
+def test_the_node_map_is_part_of_the_plan_cache_key_and_the_fingerprint():
+    from sparsecp.torch._plans import planning_inputs
+
+    lengths = tuple(sparsecp.generate_batch("lognormal", tokens=1 << 14, cp=8, seed=2))
+    indexer_balance.indexer_task_plan.cache_clear()
+    plain = indexer_balance.indexer_task_plan(lengths, 8, 4, "spill")
+    mapped = indexer_balance.indexer_task_plan(lengths, 8, 4, "spill", ranks_per_node=2)
+    assert indexer_balance.indexer_task_plan.cache_info().currsize == 2 and plain != mapped
+    assert indexer_balance.indexer_task_plan(lengths, 8, 4, "spill", ranks_per_node=0) == plain
+    fingerprints = {planning_inputs(lengths, 8, 4, "spill", None, None, params).fingerprint().value
+                    for params in ({}, {"ranks_per_node": 2}, {"ranks_per_node": 4})}
+    assert len(fingerprints) == 3
+    indexer_balance.indexer_task_plan.cache_clear()
+
+
 # --------------------------------------------------------------------------------------
 # The exchange on a 1-rank group in this process.
 

@@ -57,6 +57,16 @@ def test_balanced_equals_local_selection(size, mode, options):
         assert all(r["bytes"] == (0, 0) for r in results)
 
 
+@pytest.mark.parametrize("size,per_node", [(2, 1), (4, 2)])
+def test_spill_with_a_node_map_equals_local_selection(size, per_node):
+    """spill planned with a node map (``ranks_per_node``) end to end over gloo."""
+    seed = 120 + size
+    print(f"seed {seed}")
+    options = {"ranks_per_node": per_node}
+    results = results_or_raise(pool_of(size).run(rank_tasks.balanced_select, seed, "spill", options))
+    _check_balanced(results, size, f"spill {options}, seed {seed}")
+
+
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("mode,options", [("hybrid", {"block_size": 8, "zigzag_min_length": 48}), ("spill", {})],
                          ids=["hybrid", "spill"])
@@ -75,6 +85,7 @@ DIFFERENCES = [
     ("width", "qr width differs"),
     ("dtype", "cos dtype differs"),
     ("block", "block size differs"),
+    ("node_map", "ranks_per_node differs"),
 ]
 
 

@@ -59,6 +59,7 @@ PlanningFingerprint planning_fingerprint(std::span<const int64_t> lengths, int64
   // accident (a strategy fingerprint always has these).
   fingerprint.add_real("target_imbalance", params.target_imbalance);
   fingerprint.add("max_received_fragments", params.max_received_fragments);
+  fingerprint.add("ranks_per_node", params.ranks_per_node);
   const CostModel cost = params.cost_model.value_or(CostModel{});
   fingerprint.add("cost_model", params.cost_model ? 1 : 0);
   fingerprint.add_real("cost a", cost.a).add_real("cost b", cost.b).add_real("cost c", cost.c);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -86,6 +87,21 @@ constexpr Field kFields[] = {
     {"max_bytes_sent_per_rank", &SummaryRow::max_bytes_sent_per_rank},
 };
 
+// The node map's columns (rows with ranks_per_node > 0), after kFields.
+constexpr Field kNodeMapFields[] = {
+    {"cross_node_rows", &SummaryRow::cross_node_rows},
+    {"cross_node_fraction", &SummaryRow::cross_node_fraction},
+    {"cross_node_bytes", &SummaryRow::cross_node_bytes},
+    {"cross_node_bound", &SummaryRow::cross_node_bound},
+    {"cross_node_bound_fraction", &SummaryRow::cross_node_bound_fraction},
+    {"cross_node_bytes_bound", &SummaryRow::cross_node_bytes_bound},
+};
+
+bool any_node_map(std::span<const SummaryRow> rows) {
+  return std::any_of(rows.begin(), rows.end(),
+                     [](const SummaryRow& row) { return row.ranks_per_node > 0; });
+}
+
 std::string csv_cell(std::string_view text) {
   if (text.find_first_of(",\"\n\r") == std::string_view::npos) return std::string(text);
   std::string quoted = "\"";
@@ -108,6 +124,11 @@ void write_json(std::ostream& out, std::span<const SummaryRow> rows) {
     json_string(out, row.workload);
     for (const Field& field : kFields)
       out << ",\"" << field.name << "\":" << number(row.*field.value);
+    if (row.ranks_per_node > 0) {
+      out << ",\"ranks_per_node\":" << row.ranks_per_node;
+      for (const Field& field : kNodeMapFields)
+        out << ",\"" << field.name << "\":" << number(row.*field.value);
+    }
     if (row.batch) out << ",\"batch\":" << *row.batch;
     out << ",\"batches\":" << row.batches << ",\"failures\":" << row.failures << ",\"note\":";
     json_string(out, row.note);
@@ -117,14 +138,28 @@ void write_json(std::ostream& out, std::span<const SummaryRow> rows) {
 }
 
 void write_csv(std::ostream& out, std::span<const SummaryRow> rows) {
+  const bool node_map = any_node_map(rows);
   out << "strategy,cp,workload";
   for (const Field& field : kFields) out << ',' << field.name;
+  if (node_map) {
+    out << ",ranks_per_node";
+    for (const Field& field : kNodeMapFields) out << ',' << field.name;
+  }
   out << ",batch,batches,failures,note\n";
   for (const SummaryRow& row : rows) {
     out << csv_cell(row.strategy) << ',' << row.cp << ',' << csv_cell(row.workload);
-    for (const Field& field : kFields) {
-      const double value = row.*field.value;
-      out << ',' << (std::isfinite(value) ? number(value) : "");
+    const auto cells = [&](std::span<const Field> fields) {
+      for (const Field& field : fields) {
+        const double value = row.*field.value;
+        out << ',' << (std::isfinite(value) ? number(value) : "");
+      }
+    };
+    cells(kFields);
+    if (node_map && row.ranks_per_node > 0) {
+      out << ',' << row.ranks_per_node;
+      cells(kNodeMapFields);
+    } else if (node_map) {
+      out << std::string(1 + std::size(kNodeMapFields), ',');
     }
     out << ',' << (row.batch ? std::to_string(*row.batch) : "") << ',' << row.batches << ','
         << row.failures << ',' << csv_cell(row.note) << '\n';
@@ -149,9 +184,12 @@ void write_table(std::ostream& out, std::span<const SummaryRow> rows) {
     auto key = std::make_tuple(row.workload, row.cp, row.batch);
     if (std::find(blocks.begin(), blocks.end(), key) == blocks.end()) blocks.push_back(key);
   }
-  const char* header =
-      "  strategy         imbalance  bound  moved%  need%  max moved/rank  MiB moved  frag max  "
-      "rows max  padding  plan ms";
+  const bool node_map = any_node_map(rows);
+  const std::string header =
+      std::string(
+          "  strategy         imbalance  bound  moved%  need%  max moved/rank  MiB moved  "
+          "frag max  rows max  padding  plan ms") +
+      (node_map ? "  x-node%  bound%  MiB x-node" : "");
   for (const auto& [workload, cp, batch] : blocks) {
     out << workload << ", cp " << cp;
     if (batch) {
@@ -178,6 +216,14 @@ void write_table(std::ostream& out, std::span<const SummaryRow> rows) {
                     fixed(row.fragments_max, 0).c_str(), fixed(row.rows_max, 0).c_str(),
                     fixed(row.padding_rows, 0).c_str(), fixed(row.plan_ms, 2).c_str());
       out << line;
+      if (node_map) {
+        const bool mapped = row.ranks_per_node > 0;
+        std::snprintf(line, sizeof line, " %8s %7s %11s",
+                      mapped ? fixed(100 * row.cross_node_fraction, 2).c_str() : "-",
+                      mapped ? fixed(100 * row.cross_node_bound_fraction, 2).c_str() : "-",
+                      mapped ? fixed(row.cross_node_bytes / (1024.0 * 1024.0), 2).c_str() : "-");
+        out << line;
+      }
       if (row.failures > 0)
         out << "  (" << row.failures << " failed: " << row.note << ')';
       else if (!row.note.empty())

@@ -11,6 +11,7 @@
 
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/cost.hpp"
+#include "sparsecp/planning/node_map.hpp"
 #include "sparsecp/planning/workload.hpp"
 
 namespace sparsecp {
@@ -91,9 +92,11 @@ SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t
   SimulationResult result;
   result.strategy = std::string(strategy.name());
   result.cp = cp;
+  result.ranks_per_node = std::max<int64_t>(params.ranks_per_node, 0);
   for (const int64_t length : lengths) result.total_rows += length;
   std::optional<Plan> planned;
   try {
+    if (params.ranks_per_node != 0) validate_node_map(cp, params.ranks_per_node);
     const double begin = clock ? clock() : 0.0;
     planned.emplace(strategy.plan(lengths, cp, ratio, params));
     result.plan_ms = clock ? clock() - begin : 0.0;
@@ -129,6 +132,11 @@ SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t
   };
   result.lower_bound = bound(result.largest_unit_work);
   result.row_lower_bound = bound(longest / ratio);
+  if (params.ranks_per_node > 0) {
+    result.cross_node_rows = cross_node_rows(plan.tasks(), lengths, params.ranks_per_node);
+    result.cross_node_bytes =
+        params.row_bytes.wire_bytes(result.cross_node_rows, result.cross_node_rows);
+  }
   return result;
 }
 
@@ -210,6 +218,14 @@ void for_each_sweep_batch(const SweepSpec& spec,
 std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
                                         const std::function<void(int64_t, int64_t)>& progress) {
   SPARSECP_CHECK(!spec.strategies.empty(), "simulate needs at least one strategy");
+  const int64_t per_node = spec.params.ranks_per_node;
+  SPARSECP_CHECK(per_node >= 0, "ranks per node must be non-negative (0 = no node map), got ",
+                 per_node);
+  if (per_node > 0) {
+    for (const int64_t cp : spec.cps) {
+      if (cp >= 1) validate_node_map(cp, per_node);  // (a bad cp: for_each_sweep_batch's text)
+    }
+  }
   std::vector<SimulationResult> results;
   const int64_t total = sweep_batches(spec);
   int64_t done = 0;
@@ -220,6 +236,17 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
     } catch (const Error&) {
       // An invalid batch: every strategy reports the error itself.
     }
+    int64_t cross_node_bound = 0;
+    if (per_node > 0) {
+      try {
+        cross_node_bound = cross_node_rows_lower_bound(batch.lengths, batch.cp, spec.ratio,
+                                                       per_node, spec.params.target_imbalance,
+                                                       spec.params.cost_model.value_or(CostModel{}))
+                               .total;
+      } catch (const Error&) {
+        // As above; also a target or cost model spill rejects (its rows say why).
+      }
+    }
     for (const Strategy* strategy : spec.strategies) {
       SimulationResult result =
           simulate_plan(*strategy, batch.lengths, batch.cp, spec.ratio, spec.params, spec.clock);
@@ -228,6 +255,11 @@ std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
       result.rows_moved_bound = rows_moved_bound;
       result.bytes_moved_bound =
           spec.params.row_bytes.wire_bytes(rows_moved_bound, rows_moved_bound);
+      if (per_node > 0) {
+        result.cross_node_bound = cross_node_bound;
+        result.cross_node_bytes_bound =
+            spec.params.row_bytes.wire_bytes(cross_node_bound, cross_node_bound);
+      }
       results.push_back(std::move(result));
     }
     ++done;
@@ -261,6 +293,11 @@ SummaryRow row_of(const SimulationResult& r) {
     row.rows_moved_bound = row.moved_bound_fraction = row.bytes_moved_bound = nan;
     row.max_bytes_sent_per_rank = row.fragments_max = row.rows_max = nan;
     row.padding_rows = row.plan_ms = nan;
+    row.ranks_per_node = r.ranks_per_node;
+    if (row.ranks_per_node > 0) {
+      row.cross_node_rows = row.cross_node_fraction = row.cross_node_bytes = nan;
+      row.cross_node_bound = row.cross_node_bound_fraction = row.cross_node_bytes_bound = nan;
+    }
     return row;
   }
   row.imbalance = r.imbalance;
@@ -281,6 +318,16 @@ SummaryRow row_of(const SimulationResult& r) {
   row.rows_max = static_cast<double>(r.rows_max);
   row.padding_rows = static_cast<double>(r.padding_rows);
   row.plan_ms = r.plan_ms;
+  row.ranks_per_node = r.ranks_per_node;
+  const auto fraction = [&](int64_t rows) {
+    return r.total_rows > 0 ? static_cast<double>(rows) / static_cast<double>(r.total_rows) : 0;
+  };
+  row.cross_node_rows = static_cast<double>(r.cross_node_rows);
+  row.cross_node_fraction = fraction(r.cross_node_rows);
+  row.cross_node_bytes = static_cast<double>(r.cross_node_bytes);
+  row.cross_node_bound = static_cast<double>(r.cross_node_bound);
+  row.cross_node_bound_fraction = fraction(r.cross_node_bound);
+  row.cross_node_bytes_bound = static_cast<double>(r.cross_node_bytes_bound);
   return row;
 }
 
@@ -310,6 +357,7 @@ std::vector<SummaryRow> summarize(std::span<const SimulationResult> results) {
     row.batches = static_cast<int64_t>(group.size());
     std::vector<const SummaryRow*> good;
     for (const auto& one : group) {
+      row.ranks_per_node = std::max(row.ranks_per_node, one.ranks_per_node);
       row.failures += one.failures;
       if (row.note.empty()) row.note = one.note;
       if (one.failures == 0) good.push_back(&one);
@@ -326,6 +374,13 @@ std::vector<SummaryRow> summarize(std::span<const SimulationResult> results) {
           &SummaryRow::max_rows_moved_per_rank, &SummaryRow::bytes_moved,
           &SummaryRow::max_bytes_sent_per_rank, &SummaryRow::fragments_max, &SummaryRow::rows_max,
           &SummaryRow::padding_rows, &SummaryRow::plan_ms}) {
+      row.*field = med(field);
+    }
+    // The node map's figures.
+    for (double SummaryRow::*field :
+         {&SummaryRow::cross_node_rows, &SummaryRow::cross_node_fraction,
+          &SummaryRow::cross_node_bytes, &SummaryRow::cross_node_bound,
+          &SummaryRow::cross_node_bound_fraction, &SummaryRow::cross_node_bytes_bound}) {
       row.*field = med(field);
     }
     rows.push_back(std::move(row));

@@ -97,6 +97,9 @@ void validate_strategy_params(const StrategyParams& params) {
   SPARSECP_CHECK(params.max_received_fragments >= 0,
                  "spill fragment bound must be non-negative (0 = unbounded), got ",
                  params.max_received_fragments);
+  SPARSECP_CHECK(params.ranks_per_node >= 0,
+                 "spill ranks per node must be non-negative (0 = no node map), got ",
+                 params.ranks_per_node);
   if (params.cost_model) validate_cost_model(*params.cost_model);
   SPARSECP_CHECK(std::isfinite(params.bandwidth_gbps) && params.bandwidth_gbps > 0,
                  "exchange bandwidth must be positive, got ", params.bandwidth_gbps, " GB/s");

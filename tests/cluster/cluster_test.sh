@@ -6,7 +6,10 @@
 #  3. --timeout stops a hung job (exit 124);
 #  4. SIGTERM to the script mid-run;
 #  5-6. a link set down and a node's ranks killed mid-run: the job ends within 30 s;
-# and after each, none of the run's namespaces is left. Exits 77 (CTest SKIP_RETURN_CODE)
+#  7. 2% packet loss on every link (netem, or the nftables rule without it): still every
+#     strategy verified bit for bit, and packets were dropped;
+# and after each, none of the run's namespaces is left, nor an nftables table of the
+# script's in this machine's own namespace. Exits 77 (CTest SKIP_RETURN_CODE)
 # with the reason where network namespaces or tc are unavailable (not root, a container).
 # Usage: cluster_test.sh SOURCE_DIR SPARSECP_BINARY
 set -uo pipefail
@@ -29,6 +32,9 @@ check_clean() {  # check_clean LOG WHAT
   prefix=$(grep -o 'namespaces scpcl-[0-9]*-' "$1" | head -1 | cut -d' ' -f2)
   [ -n "$prefix" ] || { fail "$2: no namespace line in the output"; return; }
   if ip netns list | grep -q "^$prefix"; then fail "$2: namespaces left behind: $(ip netns list | grep "^$prefix" | tr '\n' ' ')"; fi
+  if command -v nft >/dev/null && nft list tables 2>/dev/null | grep -q scpcl; then
+    fail "$2: an nftables table of the script's in the root namespace: $(nft list tables | grep scpcl | tr '\n' ' ')"
+  fi
 }
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -99,5 +105,26 @@ fault_run() {  # fault_run FAULT EXPECTED_TEXT
 }
 fault_run link-down:1@3 "lost communication with a remote daemon"
 fault_run kill:1@3 "exited on signal 9"
+
+# 7. Packet loss on every link end: TCP retransmits, the results stay bit-exact.
+start=$(date +%s)
+"${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --loss 2 --timeout 120 -- \
+  env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
+  --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 1 --max-repeats 1 --no-calibrate --json \
+  >"$log" 2>&1
+status=$?
+echo "loss 2%: exit $status in $(($(date +%s) - start)) s"
+if grep -q 'loss 2% (netem)' "$log"; then
+  echo "loss 2%: by netem (no drop counts to check)"
+else
+  grep 'cluster: node' "$log"
+  dropped=$(grep -o 'dropped [0-9]* of [0-9]* packets sent, [0-9]* of [0-9]*' "$log" |
+    awk '{ d += $2 + $7 } END { print d + 0 }')
+  ((dropped > 0)) || fail "--loss 2: no packet was dropped (want the nftables rule's drop counts > 0)"
+fi
+((status == 0)) || { fail "sparsecp run under 2% loss exited $status"; tail -30 "$log"; }
+grep -q '"verified": true' "$log" || fail "under 2% loss: no '\"verified\": true' in the run's report"
+if grep -q '"verified": false\|"bytes_match_route": false' "$log"; then fail "under 2% loss: a strategy was not verified"; fi
+check_clean "$log" "loss"
 
 ((failures == 0)) && echo "cluster_test: all checks passed" || { echo "cluster_test: $failures failure(s)"; exit 1; }

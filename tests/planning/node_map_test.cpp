@@ -15,6 +15,7 @@
 #include "sparsecp/planning/cost.hpp"
 #include "sparsecp/planning/lower_bound.hpp"
 #include "sparsecp/planning/spill.hpp"
+#include "sparsecp/planning/strategy.hpp"
 #include "support/error_of.hpp"
 #include "support/random_batch.hpp"
 
@@ -153,6 +154,56 @@ TEST(NodeMap, RejectsBadNodeMaps) {
               HasSubstr("spill ranks per node must be non-negative (0 = no node map), got -1"));
   options.ranks_per_node = 3;
   EXPECT_THAT(error_of([&] { plan_spill(lengths, 4, 1, options); }),
+              HasSubstr("ranks per node (3) must divide the CP size (4)"));
+}
+
+// The registered strategy "spill" takes the node map from StrategyParams (the CLI's and
+// Python's path): the same plan as plan_spill with SpillOptions::ranks_per_node, other
+// strategies unaffected, and the parameter's checks name the value.
+TEST(NodeMap, SpillStrategyTakesTheNodeMapFromStrategyParams) {
+  SplitMix64 random(testing::test_seed() + 43);
+  SCOPED_TRACE(::testing::Message() << "SPARSECP_TEST_SEED=" << testing::test_seed());
+  int64_t changed = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t per_node = 2;
+    const int64_t cp = per_node * (2 + static_cast<int64_t>(random.next() % 3));
+    const auto lengths = testing::random_batch(random, cp, 12, 2000);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " cp " << cp);
+    StrategyParams flat;
+    StrategyParams mapped;
+    mapped.ranks_per_node = per_node;
+    SpillOptions options;
+    options.ranks_per_node = per_node;
+    const SpillPlan reference = plan_spill(lengths, cp, 4, options);
+    const Plan plan = find_strategy("spill").plan(lengths, cp, 4, mapped);
+    for (int64_t r = 0; r < cp; ++r) {
+      const auto got = plan.tasks().tasks(r);
+      const auto want = reference.plan.tasks(r);
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end(),
+                             [](const Task& a, const Task& b) {
+                               return a.document == b.document && a.start == b.start &&
+                                      a.end == b.end;
+                             }))
+          << "rank " << r;
+    }
+    EXPECT_EQ(cross_node_rows(plan.tasks(), lengths, per_node), reference.cross_node_rows);
+    const Plan plain = find_strategy("spill").plan(lengths, cp, 4, flat);
+    changed += cross_node_rows(plain.tasks(), lengths, per_node) != reference.cross_node_rows;
+    for (const char* seed_mode : {"zigzag", "hybrid"}) {
+      const Plan a = find_strategy(seed_mode).plan(lengths, cp, 4, flat);
+      const Plan b = find_strategy(seed_mode).plan(lengths, cp, 4, mapped);
+      EXPECT_EQ(a.stats().work, b.stats().work) << seed_mode;
+      EXPECT_EQ(a.tasks().task_count(), b.tasks().task_count()) << seed_mode;
+    }
+  }
+  EXPECT_GT(changed, 0);  // the node map changes some plans
+  StrategyParams bad;
+  bad.ranks_per_node = -2;
+  EXPECT_THAT(error_of([&] { validate_strategy_params(bad); }),
+              HasSubstr("spill ranks per node must be non-negative (0 = no node map), got -2"));
+  bad.ranks_per_node = 3;
+  const std::vector<int64_t> lengths{8, 4};
+  EXPECT_THAT(error_of([&] { find_strategy("spill").plan(lengths, 4, 1, bad); }),
               HasSubstr("ranks per node (3) must divide the CP size (4)"));
 }
 

@@ -20,11 +20,16 @@
 #include "sparsecp/io/report_svg.hpp"
 #include "sparsecp/io/simulate_report.hpp"
 #include "sparsecp/planning/cost.hpp"
+#include "sparsecp/planning/node_map.hpp"
+#include "sparsecp/planning/spill.hpp"
+#include "sparsecp/planning/strategies/spill.hpp"
+#include "support/error_of.hpp"
 #include "support/random_batch.hpp"
 
 namespace sparsecp {
 namespace {
 
+using sparsecp::testing::error_of;
 using ::testing::HasSubstr;
 
 const std::vector<int64_t> kSystemExample = {5000, 300, 2699, 1};
@@ -374,6 +379,105 @@ TEST(Sweep, PlansEveryStrategyOnEveryBatchAndReportsProgress) {
   EXPECT_EQ(per_batch_rows(results).size(), results.size());
 }
 
+// With a node map every strategy reports its cross-node rows and bytes, beside the
+// bound at spill's target; spill plans topology-aware and crosses at the bound.
+TEST(Sweep, ReportsCrossNodeRowsAndBytesForEveryStrategy) {
+  SweepSpec spec;
+  spec.strategies = parse_strategy_list("all");
+  spec.cps = {4, 8};
+  spec.distributions = {"lognormal", "pareto"};
+  spec.seeds = {1, 2, 3};
+  spec.tokens = 16384;
+  spec.params.ranks_per_node = 2;
+  const auto results = run_sweep(spec);
+  ASSERT_EQ(results.size(), 12 * all_strategies().size());
+  int64_t spill_at_bound = 0;
+  int64_t spill_batches = 0;
+  int64_t zigzag_above = 0;
+  for_each_sweep_batch(spec, [&](const SweepBatch& batch) {
+    const int64_t bound = cross_node_rows_lower_bound(batch.lengths, batch.cp, spec.ratio, 2,
+                                                      spec.params.target_imbalance)
+                              .total;
+    for (const SimulationResult& r : results) {
+      if (r.cp != batch.cp || r.workload != batch.workload || r.batch != batch.batch) continue;
+      SCOPED_TRACE(::testing::Message()
+                   << r.strategy << " cp " << r.cp << " " << r.workload << " batch " << r.batch);
+      ASSERT_TRUE(r.error.empty()) << r.error;
+      const Plan plan =
+          find_strategy(r.strategy).plan(batch.lengths, batch.cp, spec.ratio, spec.params);
+      EXPECT_EQ(r.ranks_per_node, 2);
+      EXPECT_EQ(r.cross_node_rows, cross_node_rows(plan.tasks(), batch.lengths, 2));
+      EXPECT_EQ(r.cross_node_bytes, r.cross_node_rows * (spec.params.row_bytes.input_bytes() +
+                                                         spec.params.row_bytes.result_bytes()));
+      EXPECT_LE(r.cross_node_rows, r.rows_moved);  // a crossing row is a moved row
+      EXPECT_EQ(r.cross_node_bound, bound);
+      EXPECT_EQ(r.cross_node_bytes_bound, spec.params.row_bytes.wire_bytes(bound, bound));
+      if (r.strategy == "spill") {
+        SpillOptions options = spill_options(spec.params);
+        EXPECT_EQ(r.cross_node_rows,
+                  plan_spill(batch.lengths, batch.cp, spec.ratio, options).cross_node_rows);
+        ++spill_batches;
+        spill_at_bound += r.cross_node_rows == bound;
+      }
+      if (r.strategy == "zigzag") zigzag_above += r.cross_node_rows > bound;
+    }
+  });
+  EXPECT_EQ(spill_batches, 12);
+  EXPECT_GE(spill_at_bound, 10);  // at the bound unless a leftover piece crossed
+  EXPECT_EQ(zigzag_above, 12);
+  // The medians carry the node map; the reports show it.
+  const auto rows = summarize(results);
+  for (const SummaryRow& row : rows) {
+    EXPECT_EQ(row.ranks_per_node, 2) << row.strategy;
+    EXPECT_GE(row.cross_node_fraction, 0);
+    EXPECT_LE(row.cross_node_fraction, 1);
+  }
+  std::ostringstream json;
+  write_json(json, rows);
+  const auto parsed = nlohmann::json::parse(json.str());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& entry = parsed["results"][i];
+    EXPECT_EQ(entry["ranks_per_node"], 2);
+    for (const char* key :
+         {"cross_node_rows", "cross_node_fraction", "cross_node_bytes", "cross_node_bound",
+          "cross_node_bound_fraction", "cross_node_bytes_bound"}) {
+      ASSERT_TRUE(entry.contains(key)) << key;
+    }
+    EXPECT_DOUBLE_EQ(entry["cross_node_bytes"].get<double>(), rows[i].cross_node_bytes);
+  }
+  std::ostringstream csv;
+  write_csv(csv, rows);
+  const auto records = parse_csv(csv.str());
+  ASSERT_EQ(records.size(), rows.size() + 1);
+  const auto& header = records[0];
+  const auto column = std::find(header.begin(), header.end(), "cross_node_rows");
+  ASSERT_NE(column, header.end());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(records[i + 1].size(), header.size());
+    EXPECT_DOUBLE_EQ(std::stod(records[i + 1][static_cast<size_t>(column - header.begin())]),
+                     rows[i].cross_node_rows);
+  }
+  std::ostringstream table;
+  write_table(table, rows);
+  EXPECT_THAT(table.str(), HasSubstr("x-node%  bound%  MiB x-node"));
+  // Without a node map none of it appears.
+  std::ostringstream plain;
+  write_json(plain, summarize(run_sweep(small_sweep())));
+  EXPECT_THAT(plain.str(), ::testing::Not(HasSubstr("cross_node")));
+}
+
+TEST(Sweep, RejectsANodeMapThatDoesNotDivideEveryCpSize) {
+  SweepSpec spec = small_sweep();
+  spec.params.ranks_per_node = 4;  // cp 2 is smaller
+  bool planned = false;
+  EXPECT_THAT(error_of([&] { run_sweep(spec, [&](int64_t, int64_t) { planned = true; }); }),
+              HasSubstr("ranks per node (4) must divide the CP size (2)"));
+  EXPECT_FALSE(planned);
+  spec.params.ranks_per_node = -1;
+  EXPECT_THAT(error_of([&] { run_sweep(spec); }),
+              HasSubstr("ranks per node must be non-negative (0 = no node map), got -1"));
+}
+
 TEST(Sweep, UsesFileBatchesForEveryCpSize) {
   SweepSpec spec;
   spec.strategies = parse_strategy_list("none,zigzag");
@@ -586,6 +690,31 @@ TEST(SimulateCommand, RejectsBadInputWithStatusTwo) {
     const auto [status, out] = run(cli + args + " 2>&1");
     EXPECT_EQ(status, 2) << args << ": " << out;
     EXPECT_THAT(out, HasSubstr("error")) << args;
+  }
+  {
+    const auto [status, out] = run(cli + " simulate --cp 8 --tokens 8192 --ranks-per-node 3 2>&1");
+    EXPECT_EQ(status, 2) << out;
+    EXPECT_THAT(out, HasSubstr("error: ranks per node (3) must divide the CP size (8)"));
+  }
+  {
+    const std::string mapped =
+        " simulate --cp 8 --tokens 8192 --seed 1 --ranks-per-node 4 --strategies zigzag,spill";
+    auto [status, out] = run(cli + mapped + " --json");
+    ASSERT_EQ(status, 0) << out;
+    const auto parsed = nlohmann::json::parse(out);
+    ASSERT_EQ(parsed["results"].size(), 3u * 2u);  // three distributions
+    for (const auto& entry : parsed["results"]) {
+      EXPECT_EQ(entry["ranks_per_node"], 4);
+      EXPECT_GT(entry["cross_node_bound"].get<double>(), 0) << entry["strategy"];
+      if (entry["strategy"] == "zigzag") {
+        EXPECT_GT(entry["cross_node_rows"].get<double>(), entry["cross_node_bound"].get<double>());
+      }
+    }
+    std::tie(status, out) = run(cli + mapped);
+    ASSERT_EQ(status, 0) << out;
+    EXPECT_THAT(out, HasSubstr("Node map: 4 consecutive ranks per node"));
+    EXPECT_THAT(out, HasSubstr("node map of 4 ranks per node"));
+    EXPECT_THAT(out, HasSubstr("MiB x-node"));
   }
   const auto [status, out] = run(cli + " simulate --help");
   EXPECT_EQ(status, 0);

@@ -11,6 +11,7 @@
 
 #include "sparsecp/balanced_select.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/planning/strategy.hpp"
 #include "sparsecp/transport/agreement.hpp"
 #include "sparsecp/transport/exchange.hpp"
 #include "sparsecp/transport/mpi_communicator.hpp"
@@ -186,6 +187,13 @@ TEST(Agreement, FingerprintSeesEveryInput) {
   EXPECT_TRUE(differs(planning_fingerprint(kLengths, 4, 4, {Mode::kGreedy, std::nullopt, {}})));
   EXPECT_TRUE(differs(planning_fingerprint(kLengths, 4, 4, {Mode::kHybrid, 64, 100})));
   EXPECT_TRUE(differs(planning_fingerprint(kLengths, 4, 4, greedy()).add("topk", 0)));
+  // A strategy's parameters, the node map among them.
+  StrategyParams spill_params;
+  const PlanningFingerprint spill =
+      planning_fingerprint(kLengths, 4, 4, find_strategy("spill"), spill_params);
+  spill_params.ranks_per_node = 2;
+  EXPECT_NE(planning_fingerprint(kLengths, 4, 4, find_strategy("spill"), spill_params).value(),
+            spill.value());
   PlanningFingerprint a = planning_fingerprint(kLengths, 4, 4, greedy());
   PlanningFingerprint b = planning_fingerprint(kLengths, 4, 4, greedy());
   a.add("x", 1).add("y", 2);

@@ -38,6 +38,7 @@ struct SimulateCommand {
   bool all_batches = false;
   bool list = false;
   std::string svg;
+  int64_t ranks_per_node = 0;  // > 0: the node map (spill plans with it; cross-node figures)
 };
 
 void print_strategies() {
@@ -119,6 +120,14 @@ void print_text(const SweepSpec& spec, const std::vector<SummaryRow>& rows) {
       "MiB moved = inputs out + top-k ids back (%lld + %lld bytes per row).\n\n",
       static_cast<long long>(spec.params.row_bytes.input_bytes()),
       static_cast<long long>(spec.params.row_bytes.result_bytes()));
+  if (params.ranks_per_node > 0) {
+    std::printf(
+        "Node map: %lld consecutive ranks per node (spill plans with it). x-node%% = rows\n"
+        "selected on another node than their owner's; bound%% = the fewest any plan whose\n"
+        "busiest rank is within spill's target must send across nodes; MiB x-node = the\n"
+        "cross-node rows' inputs out + top-k ids back.\n\n",
+        static_cast<long long>(params.ranks_per_node));
+  }
   std::ostringstream table;
   write_table(table, rows);
   std::fputs(table.str().c_str(), stdout);
@@ -135,6 +144,7 @@ void run_simulate(const SimulateCommand& command) {
   spec.ratio = command.ratio;
   command.model.validate();
   spec.params = command.strategy.params(command.ratio, command.model);
+  spec.params.ranks_per_node = command.ranks_per_node;
   spec.clock = [] { return wall_seconds() * 1e3; };
 
   const ProgressBar progress(isatty(STDERR_FILENO) == 1);
@@ -176,6 +186,12 @@ const Registration registration("simulate", [](CLI::App& app) {
   sub->add_option("--ratio", command->ratio, "Compression ratio of the indexer (tokens per key)")
       ->capture_default_str();
   command->strategy.add_to(*sub, "", false);
+  sub->add_option("--ranks-per-node", command->ranks_per_node,
+                  "Node map: this many consecutive ranks per node (dividing every --cp). spill "
+                  "plans with it (topology-aware), and every strategy's rows and bytes crossing "
+                  "nodes are reported beside the lower bound (--json: cross_node_rows, "
+                  "cross_node_bytes, cross_node_bound, ...); 0: none")
+      ->capture_default_str();
   command->model.add_to(
       *sub, ModelFlags::kHeads | ModelFlags::kRopeDim | ModelFlags::kQRank | ModelFlags::kTopk);
   auto* json = sub->add_flag("--json", command->json,
@@ -197,6 +213,7 @@ const Registration registration("simulate", [](CLI::App& app) {
       "  sparsecp simulate --lengths 5000,300,2699,1 --cp 4 --all-batches\n"
       "  sparsecp simulate --lengths-file a.txt --lengths-file b.txt --cp 16,32 --json > r.json\n"
       "  sparsecp simulate --svg chart.svg --csv > results.csv\n"
+      "  sparsecp simulate --cp 16,32 --ranks-per-node 8 --strategies zigzag,hybrid,spill\n"
       "Moved rows are sized with --heads, --q-rank, --rope-dim and --topk (bf16 qr, fp32 "
       "weights and RoPE, int32 ids).\n" +
       lengths_file_help());

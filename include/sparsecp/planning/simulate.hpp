@@ -33,6 +33,15 @@
 //   rows[r]         query rows rank r selects (memory for its inputs and results).
 //   padding_rows    synthetic rows the strategy's layout computes for nothing.
 //   plan_ms         milliseconds of Strategy::plan on the caller's clock (0 without one).
+// With a node map (params.ranks_per_node = R > 0; node_map.hpp: R consecutive ranks per
+// node, R dividing cp; spill then plans topology-aware, the others ignore it):
+//   cross_node_rows rows selected on another node than their owner's node (each is sent
+//                   there as input and its top-k sent back); cross_node_bytes their wire
+//                   bytes (input + result bytes of RowBytes each).
+//   cross_node_bound  the fewest rows any plan whose busiest rank is at most spill's
+//                   target load T (params.target_imbalance on spill's cost model) must
+//                   send across nodes (cross_node_rows_lower_bound), and its bytes. A
+//                   property of the batch, the same for every strategy.
 #pragma once
 
 #include <cstdint>
@@ -77,6 +86,12 @@ struct SimulationResult {
   double plan_ms = 0;
   std::string note;
   std::string error;  // non-empty when the strategy rejected the batch (its Error text)
+  // The node map's figures (above); all 0 without one (ranks_per_node 0).
+  int64_t ranks_per_node = 0;
+  int64_t cross_node_rows = 0;
+  int64_t cross_node_bytes = 0;
+  int64_t cross_node_bound = 0;        // set by run_sweep
+  int64_t cross_node_bytes_bound = 0;  // set by run_sweep
 };
 
 // The fewest rows that must leave their owners so that no rank's causal work exceeds
@@ -87,8 +102,9 @@ int64_t min_rows_to_balance(std::span<const int64_t> lengths, int64_t cp, int64_
 
 // Plans `lengths` with `strategy` and measures the plan. A strategy's Error becomes
 // `error` (the other figures stay 0) so that one rejected batch does not end a sweep;
-// invalid batches (which every strategy rejects) are still reported that way. Bytes
-// are counted with params.row_bytes.
+// invalid batches (which every strategy rejects) are still reported that way, and so is
+// a node map (params.ranks_per_node > 0) that does not divide cp. Bytes are counted
+// with params.row_bytes.
 SimulationResult simulate_plan(const Strategy& strategy, std::span<const int64_t> lengths,
                                int64_t cp, int64_t ratio, const StrategyParams& params,
                                const MillisecondClock& clock = {});
@@ -132,7 +148,8 @@ void for_each_sweep_batch(const SweepSpec& spec,
 
 // Runs every strategy on every batch, in (cp, workload, batch, strategy) order.
 // Throws Error before planning anything when the spec is unusable (no strategy, a
-// non-positive or non-dividing CP size, an unknown distribution, ...). `progress`
+// non-positive or non-dividing CP size, an unknown distribution, a negative
+// params.ranks_per_node or one that does not divide every CP size, ...). `progress`
 // (optional) is called after each batch with (done, total).
 std::vector<SimulationResult> run_sweep(const SweepSpec& spec,
                                         const std::function<void(int64_t, int64_t)>& progress = {});
@@ -162,6 +179,14 @@ struct SummaryRow {
   double padding_rows = 0;
   double plan_ms = 0;
   std::string note;  // the first note or error seen
+  // With a node map (ranks_per_node > 0), medians like the rest; 0 without one.
+  int64_t ranks_per_node = 0;
+  double cross_node_rows = 0;
+  double cross_node_fraction = 0;  // cross_node_rows / total rows
+  double cross_node_bytes = 0;
+  double cross_node_bound = 0;
+  double cross_node_bound_fraction = 0;  // cross_node_bound / total rows
+  double cross_node_bytes_bound = 0;
 };
 
 std::vector<SummaryRow> summarize(std::span<const SimulationResult> results);

@@ -77,6 +77,10 @@ struct StrategyParams {
   double target_imbalance = 1.001;
   // spill: > 0 bounds the pieces one rank receives; 0 leaves them unbounded.
   int64_t max_received_fragments = 0;
+  // spill: > 0 is the node map (node_map.hpp: this many consecutive ranks per node, a
+  // divisor of cp, checked when planning) and spill plans topology-aware
+  // (SpillOptions::ranks_per_node); 0: no node map. Other strategies ignore it.
+  int64_t ranks_per_node = 0;
   // spill and auto: what one row costs (cost_model.hpp; e.g. `sparsecp calibrate`'s
   // fit). Unset: spill balances the seed's causal pairs; auto predicts with
   // nominal_accelerator_cost_model() (strategies/auto.hpp).

@@ -34,6 +34,7 @@ SpillOptions spill_options(const StrategyParams& params) {
   options.target_imbalance = params.target_imbalance;
   options.max_received_fragments = params.max_received_fragments;
   if (params.cost_model) options.cost = *params.cost_model;
+  options.ranks_per_node = params.ranks_per_node;
   return options;
 }
 
@@ -65,6 +66,9 @@ class Spill final : public Strategy {
          << describe_cost_model(params.cost_model, "causal pairs");
     if (params.max_received_fragments > 0) {
       text << ", at most " << params.max_received_fragments << " received pieces per rank";
+    }
+    if (params.ranks_per_node > 0) {
+      text << ", node map of " << params.ranks_per_node << " ranks per node";
     }
     return text.str();
   }
