@@ -34,6 +34,7 @@ SpillOptions spill_options(const StrategyParams& params) {
   options.target_imbalance = params.target_imbalance;
   options.max_received_fragments = params.max_received_fragments;
   if (params.cost_model) options.cost = *params.cost_model;
+  options.owner_load = params.owner_load;
   return options;
 }
 
@@ -66,6 +67,7 @@ class Spill final : public Strategy {
     if (params.max_received_fragments > 0) {
       text << ", at most " << params.max_received_fragments << " received pieces per rank";
     }
+    if (!params.owner_load.empty()) text << ", plus each rank's owner load";
     return text.str();
   }
 };

@@ -6,8 +6,8 @@
 // full. Rows moved equal the rows-moved lower bound (lower_bound.hpp) at the target.
 //
 // As a registered strategy it reads StrategyParams' target_imbalance (default 1.001),
-// max_received_fragments (default unbounded) and cost_model (default: the causal pair
-// count, the scale simulate reports). Unit: one row.
+// max_received_fragments (default unbounded), cost_model (default: the causal pair
+// count, the scale simulate reports) and owner_load (default none). Unit: one row.
 #pragma once
 
 #include <memory>
