@@ -423,8 +423,8 @@ const Registration registration("spill", [](CLI::App& app) {
       "  sparsecp spill --cp 4,8,16,32,64 --dist lognormal,pareto,mixture --seed 1-5\n"
       "  sparsecp spill --cp 16 --tokens 524288 --target-imbalance 1.0 --cost-model cost_model.txt "
       "--json\n"
-      "  sparsecp spill --lengths 5000,300,2699,1 --cp 4 --owner-cost 0,2000   # KL on the "
-      "owners\n" +
+      "  sparsecp spill --lengths 5800,600,1400,90,302 --cp 4 --owner-cost 274,2.8   # plus the "
+      "KL on the owners (train_indexer_step.py's fit, causal pairs)\n" +
       lengths_file_help());
   sub->callback([flags] { run_spill(*flags); });
 });
