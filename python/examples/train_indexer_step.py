@@ -40,6 +40,18 @@ Usage::
     python python/examples/train_indexer_step.py --ranks 4 --no-compare --repeats 7 \\
         --checkpoint none,plain,replay      # activation checkpointing: recompute selects again, or replays
 
+With ``--balance-step`` the step is balanced, not only the selection: the KL loss (and the rest
+of the owner's work: teacher, index query, backward) stays on each row's owner and costs about
+``a_kl + c_kl * min(topk, visible)`` per owned row, which no plan can move. One step of
+``none`` first measures each rank's selection and owner-side thread CPU time; ``step_fit``
+fits the selection's seconds per cost unit and ``a_kl``, ``c_kl`` from them (per-rank sums of
+the cost model's load and of ``min(topk, visible)`` over the owned rows), and the mode then
+plans with ``owner_load`` = ``sparsecp.owner_cost`` of that model, so the rank with the
+heaviest KL selects less. The run reports, per rank and variant, selection, KL and step
+totals and the step imbalance (max / mean of the step's thread CPU) with and without it::
+
+    python python/examples/train_indexer_step.py --ranks 4 --no-compare --balance-step --repeats 5
+
 With ``--checkpoint plain`` the layer's forward runs under non-reentrant activation
 checkpointing and its recompute (in the backward) plans, exchanges and selects again; with
 ``replay`` it runs with ``context_fn=sparsecp.torch.selection_replay_contexts`` and the
@@ -66,6 +78,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.checkpoint import checkpoint, noop_context_fn
 
+import sparsecp
 import sparsecp.torch as indexer_balance
 
 
@@ -197,6 +210,7 @@ class StepResult:
     seconds: dict[str, tuple[float, float]] = field(default_factory=dict)  # phase -> (wall, thread CPU)
     rows_selected: int = 0  # rows this rank selected as a worker
     slots: int = 0  # valid (row, id) pairs of its own rows (the KL's work)
+    fit: dict[str, Any] | None = None  # --balance-step: the fit its plan's owner_load came from
 
 
 class _Phases:
@@ -232,21 +246,85 @@ def compact_bank(batch: Batch, shard: slice) -> tuple[int, int]:
 
 
 CHECKPOINTING = ("none", "plain", "replay")
+SEED_MODES = ("none", "zigzag", "greedy", "hybrid")
+STEP_BALANCED = "/step"  # the variant suffix of --balance-step: "spill/step"
 
 
-def variant_name(mode: str, checkpointing: str) -> str:
-    """The label of a (mode, checkpointing) run: the mode alone without checkpointing."""
+def variant_name(mode: str, checkpointing: str, balance_step: bool = False) -> str:
+    """The label of a (mode, checkpointing) run: the mode alone without checkpointing, and
+    "/step" when it plans with the fitted owner load (--balance-step)."""
+    mode = mode + STEP_BALANCED if balance_step else mode
     return mode if checkpointing == "none" else f"{mode}+{checkpointing}"
 
 
+def _line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of y ~ intercept + slope * x by least squares, both >= 0: a negative
+    slope gives (mean y, 0), a negative intercept the fit through the origin."""
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((xi - mx) ** 2 for xi in x)
+    slope = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sxx if sxx > 0 else 0.0
+    if slope <= 0:
+        return max(my, 0.0), 0.0
+    intercept = my - slope * mx
+    if intercept < 0:
+        return 0.0, sum(xi * yi for xi, yi in zip(x, y)) / sum(xi * xi for xi in x)
+    return intercept, slope
+
+
+def step_fit(config: IndexerConfig, size: int, selection_s: list[float], owner_s: list[float]) -> dict[str, Any]:
+    """--balance-step's fit, from one contiguous (``none``) step's per-rank thread CPU seconds:
+    ``selection_s`` (phase "selection") and ``owner_s`` (the rest of the step: KL, teacher,
+    index query, backward, ...).
+
+    * Seconds per unit of the selection cost model (causal pairs, or --cost-model's): the
+      slope of ``selection_s`` against each rank's contiguous load in those units (the ratio
+      of sums where no slope is found), so a mis-calibrated model is rescaled to this job.
+    * The owner side, ``owner_s ~ k + c_kl * slots`` with ``slots`` each rank's
+      sum of min(topk, visible) over its own rows; ``a_kl = k / local rows``.
+    * ``owner_load``: ``sparsecp.owner_cost`` of ``a_kl``, ``c_kl`` in the selection model's units,
+      what spill balances beside the selection (the same on every rank: the inputs are
+      all-gathered).
+    """
+    model = sparsecp.load_cost_model(config.cost_model) if config.cost_model else sparsecp.CostModel()
+    units = [float(u) for u in sparsecp.plan(config.lengths, size, config.ratio, "none", cost_model=model).cost]
+    slots = sparsecp.owner_cost(config.lengths, size, config.ratio, 0.0, 1.0, config.topk)
+    _, per_unit = _line(units, selection_s)
+    if per_unit <= 0:
+        per_unit = sum(selection_s) / sum(units) if sum(units) > 0 else 0.0
+    k, c_kl = _line(slots, owner_s)
+    a_kl = k / (config.tokens // size)
+    fit: dict[str, Any] = {"seconds_per_unit": per_unit, "unit": model.unit, "a_kl_s": a_kl, "c_kl_s": c_kl,
+                           "selection_s": list(selection_s), "owner_s": list(owner_s), "slots": slots,
+                           "selection_units": units, "owner_load": None}
+    if per_unit > 0 and a_kl + c_kl > 0:
+        fit["owner_load"] = tuple(sparsecp.owner_cost(config.lengths, size, config.ratio, a_kl / per_unit,
+                                                      c_kl / per_unit, config.topk))
+    return fit
+
+
+def fit_owner_load(rank: int, size: int, config: IndexerConfig, seed: int, steps: int) -> dict[str, Any]:
+    """--balance-step on a process group: ``steps`` contiguous steps (medians), their per-rank
+    times all-gathered, and ``step_fit`` of them (identical on every rank)."""
+    runs = [rank_step(rank, size, config, "none", seed) for _ in range(steps)]
+    selection = statistics.median(r.seconds["selection"][1] for r in runs)
+    owner = statistics.median(r.seconds["step"][1] - r.seconds["selection"][1] for r in runs)
+    gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(size)]
+    dist.all_gather(gathered, torch.tensor([selection, owner], dtype=torch.float64))
+    times = torch.stack(gathered).tolist()
+    return step_fit(config, size, [t[0] for t in times], [t[1] for t in times])
+
+
 def train_step(layer: IndexerLayer, optimizer: torch.optim.Optimizer, batch: Batch, rank: int, size: int,
-               mode: str, group: Any | None, checkpointing: str = "none") -> StepResult:
+               mode: str, group: Any | None, checkpointing: str = "none",
+               owner_load: tuple[float, ...] | None = None) -> StepResult:
     """One step on this rank's contiguous shard (``group=None``: one process, whole batch).
 
     ``checkpointing``: "none"; "plain" (the layer's forward under non-reentrant activation
     checkpointing: the backward recomputes it, selection and all-to-alls included); "replay"
     (the same with ``context_fn=sparsecp.torch.selection_replay_contexts``: the recompute
-    reuses the forward's ids)."""
+    reuses the forward's ids). ``owner_load``: spill / auto plan with each rank's owner-side
+    load (``sparsecp.strategy_params``; in the cost model's units)."""
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {checkpointing!r}")
     c = layer.config
@@ -264,10 +342,12 @@ def train_step(layer: IndexerLayer, optimizer: torch.optim.Optimizer, batch: Bat
             weights = layer.merge_weights(hidden)  # [1, S, H], with grad
         with phases("selection"):
             if group is not None:
-                modelled = c.cost_model is not None and mode not in ("none", "zigzag", "greedy", "hybrid")
+                own = mode not in SEED_MODES
+                params: dict[str, Any] = {"cost_model": c.cost_model} if own and c.cost_model is not None else {}
+                if own and owner_load is not None:
+                    params["owner_load"] = owner_load
                 wave = indexer_balance.launch_indexer_inputs(qr, weights.detach(), (cos, sin), c.lengths, c.ratio,
-                                                             mode, group,
-                                                             **({"cost_model": c.cost_model} if modelled else {}))
+                                                             mode, group, **params)
         with phases("index key bank"):
             key = layer.index_key(batch.compressed[None], batch.key_cos[None], batch.key_sin[None])  # [1, K, D]
         with phases("selection"):
@@ -325,12 +405,16 @@ def build(config: IndexerConfig, seed: int) -> tuple[IndexerLayer, torch.optim.O
     return layer, optimizer, make_batch(config, seed + 1)
 
 
-def rank_step(rank: int, size: int, config: IndexerConfig, mode: str, seed: int) -> StepResult:
+def rank_step(rank: int, size: int, config: IndexerConfig, mode: str, seed: int,
+              owner_load: tuple[float, ...] | None = None) -> StepResult:
     """One step on an initialised process group (the test's and the script's rank task);
-    ``mode`` may name a checkpointing too (``variant_name``: "spill+replay")."""
+    ``mode`` may name a checkpointing too (``variant_name``: "spill+replay"; a "/step" suffix is
+    dropped: pass its ``owner_load``)."""
     layer, optimizer, batch = build(config, seed)
     mode, _, checkpointing = mode.partition("+")
-    return train_step(layer, optimizer, batch, rank, size, mode, dist.group.WORLD, checkpointing or "none")
+    mode = mode.removesuffix(STEP_BALANCED)
+    return train_step(layer, optimizer, batch, rank, size, mode, dist.group.WORLD, checkpointing or "none",
+                      owner_load)
 
 
 def single_process_step(config: IndexerConfig, seed: int, threads: int = 1) -> StepResult:
@@ -350,14 +434,19 @@ def single_process_step(config: IndexerConfig, seed: int, threads: int = 1) -> S
 
 
 def _rank_main(rank: int, size: int, port: int, config: IndexerConfig, modes: list[str], seed: int,
-               repeat: int, results: Any, collected: Any) -> None:
+               repeat: int, results: Any, collected: Any, fit_steps: int = 1) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=300))
     try:
+        fit: dict[str, Any] | None = None
+        if any(STEP_BALANCED in mode for mode in modes):  # --balance-step: fit first, then plan with it
+            fit = fit_owner_load(rank, size, config, seed, fit_steps)
         for repetition in range(repeat):  # modes interleaved
             for mode in modes:
-                result = rank_step(rank, size, config, mode, seed)
+                balanced = STEP_BALANCED in mode and fit is not None
+                result = rank_step(rank, size, config, mode, seed, fit["owner_load"] if balanced else None)
+                result.fit = fit if balanced else None
                 if repetition:  # later repetitions only time
                     result.grads, result.params, result.topk = {}, {}, result.topk[:0]
                 results.put((mode, rank, result))
@@ -371,10 +460,12 @@ def _failed_ranks(processes: list) -> dict[int, int]:
 
 
 def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int, repeat: int = 1,
-              timeout: float = 600.0) -> dict[str, list[list[StepResult]]]:
+              timeout: float = 600.0, fit_steps: int = 1) -> dict[str, list[list[StepResult]]]:
     """Spawn ``size`` gloo ranks on loopback, one thread each; every rank runs ``repeat`` x one
     step per mode (modes interleaved). Returns mode -> rank -> the repetitions' results (only
-    the first keeps gradients, parameters and ids)."""
+    the first keeps gradients, parameters and ids). A "/step" mode (``variant_name(...,
+    balance_step=True)``) plans with the owner load fitted from ``fit_steps`` contiguous steps
+    run first (``fit_owner_load``; its results carry the fit)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -382,7 +473,8 @@ def run_ranks(size: int, config: IndexerConfig, modes: list[str], seed: int, rep
     results, done = context.Queue(), context.Event()
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # one thread per rank (each rank's kernels)
         os.environ.setdefault(name, "1")
-    processes = [context.Process(target=_rank_main, args=(rank, size, port, config, modes, seed, repeat, results, done))
+    processes = [context.Process(target=_rank_main,
+                                 args=(rank, size, port, config, modes, seed, repeat, results, done, fit_steps))
                  for rank in range(size)]
     for process in processes:
         process.start()
@@ -422,6 +514,12 @@ def median_seconds(steps: list[StepResult]) -> dict[str, tuple[float, float]]:
                    statistics.median(s.seconds[name][1] for s in steps)) for name in steps[0].seconds}
 
 
+def imbalance(values: list[float]) -> float:
+    """max / mean (1 without any)."""
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean > 0 else 1.0
+
+
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[n] - b[n]).abs().max() / b[n].abs().max()) for n in b)
 
@@ -448,6 +546,13 @@ def main() -> int:
                         help="activation checkpointing of the layer's forward, one or a comma list (runs "
                              "interleaved): none, plain (the recompute selects and communicates again), replay "
                              "(context_fn=selection_replay_contexts: the recompute reuses the ids)")
+    parser.add_argument("--balance-step", action="store_true",
+                        help="also run --mode planned on the whole step (variant MODE/step): one contiguous step first "
+                             "measures each rank's selection and owner-side (KL, ...) thread CPU time, a_kl + c_kl * "
+                             "min(topk, visible) per owned row is fitted to it, and spill/auto then balance selection "
+                             "+ that owner load, so the rank with the heaviest KL selects less")
+    parser.add_argument("--fit-steps", type=int, default=1,
+                        help="--balance-step: contiguous steps the fit takes its (median) times from")
     parser.add_argument("--no-compare", action="store_true", help="run only --mode (timing)")
     parser.add_argument("--repeats", type=int, default=1, help="steps per mode and rank (times: medians)")
     parser.add_argument("--repeat", dest="repeats", type=int, help=argparse.SUPPRESS)
@@ -465,12 +570,22 @@ def main() -> int:
     for checkpointing in checkpointings:
         if checkpointing not in CHECKPOINTING:
             parser.error(f"--checkpoint: {checkpointing!r} is not one of {', '.join(CHECKPOINTING)}")
+    if args.balance_step and args.mode in SEED_MODES:
+        parser.error(f"--balance-step: --mode {args.mode} is one of hyper_parallel's modes, which take no owner "
+                     "load; use spill or auto")
+    if args.balance_step and args.mode == "auto" and args.cost_model is None:
+        parser.error("--balance-step: auto predicts on its nominal accelerator model unless given --cost-model; "
+                     "the owner load must be in the planner's units: pass --cost-model, or use spill")
+    if args.fit_steps < 1:
+        parser.error(f"--fit-steps must be at least 1, got {args.fit_steps}")
     base = [args.mode] if args.no_compare or args.mode == "none" else [args.mode, "none"]
-    modes = [variant_name(mode, checkpointing) for mode in base for checkpointing in checkpointings]
+    modes = [variant_name(mode, checkpointing, balanced) for mode in base
+             for balanced in ((False, True) if args.balance_step and mode == args.mode else (False,))
+             for checkpointing in checkpointings]
     print(f"{args.ranks} gloo ranks, documents {config.lengths}, index heads {config.heads} x {config.head_dim}, "
           f"attention heads {config.att_heads} x {config.att_dim}, top-k {config.topk}, ratio {config.ratio}",
           file=sys.stderr)
-    runs = run_ranks(args.ranks, config, modes, args.seed, args.repeats)
+    runs = run_ranks(args.ranks, config, modes, args.seed, args.repeats, fit_steps=args.fit_steps)
     results = {mode: [steps[0] for steps in runs[mode]] for mode in modes}
     summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "lengths": config.lengths,
                                "ranks": args.ranks, "repeats": args.repeats, "config": dataclasses.asdict(config)}
@@ -478,8 +593,14 @@ def main() -> int:
         summary[mode] = [{"rank": r, "loss": steps[0].loss, "rows_selected": steps[0].rows_selected,
                           "kl_slots": steps[0].slots, "seconds": median_seconds(steps),
                           "selection_cpu_s": [s.seconds["selection"][1] for s in steps],
-                          "kl_cpu_s": [s.seconds["kl loss"][1] for s in steps]}
+                          "kl_cpu_s": [s.seconds["kl loss"][1] for s in steps],
+                          "step_cpu_s": [s.seconds["step"][1] for s in steps]}
                          for r, steps in enumerate(runs[mode])]
+        summary.setdefault("step_imbalance", {})[mode] = imbalance(
+            [rank["seconds"]["step"][1] for rank in summary[mode]])
+        fit = runs[mode][0][0].fit
+        if fit is not None:
+            summary["balance_step_fit"] = fit
     if not args.no_compare:
         single = single_process_step(config, args.seed)
         distributed = results[modes[0]][0]
@@ -487,10 +608,10 @@ def main() -> int:
         summary["single_process_loss"] = single.loss
         summary["max_relative_grad_difference_vs_single_process"] = max_relative_difference(distributed.grads,
                                                                                             single.grads)
-        if "none" in results and modes[0] != "none":
+        if "none" in results and modes[0] != "none":  # every variant's gradients are none's
             summary["grads_bitwise_equal_to_none"] = all(
-                torch.equal(a.grads[n], b.grads[n]) for a, b in zip(results[modes[0]], results["none"])
-                for n in a.grads)
+                torch.equal(a.grads[n], b.grads[n]) for mode in modes if mode != "none"
+                for a, b in zip(results[mode], results["none"]) for n in a.grads)
     if len(checkpointings) > 1:  # checkpointing never changes a gradient bit
         summary["grads_bitwise_equal_across_checkpointing"] = all(
             torch.equal(a.grads[n], b.grads[n]) for mode in modes[1:len(checkpointings)]
@@ -498,15 +619,27 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
+    if "balance_step_fit" in summary:
+        fit = summary["balance_step_fit"]
+        load = fit["owner_load"]
+        unit = fit["unit"] if fit["unit"] != "pairs" else "causal pair"
+        print(f"--balance-step fit from {args.fit_steps} contiguous step(s): selection {fit['seconds_per_unit']:.4g} s "
+              f"per {unit}; owner side {fit['a_kl_s'] * 1e6:.3g} us per row + {fit['c_kl_s'] * 1e9:.3g} ns per "
+              f"min(topk, visible); owner load per rank "
+              f"{[round(x) for x in load] if load else 'none (nothing fitted)'}")
     for mode in modes:
-        print(f"mode {mode}: per rank CPU seconds (thread time, median of {args.repeats}), selection vs KL")
+        print(f"mode {mode}: per rank thread CPU seconds (median of {args.repeats}): selection, KL, step total")
         for rank in summary[mode]:
             seconds = rank["seconds"]
-            select, kl = seconds["selection"][1], seconds["kl loss"][1]
+            select, kl, step = seconds["selection"][1], seconds["kl loss"][1], seconds["step"][1]
             print(f"  rank {rank['rank']}: loss {rank['loss']:.6f}, selected {rank['rows_selected']} rows, KL over "
-                  f"{rank['kl_slots']} ids; selection {select:.3f} s, KL {kl:.3f} s (KL / selection "
-                  f"{kl / select:.2f}), backward {seconds['backward'][1]:.3f} s; wall: selection "
+                  f"{rank['kl_slots']} ids; selection {select:.3f} s, KL {kl:.3f} s, step {step:.3f} s "
+                  f"(KL / selection {kl / select:.2f}, backward {seconds['backward'][1]:.3f} s); wall: selection "
                   f"{seconds['selection'][0]:.3f} s, step {seconds['step'][0]:.3f} s")
+        steps = [rank["seconds"]["step"][1] for rank in summary[mode]]
+        selections = [rank["seconds"]["selection"][1] for rank in summary[mode]]
+        print(f"  step imbalance (max / mean of the step's thread CPU) {summary['step_imbalance'][mode]:.3f}, "
+              f"slowest rank {max(steps):.3f} s; selection alone {imbalance(selections):.3f}")
     for key in ("single_process_loss", "loss_sum_over_ranks_div_ranks",
                 "max_relative_grad_difference_vs_single_process", "grads_bitwise_equal_to_none"):
         if key in summary:

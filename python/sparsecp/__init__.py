@@ -64,6 +64,7 @@ __all__ = [
     "cost_sample",
     "fit_cost_model",
     "load_cost_model",
+    "owner_cost",
     "plan",
     "route",
     "save_cost_model",
@@ -106,7 +107,9 @@ def strategy_params(**params: Any) -> StrategyParams:
     dividing the CP size; 0, the default, for none), cost_model (a CostModel, a file from
     ``sparsecp calibrate``, or (a, b, c, topk)), bandwidth_gbps, row_bytes (a RowBytes or a dict of its fields),
     wlb_split_length, snake_block, lpt_align, lpt_row_cap, lpt_search_steps,
-    lpt_fragment_cap, lpt_cost ("magi" or "causal"), window, topk.
+    lpt_fragment_cap, lpt_cost ("magi" or "causal"), window, topk, owner_load (spill and
+    auto: one number >= 0 per rank, each rank's unmovable owner-side load in the cost model's
+    units, e.g. ``owner_cost`` of its KL loss; spill then balances selection + owner load).
 
     Raises:
         TypeError: an unknown parameter name or a value of the wrong type.
@@ -124,6 +127,8 @@ def strategy_params(**params: Any) -> StrategyParams:
             value = real(name, value)
         if name == "cost_model" and value is not None:
             value = _cost_model(value)
+        elif name == "owner_load":
+            value = _reals(name, value)
         elif name == "row_bytes" and isinstance(value, dict):
             row_bytes = RowBytes()
             for field, number in value.items():
@@ -138,6 +143,27 @@ _OPTIONAL_INTEGERS = ("block_size", "zigzag_min_length", "wlb_split_length")
 _INTEGERS = ("max_received_fragments", "ranks_per_node", "snake_block", "lpt_align", "lpt_search_steps",
              "lpt_fragment_cap", "window", "topk")
 _REALS = ("target_imbalance", "bandwidth_gbps", "lpt_row_cap")
+
+
+def _reals(name: str, values: Any) -> list[float]:
+    """A sequence of numbers (a list, tuple or 1-D numpy array) as Python floats; the error
+    names the entry."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise TypeError(f"{name}={values!r}: expected a sequence of numbers, got {type(values).__name__}")
+    return [real(f"{name}[{i}]", value) for i, value in enumerate(values)]
+
+
+def owner_cost(lengths: Sequence[int], cp: int, ratio: int, a: float, c: float, topk: int = 512) -> list[float]:
+    """Per rank, the owner-side cost of its contiguous rows: each owned row costs
+    ``a + c * min(topk, visible keys)`` (the KL loss, which stays on each row's owner), in
+    whatever unit ``a`` and ``c`` are in. Pass the result as ``owner_load`` (in the cost
+    model's units) to spill or auto so the rank with the heaviest owner cost selects less.
+
+    Raises:
+        ValueError: invalid lengths, cp or ratio, or a, c negative or both 0.
+    """
+    model = CostModel.linear(real("a", a), 0.0, real("c", c), integer("topk", topk))
+    return _core.owner_cost(_lengths(lengths), integer("cp", cp), integer("ratio", ratio), model)
 
 
 def _lengths(lengths: Sequence[int], name: str = "lengths") -> tuple[int, ...]:

@@ -285,7 +285,18 @@ class StrategyParams:
     @topk.setter
     def topk(self, arg: int, /) -> None: ...
 
+    @property
+    def owner_load(self) -> list[float]: ...
+
+    @owner_load.setter
+    def owner_load(self, arg: Sequence[float], /) -> None: ...
+
     def validate(self) -> None: ...
+
+def owner_cost(lengths: Sequence[int], cp: int, ratio: int, model: CostModel) -> list[float]:
+    """
+    Per rank, model.row(visible) summed over its contiguous rows (planning/spill.hpp): with CostModel.linear(a, 0, c, topk), the owner-side KL cost a + c * min(topk, vis) per owned row, for StrategyParams.owner_load.
+    """
 
 def strategies() -> list[tuple[str, str, str, str, int]]:
     """
@@ -321,6 +332,12 @@ class Plan:
 
     @property
     def work(self) -> Annotated[NDArray[numpy.int64], dict(writable=False)]: ...
+
+    @property
+    def cost(self) -> list[float]:
+        """
+        Per rank: the cost model's load of the rows it selects (causal pairs by default).
+        """
 
     @property
     def total_work(self) -> int: ...

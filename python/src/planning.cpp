@@ -28,6 +28,7 @@
 #include "sparsecp/planning/plan.hpp"
 #include "sparsecp/planning/route.hpp"
 #include "sparsecp/planning/row_bytes.hpp"
+#include "sparsecp/planning/spill.hpp"
 #include "sparsecp/planning/strategy.hpp"
 #include "sparsecp/planning/workload.hpp"
 #include "sparsecp/transport/agreement.hpp"
@@ -255,7 +256,17 @@ void bind_params(nb::module_& m) {
           [](StrategyParams& p, std::string_view name) { p.lpt_cost = parse_row_cost(name); })
       .def_rw("window", &StrategyParams::window)
       .def_rw("topk", &StrategyParams::topk)
+      .def_rw("owner_load", &StrategyParams::owner_load)
       .def("validate", &validate_strategy_params);
+  m.def(
+      "owner_cost",
+      [](Lengths lengths, int64_t cp, int64_t ratio, const CostModel& model) {
+        return owner_cost(lengths, cp, ratio, model);
+      },
+      nb::arg("lengths"), nb::arg("cp"), nb::arg("ratio"), nb::arg("model"),
+      "Per rank, model.row(visible) summed over its contiguous rows (planning/spill.hpp): "
+      "with CostModel.linear(a, 0, c, topk), the owner-side KL cost a + c * min(topk, vis) "
+      "per owned row, for StrategyParams.owner_load.");
 }
 
 void bind_plans(nb::module_& m) {
@@ -315,6 +326,9 @@ void bind_plans(nb::module_& m) {
           "work",
           [](const Plan& plan) { return own_int64(std::vector<int64_t>(plan.stats().work)); },
           kView)
+      .def_prop_ro(
+          "cost", [](const Plan& plan) { return std::vector<double>(plan.stats().cost); },
+          "Per rank: the cost model's load of the rows it selects (causal pairs by default).")
       .def_prop_ro("total_work", [](const Plan& plan) { return plan.stats().total_work; })
       .def_prop_ro("imbalance", [](const Plan& plan) { return plan.stats().imbalance; })
       .def_prop_ro("rows_moved", [](const Plan& plan) { return plan.stats().rows_moved; })

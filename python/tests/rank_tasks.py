@@ -418,10 +418,12 @@ def _train_example() -> Any:
     return train_indexer_step
 
 
-def train_indexer_step(rank: int, size: int, mode: str, seed: int, config: dict) -> dict:
-    """One training step of the example's indexer layer; tensors come back as numpy arrays."""
+def train_indexer_step(rank: int, size: int, mode: str, seed: int, config: dict,
+                       owner_load: tuple[float, ...] | None = None) -> dict:
+    """One training step of the example's indexer layer (spill / auto planned with
+    ``owner_load`` when given); tensors come back as numpy arrays."""
     example = _train_example()
-    result = example.rank_step(rank, size, example.IndexerConfig(**config), mode, seed)
+    result = example.rank_step(rank, size, example.IndexerConfig(**config), mode, seed, owner_load)
     return {"loss": result.loss, "topk": result.topk.numpy(), "rows_selected": result.rows_selected,
             "grads": {name: g.numpy() for name, g in result.grads.items()},
             "params": {name: p.numpy() for name, p in result.params.items()}}

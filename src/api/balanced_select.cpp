@@ -1,6 +1,8 @@
 #include "sparsecp/balanced_select.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -76,6 +78,15 @@ PlanningFingerprint planning_fingerprint(std::span<const int64_t> lengths, int64
   fingerprint.add("lpt_cost", static_cast<int64_t>(params.lpt_cost));
   fingerprint.add("window", params.window);
   fingerprint.add("topk", params.topk);
+  if (!params.owner_load.empty()) {  // only when set: fingerprints without one stay as they were
+    uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a over the values' bits, in rank order
+    for (const double load : params.owner_load) {
+      const uint64_t bits = std::bit_cast<uint64_t>(load);
+      for (int i = 0; i < 8; ++i) hash = (hash ^ ((bits >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+    }
+    fingerprint.add("owner_load ranks", static_cast<int64_t>(params.owner_load.size()));
+    fingerprint.add("owner_load hash", static_cast<int64_t>(hash));
+  }
   return fingerprint;
 }
 

@@ -62,6 +62,8 @@ class SpillPlanner {
     result_.rows_shed.assign(static_cast<size_t>(cp), 0);
     result_.rows_received.assign(static_cast<size_t>(cp), 0);
     result_.received_fragments.assign(static_cast<size_t>(cp), 0);
+    result_.owner_load = options.owner_load;
+    result_.owner_load.resize(static_cast<size_t>(cp), 0.0);  // empty: zeros
   }
 
   // Step 1: every rank keeps its own contiguous rows; their loads.
@@ -72,14 +74,20 @@ class SpillPlanner {
       for (const Task& piece : ranks_[static_cast<size_t>(r)]) {
         result_.load_before[static_cast<size_t>(r)] += model_.range(piece.start, piece.end, ratio_);
       }
+      result_.load_before[static_cast<size_t>(r)] += owner_load_of(r);
       total_load += result_.load_before[static_cast<size_t>(r)];
     }
     result_.mean_load = total_load / static_cast<double>(cp_);
   }
 
-  // Step 2: the target load T = max(target * mean, the costliest single row).
+  // Step 2: the target load T = max(target * mean, the costliest single row); with owner
+  // loads, the row on the rank with the least owner load, and at least the largest owner
+  // load (0 and 0 without one: the same T).
   void choose_target(double target_imbalance) {
-    result_.target_load = std::max(target_imbalance * result_.mean_load, costliest_row());
+    const auto [least, most] =
+        std::minmax_element(result_.owner_load.begin(), result_.owner_load.end());
+    result_.target_load =
+        std::max({target_imbalance * result_.mean_load, *least + costliest_row(), *most});
   }
 
   // Step 3: each rank above T sheds its heaviest rows (document tails), the fewest that
@@ -90,7 +98,7 @@ class SpillPlanner {
       const auto& pieces = ranks_[static_cast<size_t>(r)];
       double load = 0;  // load_before, less what the node exported
       for (const Task& piece : pieces) load += model_.range(piece.start, piece.end, ratio_);
-      const Shed shed = heaviest_rows(pieces, ratio_, model_, load - target());
+      const Shed shed = heaviest_rows(pieces, ratio_, model_, load + owner_load_of(r) - target());
       double kept = 0;
       for (size_t i = 0; i < pieces.size(); ++i) {
         const Task& piece = pieces[i];
@@ -102,7 +110,7 @@ class SpillPlanner {
       }
       result_.rows_shed[static_cast<size_t>(r)] += shed.rows;
       rows_[static_cast<size_t>(r)] -= shed.rows;
-      result_.load_after[static_cast<size_t>(r)] = kept;
+      result_.load_after[static_cast<size_t>(r)] = kept + owner_load_of(r);
     }
   }
 
@@ -258,6 +266,7 @@ class SpillPlanner {
 
  private:
   double target() const { return result_.target_load; }
+  double owner_load_of(int64_t rank) const { return result_.owner_load[static_cast<size_t>(rank)]; }
   double costliest_row() const { return model_.row(visible_keys(longest_ - 1, ratio_)); }
 
   void place(const Piece& piece, int64_t rank, int64_t count) {
@@ -344,6 +353,7 @@ SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio
                  "spill ranks per node must be non-negative (0 = no node map), got ",
                  options.ranks_per_node);
   if (options.ranks_per_node > 0) validate_node_map(cp, options.ranks_per_node);
+  validate_owner_load(options.owner_load, cp);
   SpillPlanner planner(lengths, cp, ratio, options);
   planner.keep_contiguous();
   planner.choose_target(options.target_imbalance);
@@ -355,6 +365,28 @@ SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio
     result.cross_node_rows = cross_node_rows(result.plan, lengths, options.ranks_per_node);
   }
   return result;
+}
+
+std::vector<double> owner_cost(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                               const CostModel& model) {
+  validate_plan_inputs(lengths, cp, ratio, Mode::kNone, std::nullopt);
+  validate_cost_model(model);
+  std::vector<double> cost(static_cast<size_t>(cp), 0.0);
+  const auto ranks = contiguous_pieces(lengths, cp);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const Task& piece : ranks[r]) cost[r] += model.range(piece.start, piece.end, ratio);
+  }
+  return cost;
+}
+
+void validate_owner_load(std::span<const double> owner_load, int64_t cp) {
+  SPARSECP_CHECK(owner_load.empty() || static_cast<int64_t>(owner_load.size()) == cp,
+                 "spill owner load needs one value per rank (cp ", cp, ") or none, got ",
+                 owner_load.size(), " values");
+  for (size_t r = 0; r < owner_load.size(); ++r) {
+    SPARSECP_CHECK(std::isfinite(owner_load[r]) && owner_load[r] >= 0, "spill owner load of rank ",
+                   r, " must be finite and non-negative, got ", owner_load[r]);
+  }
 }
 
 }  // namespace sparsecp

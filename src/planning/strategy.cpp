@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "sparsecp/error.hpp"
+#include "sparsecp/planning/spill.hpp"
 
 namespace sparsecp {
 
@@ -118,6 +119,8 @@ void validate_strategy_params(const StrategyParams& params) {
                  params.lpt_fragment_cap);
   SPARSECP_CHECK(params.window >= 1, "attention window must be positive, got ", params.window);
   SPARSECP_CHECK(params.topk >= 1, "top-k must be positive, got ", params.topk);
+  // The values here; their count (one per rank) where the batch is known (plan_spill).
+  validate_owner_load(params.owner_load, static_cast<int64_t>(params.owner_load.size()));
 }
 
 IndexerRoute Strategy::route(std::span<const int64_t> lengths, int64_t cp, int64_t rank,

@@ -45,6 +45,7 @@ const std::map<std::string, std::string>& canonical_names() {
       {"--cost-model", "cost model file"},
       {"--layer-kind", "which model of a cost-model file with a model per layer kind"},
       {"--ranks-per-node", "ranks per node of the node map (topology-aware plans)"},
+      {"--owner-cost", "spill: owner-side cost per owned row, a,c (the KL on each row's owner)"},
       {"--bandwidth-gbps", "bandwidth_gbps"},
       {"--wlb-split-length", "wlb_split_length"},
       {"--snake-block", "snake_block"},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -37,7 +38,32 @@ struct SpillFlags {
   int64_t repeats = 5;
   bool json = false;
   int64_t ranks_per_node = 0;  // > 0: also the topology-aware plan and cross-node rows
+  std::string owner_cost;      // "a,c": owner-side cost per owned row (spill.hpp's owner load)
 };
+
+// --owner-cost "a,c" as the model a + c * min(topk, vis) (b = 0, the selection model's topk);
+// nothing when not given.
+std::optional<CostModel> owner_cost_model(const std::string& text, const CostModel& selection) {
+  if (text.empty()) return std::nullopt;
+  const std::vector<std::string> items = parse_name_list(text, "--owner-cost");
+  SPARSECP_CHECK(items.size() == 2,
+                 "--owner-cost takes two numbers a,c (cost per owned row: a + c ",
+                 "* min(topk, visible keys)), got '", text, "'");
+  double values[2] = {};
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string& item = items[i];
+    const auto [stop, status] = std::from_chars(item.data(), item.data() + item.size(), values[i]);
+    SPARSECP_CHECK(status == std::errc() && stop == item.data() + item.size(), "--owner-cost: '",
+                   item, "' is not a number");
+    SPARSECP_CHECK(std::isfinite(values[i]) && values[i] >= 0, "--owner-cost: ", i == 0 ? "a" : "c",
+                   " must be finite and non-negative, got ", item);
+  }
+  SPARSECP_CHECK(values[0] + values[1] > 0, "--owner-cost: a and c are both 0 (no owner cost); ",
+                 "leave the option out instead");
+  CostModel model = CostModel::linear(values[0], 0, values[1], selection.topk);
+  model.unit = selection.unit;
+  return model;
+}
 
 // Rows each rank sends away as owner plus rows it selects for other owners.
 std::vector<int64_t> rows_sent_received(const TaskPlan& plan, std::span<const int64_t> lengths) {
@@ -66,7 +92,8 @@ struct BatchReport {
   int64_t tokens = 0;
   int64_t documents = 0;
   SpillPlan spill;
-  PlanStats stats;  // causal
+  bool owner = false;  // --owner-cost: spill's loads include each rank's owner load
+  PlanStats stats;     // causal
   std::vector<int64_t> traffic;
   BalanceBound bound;              // causal row bound
   int64_t rows_moved_bound_1 = 0;  // causal, target 1.0 (no rank above the mean)
@@ -88,8 +115,12 @@ struct BatchReport {
 
 BatchReport report_batch(std::span<const int64_t> lengths, int64_t cp, const SpillFlags& flags,
                          const StrategyParams& params) {
-  const SpillOptions options = spill_options(params);
+  SpillOptions options = spill_options(params);
   BatchReport report;
+  if (const auto owner = owner_cost_model(flags.owner_cost, options.cost)) {
+    options.owner_load = owner_cost(lengths, cp, flags.ratio, *owner);
+    report.owner = true;
+  }
   report.cp = cp;
   for (const int64_t length : lengths) report.tokens += length;
   report.documents = static_cast<int64_t>(lengths.size());
@@ -181,9 +212,13 @@ nlohmann::json batch_json(const BatchReport& r, bool per_rank) {
     out["ranks"] = nlohmann::json::array();
     for (int64_t rank = 0; rank < r.cp; ++rank) {
       const size_t i = static_cast<size_t>(rank);
+      const double owner = r.spill.owner_load[i];
       out["ranks"].push_back({{"rank", rank},
                               {"load_before", r.spill.load_before[i]},
                               {"load_after", r.spill.load_after[i]},
+                              {"owner_load", owner},
+                              {"selection_load_before", r.spill.load_before[i] - owner},
+                              {"selection_load_after", r.spill.load_after[i] - owner},
                               {"work", r.stats.work[i]},
                               {"rows", r.stats.rows[i]},
                               {"rows_shed", r.spill.rows_shed[i]},
@@ -202,23 +237,36 @@ void print_batch(const BatchReport& r, const SpillFlags& flags, const CostModel&
               static_cast<long long>(r.cp), static_cast<long long>(r.documents),
               static_cast<long long>(r.tokens), static_cast<long long>(flags.ratio),
               flags.strategy.given.target_imbalance, scale.c_str());
-  std::printf("  %4s %14s %14s %9s %9s %9s %6s %6s\n", "rank", "load before", "load after", "rows",
-              "shed", "received", "+frag", "frags");
+  if (r.owner) {
+    std::printf("  with each rank's owner load (--owner-cost): load = selection + owner\n");
+    std::printf("  %4s %14s %14s %14s %14s %9s %9s %9s %6s %6s\n", "rank", "load before",
+                "load after", "owner load", "selection", "rows", "shed", "received", "+frag",
+                "frags");
+  } else {
+    std::printf("  %4s %14s %14s %9s %9s %9s %6s %6s\n", "rank", "load before", "load after",
+                "rows", "shed", "received", "+frag", "frags");
+  }
   for (int64_t rank = 0; rank < r.cp; ++rank) {
     const size_t i = static_cast<size_t>(rank);
-    std::printf(
-        "  %4lld %14.0f %14.0f %9lld %9lld %9lld %6lld %6zu\n", static_cast<long long>(rank),
-        r.spill.load_before[i], r.spill.load_after[i], static_cast<long long>(r.stats.rows[i]),
-        static_cast<long long>(r.spill.rows_shed[i]),
-        static_cast<long long>(r.spill.rows_received[i]),
-        static_cast<long long>(r.spill.received_fragments[i]), r.spill.plan.tasks(rank).size());
+    std::printf("  %4lld %14.0f %14.0f", static_cast<long long>(rank), r.spill.load_before[i],
+                r.spill.load_after[i]);
+    if (r.owner) {
+      std::printf(" %14.0f %14.0f", r.spill.owner_load[i],
+                  r.spill.load_after[i] - r.spill.owner_load[i]);
+    }
+    std::printf(" %9lld %9lld %9lld %6lld %6zu\n", static_cast<long long>(r.stats.rows[i]),
+                static_cast<long long>(r.spill.rows_shed[i]),
+                static_cast<long long>(r.spill.rows_received[i]),
+                static_cast<long long>(r.spill.received_fragments[i]),
+                r.spill.plan.tasks(rank).size());
   }
   double before = 0;
   double after = 0;
   for (const double load : r.spill.load_before) before = std::max(before, load);
   for (const double load : r.spill.load_after) after = std::max(after, load);
+  const std::string measured = r.owner ? scale + " plus the owner load" : scale;
   std::printf("imbalance on %s (what the target refers to): %.4f (contiguous %.3f); target %g %s\n",
-              scale.c_str(), after / r.spill.mean_load, before / r.spill.mean_load,
+              measured.c_str(), after / r.spill.mean_load, before / r.spill.mean_load,
               flags.strategy.given.target_imbalance, r.spill.target_met ? "met" : "NOT met");
   if (!model.is_causal()) {
     std::printf("imbalance in causal pairs (hyper_parallel's measure): %.4f (balance bound %.4f)\n",
@@ -297,6 +345,10 @@ void run_spill(const SpillFlags& flags) {
     out["ratio"] = flags.ratio;
     out["target"] = flags.strategy.given.target_imbalance;
     out["max_received_fragments"] = flags.strategy.given.max_received_fragments;
+    const auto owner = owner_cost_model(flags.owner_cost, options.cost);
+    out["owner_cost"] =
+        owner ? nlohmann::json{{"a", owner->a}, {"c", owner->c}, {"topk", owner->topk}}
+              : nlohmann::json(nullptr);
     out["cost_model"] = {{"a", options.cost.a},
                          {"b", options.cost.b},
                          {"c", options.cost.c},
@@ -351,17 +403,28 @@ const Registration registration("spill", [](CLI::App& app) {
                   "(zigzag, greedy, hybrid, spill, spill_topology) selects on another node than "
                   "their owner's, beside the lower bound; 0: none")
       ->capture_default_str();
-  sub->add_flag("--json", flags->json,
-                "Print JSON: {ratio, target, cost_model, batches: [{cp, tokens, imbalance, "
-                "balance_bound, rows_moved, rows_moved_lower_bound, busiest_rows_sent_received, "
-                "seed_modes: [...], plan_ms, ranks: [...] (one batch only)}]}");
+  sub->add_option("--owner-cost", flags->owner_cost,
+                  "A,C: work each rank does on its own rows whatever the plan, a + c * min(topk, "
+                  "visible keys) per owned row, in the cost model's units (causal pairs, or ns "
+                  "with --cost-model; topk is the cost model's). E.g. the KL loss, which stays on "
+                  "each row's owner: spill then balances selection + owner cost, so the rank with "
+                  "the heaviest owner cost selects less. Load columns (and --json's load_before / "
+                  "load_after) become totals; --json ranks add owner_load and "
+                  "selection_load_before/after. Not given: no owner cost");
+  sub->add_flag(
+      "--json", flags->json,
+      "Print JSON: {ratio, target, cost_model, owner_cost, batches: [{cp, tokens, imbalance, "
+      "balance_bound, rows_moved, rows_moved_lower_bound, busiest_rows_sent_received, "
+      "seed_modes: [...], plan_ms, ranks: [...] (one batch only)}]}");
   sub->footer(
       "Examples:\n"
       "  sparsecp spill --lengths 5000,300,2699,1 --cp 4\n"
       "  sparsecp spill --cp 8 --dist lognormal --tokens 1048576 --seed 1\n"
       "  sparsecp spill --cp 4,8,16,32,64 --dist lognormal,pareto,mixture --seed 1-5\n"
       "  sparsecp spill --cp 16 --tokens 524288 --target-imbalance 1.0 --cost-model cost_model.txt "
-      "--json\n" +
+      "--json\n"
+      "  sparsecp spill --lengths 5800,600,1400,90,302 --cp 4 --owner-cost 274,2.8   # plus the "
+      "KL on the owners (train_indexer_step.py's fit, causal pairs)\n" +
       lengths_file_help());
   sub->callback([flags] { run_spill(*flags); });
 });

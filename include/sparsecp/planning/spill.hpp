@@ -7,7 +7,9 @@
 //
 //   1. Every rank keeps its own contiguous rows (plan.hpp's mode 'none').
 //   2. Target load T = max(target_imbalance * mean, costliest single row): the
-//      requested balance, or the best any row-granular plan can reach.
+//      requested balance, or the best any row-granular plan can reach. With an owner
+//      load (below), T = max(target * mean, min owner load + costliest row, max owner
+//      load), all on the totals.
 //   3. Each rank above T sheds its heaviest rows — per-document tails — until its
 //      excess L[r] - T is covered: the fewest rows that can carry it
 //      (lower_bound.hpp's `heaviest_rows`), so rows moved equal the rows-moved lower
@@ -32,6 +34,23 @@
 // Target met: whenever the slack cp * T - total load is at least cp x the costliest
 // row (each receiver can stop at most one row short of its deficit, each donor
 // overshoots its excess by less than one row), and neither cap binds.
+//
+// Owner load (SpillOptions::owner_load): per rank, work it does on its own rows
+// whatever the plan — the KL loss stays on each row's owner (the seed's design), and
+// it costs a_kl + c_kl * min(topk, visible) per owned row (`owner_cost` below). It is
+// added to each rank's load before T is chosen and before shedding, so a rank with
+// heavy owner-side work selects less: the plan balances selection + owner load. A rank
+// whose owner load alone reaches T sheds all its own rows and is no receiver (T is at
+// least the largest owner load, so it stays reachable); T is also at least the
+// cheapest owner load plus the costliest row (some rank must select that row). Every
+// load figure of SpillPlan (mean_load, target_load, load_before, load_after) is the
+// total, selection + owner load; SpillPlan::owner_load holds the owner part (a Plan's
+// stats(), batch_plan.hpp, price the selection alone: it knows no owner load). rows_moved
+// is then the rows-moved bound on those totals (rows_moved_lower_bound_at knows no
+// owner load), and the slack rule above holds on the totals; the row cap binds sooner
+// (the rows of ranks that shed everything must fit in the others' 2 x local), and then
+// target_met says the target was missed. Empty (the default): no
+// owner load, bit-identical plans to spill without it.
 //
 // Cost: O((documents + cp) * log(longest document)) plus building the TaskPlan.
 #pragma once
@@ -67,6 +86,9 @@ struct SpillOptions {
   // step 5 sends a leftover across; rows moved in all may exceed the flat bound (the
   // extra moves stay inside nodes). 0: no node map, the plan above.
   int64_t ranks_per_node = 0;
+  // Per rank: unmovable owner-side load in `cost`'s units (see the header comment; e.g.
+  // `owner_cost` of a KL model). Empty: none; otherwise cp finite values >= 0.
+  std::vector<double> owner_load;
 };
 
 struct SpillPlan {
@@ -86,11 +108,26 @@ struct SpillPlan {
   // owner's, and the cross-node lower bound at T (node_map.hpp); 0 without one.
   int64_t cross_node_rows = 0;
   int64_t cross_node_bound = 0;
+  // Per rank: the owner load included in load_before and load_after (zeros without one);
+  // the selection load is load_after - owner_load.
+  std::vector<double> owner_load;
 };
 
 // Validates like plan_tasks (seed texts), then target_imbalance >= 1,
-// max_received_fragments >= 0, the cost model and ranks_per_node (>= 0, dividing cp).
+// max_received_fragments >= 0, the cost model, ranks_per_node (>= 0, dividing cp) and
+// owner_load (validate_owner_load).
 SpillPlan plan_spill(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
                      const SpillOptions& options = {});
+
+// Per rank, the owner-side cost of its contiguous rows (rank r owns global rows
+// [r * local, (r + 1) * local)) under `model`: each row costs model.row(visible), so a
+// model a + c * min(topk, visible) (b = 0: CostModel::linear(a_kl, 0, c_kl, topk)) prices
+// the KL loss of the rows each rank owns. Validates like plan_tasks and the model.
+std::vector<double> owner_cost(std::span<const int64_t> lengths, int64_t cp, int64_t ratio,
+                               const CostModel& model);
+
+// Throws Error unless `owner_load` is empty or has `cp` entries, each finite and >= 0
+// (the message names the rank and the value).
+void validate_owner_load(std::span<const double> owner_load, int64_t cp);
 
 }  // namespace sparsecp

@@ -107,6 +107,10 @@ struct StrategyParams {
   RowCost lpt_cost = RowCost::kMagi;
   int64_t window = 128;
   int64_t topk = 512;
+  // spill and auto: per rank, unmovable owner-side load in the cost model's units (the KL
+  // loss on each row's owner: spill.hpp's owner_load, `owner_cost`); spill balances
+  // selection + this, auto predicts with it. Empty: none; otherwise cp values >= 0.
+  std::vector<double> owner_load;
 };
 
 // The seed-mode options `mode` runs with under `params` on this batch: the block size

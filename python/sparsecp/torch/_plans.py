@@ -100,7 +100,15 @@ def planning_inputs(lengths: Sequence[int], size: int, ratio: int, mode: Any, bl
     cannot hit ``ratio=1``'s entry."""
     return PlanningInputs(lengths_tuple(lengths), integer("size", size), integer("ratio", ratio),
                           mode, block_size, zigzag_min_length,
-                          tuple(sorted(params.items())))
+                          tuple(sorted((name, parameter_key(value)) for name, value in params.items())))
+
+
+def parameter_key(value: Any) -> Any:
+    """A parameter value as a cache key part: sequences (``owner_load``, a list or a numpy
+    array) as tuples; the rest as given."""
+    if isinstance(value, np.ndarray):
+        return tuple(value.tolist())
+    return tuple(value) if isinstance(value, list) else value
 
 
 def empty_fingerprint() -> _core.PlanningFingerprint:

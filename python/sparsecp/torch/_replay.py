@@ -61,6 +61,7 @@ import torch.distributed as dist
 
 from .. import _lengths as lengths_tuple
 from ._exchange import WorkerInputs
+from ._plans import parameter_key
 
 if TYPE_CHECKING:
     from .indexer_balance import IndexerRoute
@@ -535,7 +536,8 @@ def describe(kind: str, arguments: dict[str, Any]) -> Call:
         fields += [("lengths", _converted(lambda: lengths_tuple(lengths), lengths)), ("ratio", arguments["ratio"]),
                    ("mode", arguments["mode"]), ("block_size", arguments["block_size"]),
                    ("zigzag_min_length", arguments["zigzag_min_length"]),
-                   ("strategy parameters", _converted(lambda: tuple(sorted(params.items())), params))]
+                   ("strategy parameters",
+                    _converted(lambda: tuple(sorted((k, parameter_key(v)) for k, v in params.items())), params))]
         fields += _group_fields(arguments["group"])
         for name, tensor in (("qr", arguments["query_residual"]), ("weights", arguments["weights"]), ("cos", cos),
                              ("sin", sin)):

@@ -27,12 +27,17 @@ CostModel nominal_accelerator_cost_model() {
 AutoCandidate predict_step(const TaskPlan& plan, std::span<const int64_t> lengths, int64_t ratio,
                            const AutoOptions& options) {
   const PlanStats stats = plan_stats(plan, lengths, ratio, options.cost, options.row_bytes);
+  const std::vector<double>& owner = options.params.owner_load;
+  validate_owner_load(owner, plan.cp());
   AutoCandidate candidate;
   candidate.rows_moved = stats.rows_moved;
   int64_t busiest_rows = 0;
+  double total = 0;
   for (size_t r = 0; r < stats.cost.size(); ++r) {
     busiest_rows = std::max({busiest_rows, stats.rows_sent[r], stats.rows_received[r]});
-    candidate.compute_ns = std::max(candidate.compute_ns, stats.cost[r]);
+    const double load = stats.cost[r] + (owner.empty() ? 0.0 : owner[r]);
+    candidate.compute_ns = std::max(candidate.compute_ns, load);
+    total += load;
   }
   const double rows = static_cast<double>(busiest_rows);
   candidate.inputs_ns =
@@ -41,6 +46,9 @@ AutoCandidate predict_step(const TaskPlan& plan, std::span<const int64_t> length
       rows * static_cast<double>(options.row_bytes.result_bytes()) / options.bandwidth_gbps;
   candidate.step_ns = candidate.inputs_ns + candidate.compute_ns + candidate.results_ns;
   candidate.imbalance = stats.cost_imbalance;
+  if (!owner.empty() && total > 0) {
+    candidate.imbalance = candidate.compute_ns * static_cast<double>(stats.cost.size()) / total;
+  }
   return candidate;
 }
 
@@ -66,6 +74,7 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
                    "auto spill targets must be at least 1, got ", target);
   }
   validate_strategy_params(options.params);
+  validate_owner_load(options.params.owner_load, cp);
   const StrategyParams& params = options.params;
 
   AutoChoice choice;
@@ -94,6 +103,7 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
     SpillOptions spill;
     spill.target_imbalance = target;
     spill.cost = options.cost;
+    spill.owner_load = params.owner_load;
     consider(name, [&] { return spill_strategy_assignment(lengths, cp, ratio, spill); });
   }
   bool found = false;

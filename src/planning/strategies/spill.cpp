@@ -35,6 +35,7 @@ SpillOptions spill_options(const StrategyParams& params) {
   options.max_received_fragments = params.max_received_fragments;
   if (params.cost_model) options.cost = *params.cost_model;
   options.ranks_per_node = params.ranks_per_node;
+  options.owner_load = params.owner_load;
   return options;
 }
 
@@ -70,6 +71,7 @@ class Spill final : public Strategy {
     if (params.ranks_per_node > 0) {
       text << ", node map of " << params.ranks_per_node << " ranks per node";
     }
+    if (!params.owner_load.empty()) text << ", plus each rank's owner load";
     return text.str();
   }
 };

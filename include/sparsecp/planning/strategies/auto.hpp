@@ -52,6 +52,9 @@ struct AutoOptions {
   RowBytes row_bytes;                                 // bytes of a moved row
   std::vector<double> spill_targets = {1.0, 1.001, 1.01, 1.02, 1.05, 1.1};
   StrategyParams params;  // for the seed modes (defaults resolved by resolve_seed_options)
+  // params.owner_load, when set (ns per rank, spill.hpp's owner load): added to every
+  // candidate's per-rank compute (and so to its imbalance), and given to the spill
+  // candidates, which balance selection + owner load. The seed modes' plans ignore it.
 };
 
 // One candidate's prediction (times in nanoseconds).
@@ -62,7 +65,7 @@ struct AutoCandidate {
   double results_ns = 0;
   double step_ns = 0;
   int64_t rows_moved = 0;
-  double imbalance = 0;  // of the cost model's load
+  double imbalance = 0;  // of the cost model's load (plus the owner load, when set)
   std::string error;     // non-empty when the candidate rejected the batch
 };
 

@@ -7,8 +7,8 @@
 //
 // As a registered strategy it reads StrategyParams' target_imbalance (default 1.001),
 // max_received_fragments (default unbounded), cost_model (default: the causal pair
-// count, the scale simulate reports) and ranks_per_node (default 0: no node map; > 0:
-// the topology-aware plan of spill.hpp). Unit: one row.
+// count, the scale simulate reports), ranks_per_node (default 0: no node map; > 0:
+// the topology-aware plan of spill.hpp) and owner_load (default none). Unit: one row.
 #pragma once
 
 #include <memory>
