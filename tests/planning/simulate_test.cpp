@@ -25,6 +25,7 @@
 #include "sparsecp/planning/strategies/spill.hpp"
 #include "support/error_of.hpp"
 #include "support/random_batch.hpp"
+#include "support/tool_runner.hpp"
 
 namespace sparsecp {
 namespace {
@@ -172,19 +173,6 @@ std::string check_xml(const std::string& text) {
   }
   if (!open.empty()) return fail("unclosed <" + open.back() + ">");
   return root;
-}
-
-// Runs a shell command; returns (exit status, stdout).
-std::pair<int, std::string> run(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  if (!pipe) return {-1, ""};
-  std::string out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 // --- metrics --------------------------------------------------------------------------
@@ -653,18 +641,18 @@ TEST(Reports, XmlCheckerCatchesMistakes) {
 TEST(SimulateCommand, PrintsJsonCsvTableAndSvg) {
   const std::string cli = SPARSECP_CLI_PATH;
   const std::string sweep = " simulate --cp 2,4 --dist lognormal,pareto --seed 1-2 --tokens 4096";
-  auto [status, out] = run(cli + sweep + " --json");
+  auto [status, out] = testing::run_shell(cli + sweep + " --json");
   ASSERT_EQ(status, 0) << out;
   const auto parsed = nlohmann::json::parse(out);
   EXPECT_EQ(parsed["results"].size(), 2 * 2 * all_strategies().size());
   EXPECT_EQ(parsed["results"][0]["batches"], 2);
 
-  std::tie(status, out) = run(cli + sweep + " --csv --all-batches");
+  std::tie(status, out) = testing::run_shell(cli + sweep + " --csv --all-batches");
   ASSERT_EQ(status, 0) << out;
   EXPECT_EQ(parse_csv(out).size(), 1 + 2 * 2 * 2 * all_strategies().size());
 
   const std::string svg_path = ::testing::TempDir() + "sparsecp_simulate_test.svg";
-  std::tie(status, out) = run(cli + sweep + " --svg " + svg_path + " 2>/dev/null");
+  std::tie(status, out) = testing::run_shell(cli + sweep + " --svg " + svg_path + " 2>/dev/null");
   ASSERT_EQ(status, 0) << out;
   EXPECT_THAT(out, HasSubstr("hybrid threshold: the rows per rank"));
   EXPECT_THAT(out, HasSubstr("lpt-search"));
@@ -674,8 +662,8 @@ TEST(SimulateCommand, PrintsJsonCsvTableAndSvg) {
   EXPECT_EQ(check_xml(svg.str()), "svg");
   std::remove(svg_path.c_str());
 
-  std::tie(status, out) =
-      run(cli + " simulate --lengths 5000,300,2699,1 --cp 4 --strategies none --json");
+  std::tie(status, out) = testing::run_shell(
+      cli + " simulate --lengths 5000,300,2699,1 --cp 4 --strategies none --json");
   ASSERT_EQ(status, 0) << out;
   EXPECT_NEAR(nlohmann::json::parse(out)["results"][0]["imbalance"].get<double>(),
               1499500 / (4044825 / 4.0), 1e-12);
@@ -687,19 +675,20 @@ TEST(SimulateCommand, RejectsBadInputWithStatusTwo) {
        {" simulate --cp 3 --tokens 4096", " simulate --strategies bogus", " simulate --seed 5-1",
         " simulate --cp 4,,8", " simulate --lpt-cost exact", " simulate --json --csv",
         " simulate --lengths-file /nonexistent/file"}) {
-    const auto [status, out] = run(cli + args + " 2>&1");
+    const auto [status, out] = testing::run_shell(cli + args + " 2>&1");
     EXPECT_EQ(status, 2) << args << ": " << out;
     EXPECT_THAT(out, HasSubstr("error")) << args;
   }
   {
-    const auto [status, out] = run(cli + " simulate --cp 8 --tokens 8192 --ranks-per-node 3 2>&1");
+    const auto [status, out] =
+        testing::run_shell(cli + " simulate --cp 8 --tokens 8192 --ranks-per-node 3 2>&1");
     EXPECT_EQ(status, 2) << out;
     EXPECT_THAT(out, HasSubstr("error: ranks per node (3) must divide the CP size (8)"));
   }
   {
     const std::string mapped =
         " simulate --cp 8 --tokens 8192 --seed 1 --ranks-per-node 4 --strategies zigzag,spill";
-    auto [status, out] = run(cli + mapped + " --json");
+    auto [status, out] = testing::run_shell(cli + mapped + " --json");
     ASSERT_EQ(status, 0) << out;
     const auto parsed = nlohmann::json::parse(out);
     ASSERT_EQ(parsed["results"].size(), 3u * 2u);  // three distributions
@@ -710,13 +699,13 @@ TEST(SimulateCommand, RejectsBadInputWithStatusTwo) {
         EXPECT_GT(entry["cross_node_rows"].get<double>(), entry["cross_node_bound"].get<double>());
       }
     }
-    std::tie(status, out) = run(cli + mapped);
+    std::tie(status, out) = testing::run_shell(cli + mapped);
     ASSERT_EQ(status, 0) << out;
     EXPECT_THAT(out, HasSubstr("Node map: 4 consecutive ranks per node"));
     EXPECT_THAT(out, HasSubstr("node map of 4 ranks per node"));
     EXPECT_THAT(out, HasSubstr("MiB x-node"));
   }
-  const auto [status, out] = run(cli + " simulate --help");
+  const auto [status, out] = testing::run_shell(cli + " simulate --help");
   EXPECT_EQ(status, 0);
   EXPECT_THAT(out, HasSubstr("--zigzag-min-length"));
   EXPECT_THAT(out, HasSubstr("Examples"));

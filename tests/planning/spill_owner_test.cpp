@@ -27,6 +27,7 @@
 #include "sparsecp/planning/strategy.hpp"
 #include "support/error_of.hpp"
 #include "support/random_batch.hpp"
+#include "support/tool_runner.hpp"
 
 namespace sparsecp {
 namespace {
@@ -374,22 +375,10 @@ TEST(SpillOwnerLoad, StrategiesCarryIt) {
 
 // --- `sparsecp spill --owner-cost` ----------------------------------------------------
 
-std::pair<int, std::string> run(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  if (!pipe) return {-1, ""};
-  std::string out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 TEST(SpillOwnerCommand, JsonGivesSelectionOwnerAndTotalPerRank) {
   const auto [status, out] =
-      run(std::string(SPARSECP_CLI_PATH) +
-          " spill --lengths 5000,300,2699,1 --cp 4 --owner-cost 3,400 --json");
+      testing::run_shell(std::string(SPARSECP_CLI_PATH) +
+                         " spill --lengths 5000,300,2699,1 --cp 4 --owner-cost 3,400 --json");
   ASSERT_EQ(status, 0) << out;
   const auto json = nlohmann::json::parse(out);
   EXPECT_EQ(json["owner_cost"]["a"].get<double>(), 3);
@@ -409,8 +398,8 @@ TEST(SpillOwnerCommand, JsonGivesSelectionOwnerAndTotalPerRank) {
   }
   EXPECT_EQ(json["batches"][0]["rows_moved"].get<int64_t>(), spill.rows_moved);
   // Without the option: no owner load anywhere.
-  const auto [plain_status, plain] =
-      run(std::string(SPARSECP_CLI_PATH) + " spill --lengths 5000,300,2699,1 --cp 4 --json");
+  const auto [plain_status, plain] = testing::run_shell(
+      std::string(SPARSECP_CLI_PATH) + " spill --lengths 5000,300,2699,1 --cp 4 --json");
   ASSERT_EQ(plain_status, 0) << plain;
   const auto plain_json = nlohmann::json::parse(plain);
   EXPECT_TRUE(plain_json["owner_cost"].is_null());
@@ -425,8 +414,9 @@ TEST(SpillOwnerCommand, BadOwnerCostNamesTheValue) {
            {"-1,2", "--owner-cost: a must be finite and non-negative, got -1"},
            {"1,inf", "--owner-cost: c must be finite and non-negative, got inf"},
            {"0,0", "--owner-cost: a and c are both 0"}}) {
-    const auto [status, out] = run(std::string(SPARSECP_CLI_PATH) +
-                                   " spill --lengths 4,4 --cp 2 --owner-cost=" + flag + " 2>&1");
+    const auto [status, out] =
+        testing::run_shell(std::string(SPARSECP_CLI_PATH) +
+                           " spill --lengths 4,4 --cp 2 --owner-cost=" + flag + " 2>&1");
     EXPECT_EQ(status, 2) << flag;
     EXPECT_THAT(out, HasSubstr("error: " + message)) << flag;
   }

@@ -26,6 +26,7 @@
 #include "sparsecp/planning/strategy.hpp"
 #include "support/error_of.hpp"
 #include "support/random_batch.hpp"
+#include "support/tool_runner.hpp"
 
 namespace sparsecp {
 namespace {
@@ -326,22 +327,9 @@ TEST(Auto, BandwidthDecides) {
 
 // --- the commands `sparsecp spill` and `sparsecp calibrate` ---------------------------
 
-// Runs a shell command; returns (exit status, stdout).
-std::pair<int, std::string> run(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  if (!pipe) return {-1, ""};
-  std::string out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 TEST(SpillCommand, JsonMatchesTheLibrary) {
-  const auto [status, out] =
-      run(std::string(SPARSECP_CLI_PATH) + " spill --lengths 5000,300,2699,1 --cp 4 --json");
+  const auto [status, out] = testing::run_shell(std::string(SPARSECP_CLI_PATH) +
+                                                " spill --lengths 5000,300,2699,1 --cp 4 --json");
   ASSERT_EQ(status, 0) << out;
   const auto json = nlohmann::json::parse(out);
   ASSERT_EQ(json["batches"].size(), 1u);
@@ -363,8 +351,8 @@ TEST(SpillCommand, JsonMatchesTheLibrary) {
 }
 
 TEST(SpillCommand, BadInputExitsWithStatusTwo) {
-  const auto [status, out] = run(std::string(SPARSECP_CLI_PATH) +
-                                 " spill --lengths 4,4 --cp 2 --target-imbalance 0.5 2>&1");
+  const auto [status, out] = testing::run_shell(
+      std::string(SPARSECP_CLI_PATH) + " spill --lengths 4,4 --cp 2 --target-imbalance 0.5 2>&1");
   EXPECT_EQ(status, 2);
   EXPECT_THAT(out, HasSubstr("error: spill target imbalance must be at least 1, got 0.5"));
 }
@@ -374,11 +362,12 @@ TEST(CalibrateCommand, FitsAndSavesALoadableModel) {
       (std::filesystem::temp_directory_path() /
        ("sparsecp_calibrate_test_" + std::to_string(testing::test_seed()) + ".txt"))
           .string();
-  const auto [status, out] = run(std::string(SPARSECP_CLI_PATH) +
-                                 " calibrate --heads 2 --head-dim 16 --rope-dim 8 --q-rank 8 "
-                                 "--topk 4 --rows 8 --visible 0,2,8,32 --repeats 1 --json "
-                                 "--max-residual 0 --out " +
-                                 path);
+  const auto [status, out] =
+      testing::run_shell(std::string(SPARSECP_CLI_PATH) +
+                         " calibrate --heads 2 --head-dim 16 --rope-dim 8 --q-rank 8 "
+                         "--topk 4 --rows 8 --visible 0,2,8,32 --repeats 1 --json "
+                         "--max-residual 0 --out " +
+                         path);
   ASSERT_EQ(status, 0) << out;
   const auto json = nlohmann::json::parse(out);
   EXPECT_EQ(json["id"].get<std::string>().size(), 16u);
@@ -392,20 +381,21 @@ TEST(CalibrateCommand, FitsAndSavesALoadableModel) {
   EXPECT_EQ(cost_model_id(model), json["id"].get<std::string>());
   std::filesystem::remove(path);
   // A bound no timing meets: refused with the reason, nothing saved.
-  const auto [refused_status, refused_out] =
-      run(std::string(SPARSECP_CLI_PATH) +
-          " calibrate --heads 2 --head-dim 16 --rope-dim 8 --q-rank 8 --topk 4 --rows 8 "
-          "--visible 0,2,8,32 --repeats 1 --max-residual 1e-12 --out " +
-          path + " 2>&1");
+  const auto [refused_status, refused_out] = testing::run_shell(
+      std::string(SPARSECP_CLI_PATH) +
+      " calibrate --heads 2 --head-dim 16 --rope-dim 8 --q-rank 8 --topk 4 --rows 8 "
+      "--visible 0,2,8,32 --repeats 1 --max-residual 1e-12 --out " +
+      path + " 2>&1");
   EXPECT_NE(refused_status, 0) << refused_out;
   EXPECT_THAT(refused_out, HasSubstr("cost model fit refused: its rms relative residual"));
   EXPECT_FALSE(std::filesystem::exists(path));
   // The saved model drives spill.
   save_cost_model(path, model.a + model.b + model.c > 0 ? model : CostModel{});
-  const auto [spill_status, spill_out] = run(std::string(SPARSECP_CLI_PATH) +
-                                             " spill --lengths 5000,300,2699,1 --cp 4 "
-                                             "--cost-model " +
-                                             path + " --json");
+  const auto [spill_status, spill_out] =
+      testing::run_shell(std::string(SPARSECP_CLI_PATH) +
+                         " spill --lengths 5000,300,2699,1 --cp 4 "
+                         "--cost-model " +
+                         path + " --json");
   EXPECT_EQ(spill_status, 0) << spill_out;
   std::filesystem::remove(path);
 }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 
 namespace sparsecp::testing {
 
@@ -45,6 +46,19 @@ inline ToolRun run_tool(const std::string& arguments, const std::string& environ
   run.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
   std::remove(err_path.c_str());
   return run;
+}
+
+// Runs a shell command as typed (its own redirections kept); returns (exit status, stdout).
+inline std::pair<int, std::string> run_shell(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << command;
+  if (!pipe) return {-1, ""};
+  std::string out;
+  std::array<char, 4096> buffer{};
+  size_t read = 0;
+  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) out.append(buffer.data(), read);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace sparsecp::testing
