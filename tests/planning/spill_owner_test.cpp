@@ -373,6 +373,27 @@ TEST(SpillOwnerLoad, StrategiesCarryIt) {
   EXPECT_EQ(with, planning_fingerprint(lengths, 4, 4, spill, params).value());
 }
 
+TEST(AutoNodeMap, SpillCandidatesAreTheTopologyAwarePlans) {
+  SplitMix64 random(testing::test_seed() + 43);
+  const auto lengths = testing::random_batch(random, 8, 12, 2000);
+  AutoOptions options;
+  options.cost = CostModel{};  // causal pairs: spill's own measure
+  options.spill_targets = {1.001};
+  options.params.ranks_per_node = 4;
+  const AutoChoice choice = choose_plan(lengths, 8, 4, options);
+  const auto spill = std::find_if(choice.candidates.begin(), choice.candidates.end(),
+                                  [](const AutoCandidate& c) { return c.name == "spill(1.001)"; });
+  ASSERT_NE(spill, choice.candidates.end());
+  ASSERT_TRUE(spill->error.empty()) << spill->error;
+  SpillOptions topology;
+  topology.ranks_per_node = 4;
+  const SpillPlan expected = plan_spill(lengths, 8, 4, topology);
+  EXPECT_EQ(spill->rows_moved, expected.rows_moved);
+  // A node map that does not divide cp is an error of the call, not of every candidate.
+  options.params.ranks_per_node = 3;
+  EXPECT_THAT(error_of([&] { choose_plan(lengths, 8, 4, options); }), HasSubstr("(3)"));
+}
+
 // --- `sparsecp spill --owner-cost` ----------------------------------------------------
 
 TEST(SpillOwnerCommand, JsonGivesSelectionOwnerAndTotalPerRank) {

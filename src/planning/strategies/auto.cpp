@@ -8,6 +8,7 @@
 
 #include "packed_sequence.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/planning/node_map.hpp"
 #include "sparsecp/planning/strategies/spill.hpp"
 
 namespace sparsecp {
@@ -75,6 +76,8 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
   }
   validate_strategy_params(options.params);
   validate_owner_load(options.params.owner_load, cp);
+  // A node map that cannot apply must fail here, not reject every spill candidate quietly.
+  if (options.params.ranks_per_node > 0) validate_node_map(cp, options.params.ranks_per_node);
   const StrategyParams& params = options.params;
 
   AutoChoice choice;
@@ -104,6 +107,7 @@ AutoChoice choose_plan(std::span<const int64_t> lengths, int64_t cp, int64_t rat
     spill.target_imbalance = target;
     spill.cost = options.cost;
     spill.owner_load = params.owner_load;
+    spill.ranks_per_node = params.ranks_per_node;  // topology-aware candidates with a node map
     consider(name, [&] { return spill_strategy_assignment(lengths, cp, ratio, spill); });
   }
   bool found = false;

@@ -55,6 +55,8 @@ struct AutoOptions {
   // params.owner_load, when set (ns per rank, spill.hpp's owner load): added to every
   // candidate's per-rank compute (and so to its imbalance), and given to the spill
   // candidates, which balance selection + owner load. The seed modes' plans ignore it.
+  // params.ranks_per_node > 0 (it must divide cp): the spill candidates are the
+  // topology-aware plans of spill.hpp (the prediction does not price node links apart).
 };
 
 // One candidate's prediction (times in nanoseconds).
