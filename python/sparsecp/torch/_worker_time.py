@@ -24,19 +24,20 @@ from ._agreement import control_device
 class WorkerClock:
     """Started when the worker holds its inputs; ``stop()`` when it launches its results."""
 
-    __slots__ = ("_device", "_start", "_end", "_seconds")
+    __slots__ = ("_device", "_clock", "_start", "_end", "_seconds")
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
         self._start: Any = None
         self._end: Any = None
         self._seconds: float | None = None
+        self._clock = _cpu_clock()  # the same clock at both ends
         if device.type == "cuda":
             if not torch.cuda.is_current_stream_capturing():
                 self._start = torch.cuda.Event(enable_timing=True)
                 self._start.record()
         else:
-            self._start = _cpu_clock()()
+            self._start = self._clock()
 
     def stop(self) -> None:
         if self._start is None or self._end is not None or self._seconds is not None:
@@ -45,7 +46,7 @@ class WorkerClock:
             self._end = torch.cuda.Event(enable_timing=True)
             self._end.record()
         else:
-            self._seconds = _cpu_clock()() - self._start
+            self._seconds = self._clock() - self._start
 
     @property
     def seconds(self) -> float | None:
