@@ -26,6 +26,7 @@
 #include "sparsecp/planning/strategies/spill.hpp"
 #include "sparsecp/planning/strategy.hpp"
 #include "support/error_of.hpp"
+#include "support/plan_ranks.hpp"
 #include "support/random_batch.hpp"
 #include "support/tool_runner.hpp"
 
@@ -35,14 +36,7 @@ namespace {
 using sparsecp::testing::error_of;
 using ::testing::HasSubstr;
 
-std::vector<std::vector<Task>> ranks_of(const TaskPlan& plan) {
-  std::vector<std::vector<Task>> ranks;
-  for (int64_t r = 0; r < plan.cp(); ++r) {
-    const auto tasks = plan.tasks(r);
-    ranks.emplace_back(tasks.begin(), tasks.end());
-  }
-  return ranks;
-}
+using sparsecp::testing::ranks_of;
 
 // Selection load of each rank under `model`, summed from its tasks.
 std::vector<double> selection_loads(const TaskPlan& plan, int64_t ratio, const CostModel& model) {

@@ -25,6 +25,7 @@
 #include "sparsecp/planning/strategies/spill.hpp"
 #include "sparsecp/planning/strategy.hpp"
 #include "support/error_of.hpp"
+#include "support/plan_ranks.hpp"
 #include "support/random_batch.hpp"
 #include "support/tool_runner.hpp"
 
@@ -34,14 +35,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::vector<std::vector<Task>> ranks_of(const TaskPlan& plan) {
-  std::vector<std::vector<Task>> ranks;
-  for (int64_t r = 0; r < plan.cp(); ++r) {
-    const auto tasks = plan.tasks(r);
-    ranks.emplace_back(tasks.begin(), tasks.end());
-  }
-  return ranks;
-}
+using sparsecp::testing::ranks_of;
 
 using sparsecp::testing::error_of;
 

@@ -13,6 +13,7 @@
 #include "sparsecp/planning/route.hpp"
 #include "sparsecp/planning/strategies/lpt_search.hpp"
 #include "sparsecp/planning/strategies/seed_modes.hpp"
+#include "support/plan_ranks.hpp"
 #include "support/random_batch.hpp"
 
 namespace sparsecp {
@@ -21,14 +22,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::vector<std::vector<Task>> ranks_of(const TaskPlan& plan) {
-  std::vector<std::vector<Task>> ranks;
-  for (int64_t r = 0; r < plan.cp(); ++r) {
-    const auto tasks = plan.tasks(r);
-    ranks.emplace_back(tasks.begin(), tasks.end());
-  }
-  return ranks;
-}
+using sparsecp::testing::ranks_of;
 
 Plan plan_with(std::string_view name, std::vector<int64_t> lengths, int64_t cp, int64_t ratio,
                const StrategyParams& params = {}) {

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import cost_sample
 from ._agreement import control_device
+from .calibrate import segment_sums
 
 
 class WorkerClock:
@@ -83,12 +83,8 @@ def step_cost_samples(exchange: Any, ratio: int, topk: int, group: Any, *, secon
     if seconds is None:
         raise ValueError("step_cost_samples needs this rank's selection time: call it after launch_result(), "
                          "or pass seconds= (the handle times nothing inside CUDA graph capture)")
-    tasks = []
-    for index, (q_begin, q_end, key_begin, key_end, residual) in enumerate(exchange.route.segments):
-        end = (key_end - key_begin) * ratio + residual
-        tasks.append((index, end - (q_end - q_begin), end))
-    rows, widths, capped = cost_sample(tasks, ratio, topk, candidates, quantum)
-    mine = torch.tensor([float(rows), float(widths), float(capped), float(seconds)], dtype=torch.float64,
+    rows, widths, capped = segment_sums(exchange.route.segments, ratio, topk, candidates, quantum)
+    mine = torch.tensor([rows, widths, capped, float(seconds)], dtype=torch.float64,
                         device=control_device(group, None))
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)
