@@ -25,10 +25,11 @@ done
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 mpi_job=(env OMP_NUM_THREADS=1 build/release/sparsecp run --tokens 8000 --heads 2 --head-dim 16 --rope-dim 8
-         --q-rank 12 --topk 9 --repeats 8 --max-repeats 8 --no-calibrate)
+         --q-rank 12 --topk 9 --repeats 40 --max-repeats 40 --no-calibrate)
 torch_job=(env OMP_NUM_THREADS=1 .venv/bin/python scripts/cluster_gloo_job.py --steps 60 --timeout 20)
-# Faults land in the middle of the steps: Open MPI's ranks start in about 2 s, Python's
-# (torch import, gloo rendezvous) in about 15 s on this loaded 2-core machine. Loss is
+# Faults land in the middle of the steps: Open MPI's ranks start in about 2 s and run their
+# 40 repeats for about 10 s on a quiet 2-core machine (8 repeats ended before a fault at
+# 6 s there); Python's (torch import, gloo rendezvous) start in about 15 s when loaded. Loss is
 # a condition, not an event: it starts at 1 s, before the ranks connect, so that every
 # exchange of the job runs under it however fast the job is.
 mpi_faults=(none link-down:1@6 kill:1@6 slow:1:100@6 loss:1:2@1)

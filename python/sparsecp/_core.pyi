@@ -81,6 +81,11 @@ def fit_cost_model(rows: Sequence[float], visible: Sequence[float], capped: Sequ
     Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, predicted seconds per sample). `visible` sums widths under the model's candidate cap and quantum (cost_sample's), which the model carries; a fit whose rms relative residual exceeds max_rms_relative_residual (> 0) raises ValueError.
     """
 
+def calibrate_cost_model(measure: Callable, ratio: int, rows: int = 64, visible: Sequence[int] = [0, 64, 256, 448, 512, 640, 1024, 2048, 4096], topk: int = 512, candidates: int = 0, quantum: int = 1, keys: int = 0, repeats: int = 3, max_residual: float = 0.5) -> tuple:
+    """
+    The library's calibration procedure (planning/calibration.hpp) on any selector: measure(target, rows, segments) -> seconds times one call on rows [0, rows) of the caller's inputs and the given worker segments (5-tuples). One warm-up call, then `repeats` interleaved rounds over every point (each visible-key target at rows and rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative fit with a per-call term. Returns (CostModel in ns, per-call seconds, rms relative residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, predicted seconds)]); a fit over max_residual (> 0) raises ValueError. Exceptions from measure pass through unchanged.
+    """
+
 def cost_sample(tasks: Sequence[tuple[int, int, int]], ratio: int, topk: int = 512, candidates: int = 0, quantum: int = 1) -> tuple:
     """
     (rows, sum of widths, sum min(topk, vis)) of a task list of (document, start, end); widths are the visible-key counts under the candidate cap (0 = none) and quantum.

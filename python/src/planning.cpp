@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 #include "bindings.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/cost_model_file.hpp"
+#include "sparsecp/planning/calibration.hpp"
 #include "sparsecp/planning/compression_plan.hpp"
 #include "sparsecp/planning/cost_model.hpp"
 #include "sparsecp/planning/cost_model_fit.hpp"
@@ -174,6 +176,45 @@ void bind_params(nb::module_& m) {
       "predicted seconds per sample). `visible` sums widths under the model's candidate cap "
       "and quantum (cost_sample's), which the model carries; a fit whose rms relative residual "
       "exceeds max_rms_relative_residual (> 0) raises ValueError.");
+  m.def(
+      "calibrate_cost_model",
+      [](const nb::callable& measure, int64_t ratio, int64_t rows,
+         const std::vector<int64_t>& visible, int64_t topk, int64_t candidates, int64_t quantum,
+         int64_t keys, int repeats, double max_residual) {
+        CalibrationGrid grid{ratio,   rows, visible, topk,        candidates,
+                             quantum, keys, repeats, max_residual};
+        // Each point's segments become Python tuples once, not once per timed call.
+        std::map<const CalibrationPoint*, nb::list> segments;
+        const Calibration fit = calibrate_cost_model(grid, [&](const CalibrationPoint& point) {
+          auto [at, fresh] = segments.try_emplace(&point);
+          if (fresh) {
+            for (const Segment& s : point.segments) {
+              at->second.append(
+                  nb::make_tuple(s.q_begin, s.q_end, s.key_begin, s.key_end, s.residual));
+            }
+          }
+          return nb::cast<double>(measure(point.target, point.rows, at->second));
+        });
+        nb::list points;
+        for (const CalibrationPoint& p : fit.points) {
+          points.append(nb::make_tuple(p.target, p.rows, p.sums.visible, p.sums.capped,
+                                       p.sums.seconds, p.predicted));
+        }
+        return nb::make_tuple(fit.model, fit.per_call_seconds, fit.rms_relative_residual, points);
+      },
+      nb::arg("measure"), nb::arg("ratio"), nb::arg("rows") = 64,
+      nb::arg("visible") = std::vector<int64_t>{0, 64, 256, 448, 512, 640, 1024, 2048, 4096},
+      nb::arg("topk") = 512, nb::arg("candidates") = 0, nb::arg("quantum") = 1, nb::arg("keys") = 0,
+      nb::arg("repeats") = 3, nb::arg("max_residual") = 0.5,
+      "The library's calibration procedure (planning/calibration.hpp) on any selector: "
+      "measure(target, rows, segments) -> seconds times one call on rows [0, rows) of the "
+      "caller's inputs and the given worker segments (5-tuples). One warm-up call, then "
+      "`repeats` interleaved rounds over every point (each visible-key target at rows and "
+      "rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative "
+      "fit with a per-call term. Returns (CostModel in ns, per-call seconds, rms relative "
+      "residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, "
+      "predicted seconds)]); a fit over max_residual (> 0) raises ValueError. Exceptions "
+      "from measure pass through unchanged.");
   m.def(
       "cost_sample",
       [](const std::vector<std::tuple<int64_t, int64_t, int64_t>>& tasks, int64_t ratio,

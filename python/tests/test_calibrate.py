@@ -9,7 +9,7 @@ import torch
 
 import sparsecp
 import sparsecp.torch as sct
-from sparsecp.torch.calibrate import point_segments, segment_sums
+from sparsecp.torch.calibrate import segment_sums
 
 RATIO, TOPK = 4, 32
 
@@ -65,7 +65,7 @@ def test_points_beyond_the_bank_are_left_out_and_too_few_refused() -> None:
                         visible=(0, 16, 64, 4096), timer=model_timer(selector, 0, 1e-6, 1e-8, 1e-8))
     assert sorted({p.target for p in fit.points}) == [0, 16, 64]
     assert all(max(s[3] for s in call) <= 100 for call in selector.calls)
-    with pytest.raises(ValueError, match="at least 3 visible-key points within the selector's 100 keys"):
+    with pytest.raises(ValueError, match="at least 3 different visible-key points within the selector's 100 keys"):
         sct.calibrate(selector, q_rank=8, heads=2, keys=100, ratio=RATIO, topk=TOPK, rope_dim=4, rows=16,
                       visible=(0, 4096, 8192))
 
@@ -117,11 +117,32 @@ def test_the_refit_estimator_refuses_a_fit_over_its_bound() -> None:
     assert refit.steps == 2 and refit.samples == 7  # the window keeps both steps' samples
 
 
-def test_point_segments_center_on_the_target() -> None:
-    (segment,) = point_segments(100, 64, RATIO)
-    rows, visible, _ = segment_sums([segment], RATIO, TOPK)
-    assert rows == 64 and visible / rows == pytest.approx(100, abs=1)
-    assert segment_sums(point_segments(0, 8, RATIO), RATIO, TOPK) == (8.0, 0.0, 0.0)
+def test_the_core_procedure_passes_each_point_s_segments() -> None:
+    """sparsecp.calibrate_cost_model (the procedure under calibrate): measure gets each
+    point's rows and segments, whose rows centre on the point's target."""
+    calls: list[tuple[int, int, list[tuple[int, int, int, int, int]]]] = []
+
+    def measure(target: int, rows: int, segments: list[tuple[int, int, int, int, int]]) -> float:
+        calls.append((target, rows, segments))
+        widths, capped = segment_sums(segments, RATIO, TOPK)[1:]
+        return 1e-4 + 1e-6 * rows + 1e-8 * widths + 2e-8 * capped
+
+    model, per_call, rms, points = sparsecp.calibrate_cost_model(measure, RATIO, 64, [0, 100, 300], TOPK, repeats=2)
+    assert len(calls) == 1 + 2 * 6 and rms < 1e-6 and per_call == pytest.approx(1e-4)
+    assert (model.a, model.b, model.c) == pytest.approx((1000, 10, 20))
+    assert [(p[0], p[1]) for p in points] == [(0, 64), (0, 16), (100, 64), (100, 16), (300, 64), (300, 16)]
+    for target, rows, segments in calls:
+        rows_seen, widths, _ = segment_sums(segments, RATIO, TOPK)
+        assert rows_seen == rows and max(s[1] for s in segments) == rows
+        if target == 0:
+            assert widths == 0
+        elif rows == 64:
+            assert widths / rows == pytest.approx(target, abs=1)
+
+    def fails(target: int, rows: int, segments: list[tuple[int, int, int, int, int]]) -> float:
+        raise KeyError("the selector's own error")
+    with pytest.raises(KeyError, match="the selector's own error"):
+        sparsecp.calibrate_cost_model(fails, RATIO)
 
 
 def test_a_torch_selector_calibrates_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,8 @@ double predict(const Beta& beta, const CostSample& s) {
   return beta[0] + beta[1] * s.rows + beta[2] * s.visible + beta[3] * s.capped;
 }
 
-// Ordinary least squares over the columns in `use`; coefficients of unused columns are 0.
+// Least squares of the relative residuals (predicted - seconds) / seconds over the columns in
+// `use`; coefficients of unused columns are 0.
 // Normal equations on scaled columns, Gauss-Jordan with partial pivoting. False when the
 // system is singular.
 bool solve(std::span<const CostSample> samples, std::array<bool, 4> use, Beta& beta) {
@@ -38,10 +39,14 @@ bool solve(std::span<const CostSample> samples, std::array<bool, 4> use, Beta& b
   if (n == 0) return false;
   std::array<std::array<double, 5>, 4> m{};
   for (const CostSample& s : samples) {
+    // Each row of the system divided by the sample's time: relative residuals.
+    const double weight = 1.0 / s.seconds;
     for (size_t i = 0; i < n; ++i) {
-      const double xi = column(s, index[i]) / scale[index[i]];
-      for (size_t k = 0; k < n; ++k) m[i][k] += xi * column(s, index[k]) / scale[index[k]];
-      m[i][n] += xi * s.seconds;
+      const double xi = column(s, index[i]) / scale[index[i]] * weight;
+      for (size_t k = 0; k < n; ++k) {
+        m[i][k] += xi * column(s, index[k]) / scale[index[k]] * weight;
+      }
+      m[i][n] += xi;  // xi * seconds * weight
     }
   }
   for (size_t i = 0; i < n; ++i) {
@@ -119,7 +124,7 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
     if (beta[0] < 0 || beta[1] < 0 || beta[2] < 0 || beta[3] < 0) continue;
     double error = 0;
     for (const CostSample& s : samples) {
-      const double r = predict(beta, s) - s.seconds;
+      const double r = (predict(beta, s) - s.seconds) / s.seconds;
       error += r * r;
     }
     if (error < best_error) {

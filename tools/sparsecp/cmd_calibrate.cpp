@@ -1,6 +1,7 @@
 // `sparsecp calibrate`: fit the per-row cost model a + b * vis + c * min(topk, vis)
 // (planning/cost_model.hpp) to timed selection runs on this machine, and save it. The
-// procedure is calibration.hpp's.
+// procedure is the library's (planning/calibration.hpp), on sparsecp's own CPU kernel
+// (calibration.hpp).
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -24,26 +25,29 @@ struct CalibrateFlags {
   bool json = false;
 };
 
-void print_report(const Calibration& fit, const std::string& out) {
+void print_report(const CpuCalibration& calibration, const std::string& out) {
+  const Calibration& fit = calibration.fit;
   std::printf("sparsecp calibrate: %s\n", fit.model.note.c_str());
   std::printf("model id %s\n", cost_model_id(fit.model).c_str());
   std::printf("  %8s %6s %12s %12s %12s %12s %9s\n", "mean vis", "rows", "sum vis", "sum min(k,v)",
               "measured ms", "model ms", "residual");
   for (const CalibrationPoint& p : fit.points) {
-    std::printf("  %8.0f %6.0f %12.0f %12.0f %12.3f %12.3f %8.1f%%\n", p.visible / p.rows, p.rows,
-                p.visible, p.capped, p.seconds * 1e3, p.predicted * 1e3,
-                100 * (p.predicted - p.seconds) / p.seconds);
+    const CostSample& s = p.sums;
+    std::printf("  %8.0f %6.0f %12.0f %12.0f %12.3f %12.3f %8.1f%%\n", s.visible / s.rows, s.rows,
+                s.visible, s.capped, s.seconds * 1e3, p.predicted * 1e3,
+                100 * (p.predicted - s.seconds) / s.seconds);
   }
   std::printf(
       "fit (ns per row): a = %.4g (fixed), b = %.4g per visible key, c = %.4g per min(topk, "
       "vis); plus %.3g ms per call (not part of the per-row model); rms relative residual "
       "%.1f%%; took %.1f s\n",
       fit.model.a, fit.model.b, fit.model.c, fit.per_call_seconds * 1e3,
-      100 * fit.rms_relative_residual, fit.seconds_taken);
+      100 * fit.rms_relative_residual, calibration.seconds_taken);
   if (out != "-") std::printf("saved to %s\n", out.c_str());
 }
 
-void print_json(const Calibration& fit, const std::string& out) {
+void print_json(const CpuCalibration& calibration, const std::string& out) {
+  const Calibration& fit = calibration.fit;
   nlohmann::json json;
   json["a_ns"] = fit.model.a;
   json["b_ns"] = fit.model.b;
@@ -54,25 +58,25 @@ void print_json(const Calibration& fit, const std::string& out) {
   json["file"] = out;
   json["per_call_ns"] = fit.per_call_seconds * 1e9;
   json["rms_relative_residual"] = fit.rms_relative_residual;
-  json["seconds_taken"] = fit.seconds_taken;
+  json["seconds_taken"] = calibration.seconds_taken;
   json["points"] = nlohmann::json::array();
   for (const CalibrationPoint& p : fit.points) {
     json["points"].push_back({{"visible", p.target},
                               {"rows", p.rows},
-                              {"sum_visible", p.visible},
-                              {"sum_min_topk_visible", p.capped},
-                              {"seconds", p.seconds},
+                              {"sum_visible", p.sums.visible},
+                              {"sum_min_topk_visible", p.sums.capped},
+                              {"seconds", p.sums.seconds},
                               {"predicted_seconds", p.predicted}});
   }
   std::printf("%s\n", json.dump(2).c_str());
 }
 
 void run_calibrate(CalibrateFlags& flags) {
-  flags.settings.visible = parse_integer_list(flags.visible, "--visible", false);
-  const Calibration fit = calibrate(flags.settings);
+  flags.settings.grid.visible = parse_integer_list(flags.visible, "--visible", false);
+  const CpuCalibration fit = calibrate_cpu(flags.settings);
   if (flags.out != "-") {
     OutputSet output;  // whole or absent (io/output_set.hpp)
-    output.add_text(flags.out, format_cost_model(fit.model), "--out");
+    output.add_text(flags.out, format_cost_model(fit.fit.model), "--out");
     output.commit();
   }
   if (flags.json) {
@@ -95,19 +99,20 @@ const Registration registration("calibrate", [](CLI::App& app) {
       "model's id (a hash of its terms, shape and device). bf16 qr, Wq_b and keys, fp32\n"
       "weights and RoPE.");
   flags->settings.model.add_to(*sub);
-  sub->add_option("--ratio", flags->settings.ratio, "Key compression ratio (tokens per key)")
+  sub->add_option("--ratio", flags->settings.grid.ratio, "Key compression ratio (tokens per key)")
       ->capture_default_str();
-  sub->add_option("--rows", flags->settings.rows, "Rows per timed point")->capture_default_str();
+  sub->add_option("--rows", flags->settings.grid.rows, "Rows per timed point")
+      ->capture_default_str();
   sub->add_option("--visible", flags->visible,
                   "Mean visible keys per row at each point, comma-separated (>= 3 points; 0 = "
                   "projection only); points below and above --topk separate b from c")
       ->capture_default_str();
-  sub->add_option("--repeats", flags->settings.repeats,
+  sub->add_option("--repeats", flags->settings.grid.repeats,
                   "Timed runs per point (median; at most 10000)")
       ->capture_default_str();
   sub->add_option("--threads", flags->settings.threads, "Selection threads (OpenMP and OpenBLAS)")
       ->capture_default_str();
-  sub->add_option("--max-residual", flags->settings.max_residual,
+  sub->add_option("--max-residual", flags->settings.grid.max_residual,
                   "Refuse (exit with an error, save nothing) a fit whose rms relative residual "
                   "exceeds this fraction, as on a busy machine; 0: no bound")
       ->capture_default_str();

@@ -1,7 +1,7 @@
 // `sparsecp run`: the main job. Under `mpirun -np N`, every rank owns one contiguous
 // shard of a packed batch and runs the Lightning Indexer selection once per strategy —
 // 'none' (every rank selects its own rows), hyper_parallel's 'hybrid' and sparsecp's 'spill'
-// balancing a cost model calibrated on this machine, or 'none' and one --mode — moving
+// balancing a cost model calibrated on this machine, or 'none' and the --mode list — moving
 // qr, merge weights and RoPE to workers and the int32 key ids back over MPI. It checks
 // that every strategy's top-k equals 'none' bit for bit on every rank, repeats the
 // strategies interleaved until the spread of the slowest rank's selection time is known,
@@ -78,7 +78,7 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
   }
   CalibrationSettings settings;
   settings.model = flags.model;
-  settings.ratio = flags.ratio;
+  settings.grid.ratio = flags.ratio;
   settings.threads = flags.threads;
   CostModel model;
   int64_t calibration_refused = 0;
@@ -97,13 +97,13 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
     }
     // A fit over the residual bound (a busy machine) is retried once with more
     // repeats, then refused: spill starts from causal pairs, and says so.
-    std::optional<Calibration> fit;
+    std::optional<CpuCalibration> fit;
     std::string refused;
-    for (const int repeats : {settings.repeats, 3 * settings.repeats}) {
+    for (const int repeats : {settings.grid.repeats, 3 * settings.grid.repeats}) {
       CalibrationSettings attempt = settings;
-      attempt.repeats = repeats;
+      attempt.grid.repeats = repeats;
       try {
-        fit = calibrate(attempt);
+        fit = calibrate_cpu(attempt);
         break;
       } catch (const InvalidInputError& error) {
         if (std::string_view(error.what()).find("fit refused") == std::string_view::npos) throw;
@@ -115,10 +115,10 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
       choice.source = "calibration refused twice (" + refused + "): spill starts from causal pairs";
       return;
     }
-    model = fit->model;
+    model = fit->fit.model;
     char text[96];
     std::snprintf(text, sizeof text, "calibrated now in %.1f s (rms residual %.0f%%)",
-                  fit->seconds_taken, 100 * fit->rms_relative_residual);
+                  fit->seconds_taken, 100 * fit->fit.rms_relative_residual);
     choice.source = text;
     if (path.empty()) return;
     try {
@@ -164,15 +164,11 @@ Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
     const int64_t total = checked_total(job.lengths);
     validate_plan_inputs(job.lengths, job.cp, flags.ratio, Mode::kNone, std::nullopt);
     job.strategies.push_back(&find_strategy("none"));
-    if (flags.strategy.mode.empty()) {
-      job.strategies.push_back(&find_strategy("hybrid"));
-      job.strategies.push_back(&find_strategy("spill"));
-    } else {
-      const Strategy& chosen = flags.strategy.strategy("");
-      SPARSECP_CHECK(chosen.name() != "none",
-                     "--mode none is the baseline every run already includes; choose another "
-                     "strategy (or leave --mode out for none, hybrid and spill)");
-      job.strategies.push_back(&chosen);
+    for (const Strategy* chosen : flags.strategy.strategies("hybrid,spill")) {
+      SPARSECP_CHECK(chosen->name() != "none",
+                     "--mode none is the baseline every run already includes; choose other "
+                     "strategies (or leave --mode out for none, hybrid and spill)");
+      job.strategies.push_back(chosen);
     }
     job.params = flags.strategy.params(flags.ratio, flags.model);
     job.model = make_run_model(flags.model, flags.ratio, flags.threads, flags.model_seed,
@@ -663,7 +659,7 @@ const Registration registration("run", [](CLI::App& app) {
       "The main job, under mpirun: every rank owns one contiguous shard of a packed batch and\n"
       "runs the Lightning Indexer top-k selection once per strategy: 'none' (every rank selects\n"
       "its own rows), hyper_parallel's 'hybrid' and sparsecp's 'spill' balancing a cost model\n"
-      "calibrated for this shape on this machine (cached), or 'none' and one --mode. Inputs\n"
+      "calibrated for this shape on this machine (cached), or 'none' and the --mode list. Inputs\n"
       "(qr, merge weights, RoPE) move to workers and the int32 key ids back over MPI. Checks\n"
       "every strategy's top-k equals none's bit for bit on every rank, repeats the strategies\n"
       "interleaved until the spread of the slowest rank's time is known, and reports per rank\n"
@@ -674,9 +670,9 @@ const Registration registration("run", [](CLI::App& app) {
   flags->batch.add_to(*sub);
   add_cp_and_ratio(*sub, nullptr, flags->ratio);
   flags->strategy.add_to(*sub,
-                         "One strategy to compare with none: any of 'sparsecp simulate --list' "
-                         "(zigzag, greedy, hybrid, spill, auto, snake, ...) [default: hybrid and "
-                         "spill]");
+                         "Strategies to compare with none, comma-separated and run interleaved: "
+                         "any of 'sparsecp simulate --list' (zigzag, greedy, hybrid, spill, auto, "
+                         "snake, ...), e.g. zigzag,hybrid,spill [default: hybrid,spill]");
   flags->model.add_to(*sub);
   sub->add_option("--model-seed", flags->model_seed, "Seed of the model tensors")
       ->check(unsigned_64_bit())

@@ -1,5 +1,7 @@
 #include "strategy_flags.hpp"
 
+#include <algorithm>
+
 #include "batch_input.hpp"
 #include "command.hpp"
 #include "sparsecp/error.hpp"
@@ -71,10 +73,14 @@ StrategyParams StrategyFlags::params(int64_t ratio, const ModelFlags& model) con
   // A seed mode checks its explicit options first, with the seed's texts and order (a
   // block under zigzag is misplaced before it is zero; hybrid's threshold 0 is not "an
   // explicit positive integer"); omitted options keep their friendly defaults.
-  for (const Mode seed : {Mode::kNone, Mode::kZigzag, Mode::kGreedy, Mode::kHybrid}) {
-    if (mode != mode_name(seed)) continue;
-    resolve_block_size(seed, given.block_size);
-    if (given.zigzag_min_length) validate_hybrid_threshold(seed, given.zigzag_min_length);
+  const std::vector<std::string> listed =
+      mode.empty() ? std::vector<std::string>{} : parse_name_list(mode, "--mode");
+  for (const std::string& name : listed) {
+    for (const Mode seed : {Mode::kNone, Mode::kZigzag, Mode::kGreedy, Mode::kHybrid}) {
+      if (name != mode_name(seed)) continue;
+      resolve_block_size(seed, given.block_size);
+      if (given.zigzag_min_length) validate_hybrid_threshold(seed, given.zigzag_min_length);
+    }
   }
   StrategyParams params = given;
   if (!cost_model.empty()) {
@@ -101,6 +107,22 @@ const Strategy& StrategyFlags::strategy(std::string_view fallback) const {
   for (const Mode seed : {Mode::kNone, Mode::kZigzag, Mode::kGreedy, Mode::kHybrid}) {
     if (chosen.name() != mode_name(seed)) continue;
     check_seed_options_used(seed, given);
+  }
+  return chosen;
+}
+
+std::vector<const Strategy*> StrategyFlags::strategies(std::string_view fallback) const {
+  const std::vector<std::string> names =
+      parse_name_list(mode.empty() ? fallback : std::string_view(mode), "--mode");
+  std::vector<const Strategy*> chosen;
+  for (const std::string& name : names) {
+    const Strategy& strategy = find_strategy(name);
+    SPARSECP_CHECK(std::find(chosen.begin(), chosen.end(), &strategy) == chosen.end(),
+                   "--mode names ", name, " twice");
+    for (const Mode seed : {Mode::kNone, Mode::kZigzag, Mode::kGreedy, Mode::kHybrid}) {
+      if (strategy.name() == mode_name(seed)) check_seed_options_used(seed, given);
+    }
+    chosen.push_back(&strategy);
   }
   return chosen;
 }

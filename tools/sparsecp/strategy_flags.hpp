@@ -43,6 +43,12 @@ struct StrategyFlags {
   // The strategy --mode names, or `fallback` when --mode was not given. For a seed mode,
   // --block-size / --zigzag-min-length where the seed forbids them are the seed's errors.
   const Strategy& strategy(std::string_view fallback) const;
+
+  // The strategies of a comma-separated --mode list ("zigzag,hybrid,spill"), in order,
+  // each once; `fallback` names them when --mode was not given. Each seed mode checks
+  // --block-size / --zigzag-min-length as strategy() does. Throws Error naming an unknown
+  // or repeated name.
+  std::vector<const Strategy*> strategies(std::string_view fallback) const;
 };
 
 }  // namespace sparsecp::cli

@@ -10,9 +10,13 @@
 // min(topk, vis) sum to `capped`. The time is modelled as
 //     seconds = k + a * rows + b * visible + c * capped
 // with k the per-call constant (threads, buffers) when `per_call_term` is set, else 0.
-// The fit is non-negative least squares, solved exactly: ordinary least squares on every
-// subset of the columns, keeping the non-negative solution with the least squared error
-// (at most 15 subsets of a 4-column problem). Pure and deterministic.
+// The fit is non-negative least squares of the relative residuals
+// (predicted - seconds) / seconds, the figure it reports and is refused on: a 7 ms call
+// counts as much as a 35 ms one, so the fit predicts small and large calls (ranks) alike
+// well instead of fitting the largest times and missing the small ones by tens of percent.
+// Solved exactly: weighted least squares on every subset of the columns, keeping the
+// non-negative solution with the least squared relative error (at most 15 subsets of a
+// 4-column problem). Pure and deterministic.
 //
 // The candidate cap and the width quantum are settings of the model (what the kernel
 // does), not fitted: the caller states them in CostFitOptions, computes `visible` with

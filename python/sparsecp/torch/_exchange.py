@@ -14,6 +14,7 @@ Bytes handed to the collective are counted (``exchange_stats``).
 """
 from __future__ import annotations
 
+import atexit
 import threading
 import warnings
 from collections.abc import Sequence
@@ -121,6 +122,9 @@ def _device_rows(route: IndexerRoute, device: torch.device) -> DeviceRows:
     with warnings.catch_warnings():  # read-only route arrays: torch never writes index tensors
         warnings.simplefilter("ignore", UserWarning)
         return DeviceRows(*(torch.from_numpy(getattr(route, name).array).to(device) for name in DeviceRows._fields))
+
+
+atexit.register(_device_rows.cache_clear)  # its routes, before module teardown (_plans.py)
 
 
 class WorkerInputs(NamedTuple):

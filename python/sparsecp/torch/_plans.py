@@ -12,6 +12,7 @@ Also here: the shims that map the seed's loosely typed options onto the C++ API,
 """
 from __future__ import annotations
 
+import atexit
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
@@ -209,6 +210,12 @@ def planned(inputs: PlanningInputs) -> Planned:
     """The plan cache (``indexer_task_plan.cache_clear()`` / ``indexer_route.cache_clear()``
     clear it; ``cache_info()`` reports it)."""
     return Planned(inputs)
+
+
+# The cache's Plans and Routes are the extension's objects: drop them at interpreter exit,
+# while the extension can still free them, instead of leaving them to module teardown
+# (which runs after nanobind's own and prints them as leaked).
+atexit.register(planned.cache_clear)
 
 
 class PlanCached(Generic[T]):

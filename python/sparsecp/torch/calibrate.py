@@ -4,19 +4,19 @@
 (``selector(qr, weights, (cos, sin), segments)``: sparsecp's ``IndexerSelector`` or any
 kernel with that signature) over synthetic segments spanning visible-key counts and row
 counts, and fits ``seconds = k + a * rows + b * sum(vis) + c * sum(min(topk, vis))`` with
-the library's non-negative least squares (``sparsecp.fit_cost_model``, the fit behind
-``sparsecp calibrate``). The model it returns is what ``spill`` and ``auto`` balance
-(``cost_model=...``).
+the library's calibration procedure (``sparsecp.calibrate_cost_model``: the points, the
+interleaved repeats, the medians and the non-negative fit behind ``sparsecp calibrate``;
+this module adds the tensors and the device's clock). The model it returns is what
+``spill`` and ``auto`` balance (``cost_model=...``).
 
 Times: on CUDA, CUDA events around each call (device time); elsewhere the calling thread's
-CPU time (``time.thread_time``; the process's with several torch threads). Repeats run
-interleaved (every point once per round) and each point keeps its median, so that a slow
-spell of a busy machine hits every point alike. A fit whose rms relative residual exceeds
-``max_residual`` is refused with a ValueError, never returned.
+CPU time (``time.thread_time``; the process's with several torch threads). One warm-up
+call, then repeats interleaved (every point once per round), each point keeping its median,
+so that a slow spell of a busy machine hits every point alike. A fit whose rms relative
+residual exceeds ``max_residual`` is refused with a ValueError, never returned.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .. import CostModel, cost_sample, fit_cost_model
+from .. import CostModel, calibrate_cost_model, cost_sample
 from .._checks import integer
 
 DEFAULT_VISIBLE = (0, 64, 256, 448, 512, 640, 1024, 2048, 4096)
@@ -70,15 +70,6 @@ def segment_sums(segments: Sequence[Sequence[int]], ratio: int, topk: int, candi
         tasks.append((index, end - (q_end - q_begin), end))
     rows, visible, capped = cost_sample(tasks, ratio, topk, candidates, quantum)
     return float(rows), float(visible), float(capped)
-
-
-def point_segments(target: int, rows: int, ratio: int) -> list[tuple[int, int, int, int, int]]:
-    """Segments of one point: ``rows`` consecutive rows whose vis centre on ``target``
-    (0: ``rows`` one-row documents at position 0, the projection alone)."""
-    if target == 0:
-        return [(r, r + 1, 0, 0, 1 % ratio) for r in range(rows)]
-    end = max(rows, target * ratio + rows // 2)
-    return [(0, rows, 0, end // ratio, end % ratio)]
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
@@ -136,16 +127,7 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
     if not (max_residual >= 0 and max_residual != float("inf")):
         raise ValueError(f"max_residual must be finite and non-negative, got {max_residual}")
     device = torch.device(device)
-    shapes = []
-    for target in visible:
-        target = integer("visible", target, 0)
-        for count in (rows, max(1, rows // 4)):
-            segments = point_segments(target, count, ratio)
-            if max(s[3] for s in segments) <= keys:
-                shapes.append((target, count, segments))
-    if len({target for target, _, _ in shapes}) < 3:
-        raise ValueError(f"calibrate needs at least 3 visible-key points within the selector's {keys} keys, "
-                         f"got {sorted({t for t, _, _ in shapes})} of {list(visible)}")
+    visible = [integer("visible", target, 0) for target in visible]
     generator = torch.Generator().manual_seed(seed)
 
     def tensor(*shape: int) -> torch.Tensor:
@@ -155,23 +137,14 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
     angle = torch.rand((1, rows, rope_dim // 2), generator=generator) * 6.2832
     cos, sin = angle.cos().to(device, dtype), angle.sin().to(device, dtype)
     clock = timer or _timer(device)
-    times: list[list[float]] = [[] for _ in shapes]
-    selector(qr, weights, (cos, sin), shapes[0][2])  # warm-up: lazy initialisation is no point's cost
-    for _ in range(repeats):
-        for i, (_, count, segments) in enumerate(shapes):
-            args = (qr[:, :count], weights[:, :count], (cos[:, :count], sin[:, :count]), segments)
-            times[i].append(clock(lambda args=args: selector(*args)))  # type: ignore[misc]
-    sums = [segment_sums(segments, ratio, topk, candidates, quantum) for _, _, segments in shapes]
-    seconds = [statistics.median(t) for t in times]
-    model, per_call, rms, predicted = fit_cost_model([s[0] for s in sums], [s[1] for s in sums],
-                                                     [s[2] for s in sums], seconds, topk=topk, per_call_term=True,
-                                                     candidates=candidates, quantum=quantum)
-    if max_residual > 0 and rms > max_residual:
-        raise ValueError(f"cost model fit refused: its rms relative residual {100 * rms:.1f}% exceeds the bound of "
-                         f"{100 * max_residual:g}% (the times are far from a + b * vis + c * min(topk, vis): a busy "
-                         "machine or too few repeats; repeat on a quieter device or raise max_residual)")
+
+    def measure(target: int, count: int, segments: list[tuple[int, int, int, int, int]]) -> float:
+        args = (qr[:, :count], weights[:, :count], (cos[:, :count], sin[:, :count]), segments)
+        return clock(lambda: selector(*args))
+
+    model, per_call, rms, fitted = calibrate_cost_model(measure, ratio, rows, visible, topk, candidates, quantum,
+                                                        keys, repeats, max_residual)
     name = getattr(selector, "__qualname__", type(selector).__name__)
     model.note = f"selector {name} heads {heads} q_rank {q_rank} rope_dim {rope_dim} ratio {ratio} {dtype} on {device}"
-    points = [CalibrationPoint(target, count, s[1], s[2], t, p)
-              for (target, count, _), s, t, p in zip(shapes, sums, seconds, predicted)]
+    points = [CalibrationPoint(*point) for point in fitted]
     return Calibration(model, per_call, rms, str(device), points)
