@@ -25,11 +25,15 @@ How the cluster is built
 Link model
   --rate RATE      each node's link rate, in tc units: 100mbit, 1gbit, 20mbit, 500kbit.
                    Shaped by a token bucket (tbf).
-  --delay D        one-way delay added on each link end, e.g. 1ms (tc netem). Needs the
-                   kernel's netem qdisc (sch_netem): tbf only queues while a link is over
-                   its rate, and nftables can drop a packet but not hold it back, so
-                   without netem there is no delay here; the script says so and stops
-                   before starting anything.
+  --delay D        one-way delay added on each link end, e.g. 1ms: a frame from one node
+                   to another crosses two link ends, so it arrives 2*D later (a round
+                   trip takes 4*D more). With the kernel's netem qdisc: netem on every
+                   link end. Without netem (tbf only queues while a link is over its rate,
+                   and nftables can drop a packet but not hold it back): the switch is a
+                   user-space learning switch instead of the bridge
+                   (scripts/cluster_delay_switch.cpp, compiled with g++ on the spot), which
+                   holds every frame 2*D before forwarding it; tbf still shapes both ends
+                   of every link.
   --loss P         packet loss on each link end, in percent with at most two decimals,
                    e.g. 2 or 0.5: every packet leaving and every packet entering a node
                    is dropped with probability P/100, independently. With netem: its
@@ -78,8 +82,8 @@ Examples
       .venv/bin/python my_gloo_job.py
 
 Exit status: COMMAND's; 2 for a usage error; 3 when the cluster cannot be built here
-(not root, iproute2 missing and not installable, --delay without netem, loss with
-neither netem nor a working nftables); 124 on
+(not root, iproute2 missing and not installable, --delay with neither netem nor a
+compiler for the user-space switch, loss with neither netem nor a working nftables); 124 on
 --timeout. Everything the script made is removed on exit, on failure and on
 SIGINT/SIGTERM/SIGHUP; namespaces left by a run killed with SIGKILL are removed by the
 next run (their owner's pid is gone).
@@ -144,7 +148,7 @@ command -v unshare >/dev/null || fail "unshare (util-linux) is missing"
 
 prefix=scpcl-$$
 switch_ns=$prefix-sw
-made_ns=() tmp_dir= job_pid= fault_pids=() timer_pid=
+made_ns=() tmp_dir= job_pid= fault_pids=() timer_pid= switch_pid=
 
 node_ns() { echo "$prefix-n$1"; }
 node_addr() { echo "10.77.0.$(($1 + 1))"; }
@@ -166,6 +170,10 @@ cleanup() {
     wait "$pid" 2>/dev/null || true
   done
   [ -z "$job_pid" ] || kill -TERM -- "-$job_pid" 2>/dev/null || true
+  if [ -n "$switch_pid" ]; then  # the delay switch ends on TERM, printing its frame counts
+    kill -TERM "$switch_pid" 2>/dev/null || true
+    wait "$switch_pid" 2>/dev/null || true
+  fi
   for ns in "${made_ns[@]}"; do kill_namespace "$ns"; done
   [ -z "$job_pid" ] || wait "$job_pid" 2>/dev/null || true
   for ns in "${made_ns[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
@@ -201,7 +209,7 @@ shape() {  # shape NS DEV BITS [LOSS_PERCENT]
   local burst=$((bits / 8 / 1000)) limit=$((bits / 8 / 50))
   ((burst >= 65536)) || burst=65536
   ((limit >= 262144)) || limit=262144
-  if [ -n "$delay" ] || { ((have_netem)) && [ -n "$link_loss" ]; }; then
+  if ((have_netem)) && { [ -n "$delay" ] || [ -n "$link_loss" ]; }; then
     ip netns exec "$ns" tc qdisc replace dev "$dev" root netem rate "${bits}bit" \
       ${delay:+delay $delay} ${link_loss:+loss ${link_loss}%} limit 10000 ||
       fail "tc could not set netem on $dev (rate ${bits}bit${delay:+ delay $delay}${link_loss:+ loss $link_loss%})"
@@ -261,8 +269,16 @@ if ip netns exec "$switch_ns" tc qdisc add dev lo root netem delay 0ms 2>/dev/nu
   have_netem=1
   ip netns exec "$switch_ns" tc qdisc del dev lo root 2>/dev/null || true
 fi
-[ -z "$delay" ] || ((have_netem)) ||
-  fail "--delay needs the kernel's netem qdisc (sch_netem), which this kernel lacks (tbf and nftables cannot hold a packet back); --rate and --loss work without it"
+tmp_dir=$(mktemp -d /tmp/scpcl-$$.XXXXXX)
+# --delay without netem: the user-space switch that holds every frame 2 * D.
+delay_switch=
+if [ -n "$delay" ] && ((!have_netem)); then
+  command -v g++ >/dev/null ||
+    fail "--delay needs the kernel's netem qdisc, which this kernel lacks, or g++ for the user-space delay switch (apt-get install g++)"
+  g++ -O2 -std=c++20 -pthread -o "$tmp_dir/delay_switch" "$(dirname "$0")/cluster_delay_switch.cpp" ||
+    fail "--delay: compiling the user-space delay switch (scripts/cluster_delay_switch.cpp) failed"
+  delay_switch=$tmp_dir/delay_switch
+fi
 nft_loss=0
 if ((!have_netem)); then
   [ -z "$loss" ] || nft_loss=1
@@ -280,14 +296,20 @@ if ((nft_loss)); then
     ip netns exec "$switch_ns" nft delete table inet scpcl_probe; } 2>/dev/null ||
     fail "the kernel has no netem qdisc and nftables' random-drop rule does not work in a network namespace here, so packet loss cannot be emulated"
 fi
-ip -n "$switch_ns" link add br0 type bridge
-ip -n "$switch_ns" link set br0 up
+if [ -z "$delay_switch" ]; then
+  ip -n "$switch_ns" link add br0 type bridge
+  ip -n "$switch_ns" link set br0 up
+fi
 for ((i = 0; i < nodes; i++)); do
   ns=$(node_ns "$i")
   ip netns add "$ns"; made_ns+=("$ns")
   ip -n "$ns" link set lo up
   ip -n "$switch_ns" link add "p$i" type veth peer name eth0 netns "$ns"
-  ip -n "$switch_ns" link set "p$i" master br0 up
+  if [ -z "$delay_switch" ]; then
+    ip -n "$switch_ns" link set "p$i" master br0 up
+  else
+    ip -n "$switch_ns" link set "p$i" up
+  fi
   ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
   ip -n "$ns" link set eth0 up
   # A lost peer ends a connection in about 10 s of retransmissions, not 15 minutes.
@@ -302,12 +324,23 @@ for ((i = 0; i < nodes; i++)); do
     [ -z "$loss" ] || drop_packets "$i" "$loss"
   fi
 done
+delay_by=
+if [ -n "$delay_switch" ]; then
+  ports=()
+  for ((i = 0; i < nodes; i++)); do ports+=("p$i"); done
+  # One-way 2 * D between nodes, as netem's D on each of the two link ends a frame crosses.
+  delay_us=$(awk -v d="$delay" 'BEGIN{ n = d + 0; u = d; sub(/^[0-9.]+/, "", u);
+    m = (u == "s") ? 1e6 : (u == "ms") ? 1e3 : 1; printf "%d", 2 * n * m + 0.5 }')
+  ip netns exec "$switch_ns" "$delay_switch" "$delay_us" "${ports[@]}" &
+  switch_pid=$!
+  sleep 0.2
+  kill -0 "$switch_pid" 2>/dev/null || fail "--delay: the user-space delay switch did not start (its error above)"
+  delay_by=" (user-space switch: no netem here)"
+fi
 loss_by=
 if [ -n "$loss" ]; then loss_by=$( ((nft_loss)) && echo " (nftables)" || echo " (netem)"); fi
-echo "cluster: $nodes nodes x $ranks_per_node ranks, links $rate${delay:+ delay $delay}${loss:+ loss $loss%}$loss_by" \
+echo "cluster: $nodes nodes x $ranks_per_node ranks, links $rate${delay:+ delay $delay}$delay_by${loss:+ loss $loss%}$loss_by" \
   "($([ "$torch" = 1 ] && echo "torch/gloo" || echo "Open MPI/TCP"); namespaces $prefix-*)" >&2
-
-tmp_dir=$(mktemp -d /tmp/scpcl-$$.XXXXXX)
 
 # --- faults --------------------------------------------------------------------------------
 apply_fault() {  # apply_fault SPEC

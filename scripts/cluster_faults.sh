@@ -27,13 +27,15 @@ trap 'rm -rf "$logs"' EXIT
 mpi_job=(env OMP_NUM_THREADS=1 build/release/sparsecp run --tokens 8000 --heads 2 --head-dim 16 --rope-dim 8
          --q-rank 12 --topk 9 --repeats 40 --max-repeats 40 --no-calibrate)
 torch_job=(env OMP_NUM_THREADS=1 .venv/bin/python scripts/cluster_gloo_job.py --steps 60 --timeout 20)
-# Faults land in the middle of the steps: Open MPI's ranks start in about 2 s and run their
-# 40 repeats for about 10 s on a quiet 2-core machine (8 repeats ended before a fault at
-# 6 s there); Python's (torch import, gloo rendezvous) start in about 15 s when loaded. Loss is
-# a condition, not an event: it starts at 1 s, before the ranks connect, so that every
+# Faults land in the middle of the job: at half the time the `none` run just before took
+# to finish (MID below), so that they hit the steps on a fast machine and a loaded one
+# alike (40 MPI repeats take about 10 s on a quiet 2-core machine, the Python ranks start
+# in 3-15 s); without a `none` run (--only), at 6 s (MPI) and 20 s (torch). Loss is a
+# condition, not an event: it starts at 1 s, before the ranks connect, so that every
 # exchange of the job runs under it however fast the job is.
-mpi_faults=(none link-down:1@6 kill:1@6 slow:1:100@6 loss:1:2@1)
-torch_faults=(none link-down:1@20 kill:1@20 slow:1:100@20 loss:1:2@1)
+mpi_faults=(none link-down:1@MID kill:1@MID slow:1:100@MID loss:1:2@1)
+torch_faults=(none link-down:1@MID kill:1@MID slow:1:100@MID loss:1:2@1)
+job_seconds=  # how long the last run took to end (run_one sets it)
 
 run_one() {  # run_one PATH FAULT -> one table row
   local path=$1 fault=$2 log=$logs/$1-${2%%[:@]*}.log fault_args=() job launch=()
@@ -49,6 +51,7 @@ run_one() {  # run_one PATH FAULT -> one table row
   end=$(grep 'cluster: node 0 link' "$log" | cut -d'|' -f1)
   local to_end=n/a
   [ -z "$applied" ] || [ -z "$end" ] || to_end=$(bc <<<"$end - $applied")
+  job_seconds=$end
   local verified=no
   if [ "$path" = mpi ]; then
     grep -q 'verified: every strategy' "$log" && verified=yes
@@ -62,9 +65,12 @@ run_one() {  # run_one PATH FAULT -> one table row
     sed 's/^/    /' | cut -c1-400 | head -16
 }
 for path in "${paths[@]}"; do
-  if [ "$path" = torch ]; then faults=("${torch_faults[@]}"); else faults=("${mpi_faults[@]}"); fi
+  if [ "$path" = torch ]; then faults=("${torch_faults[@]}") mid=20; else faults=("${mpi_faults[@]}") mid=6; fi
   for fault in "${faults[@]}"; do
     [ -z "$only" ] || [[ ,$only, == *,${fault%%[:@]*},* ]] || continue
-    run_one "$path" "$fault"
+    run_one "$path" "${fault/@MID/@$mid}"
+    if [ "$fault" = none ] && [ -n "$job_seconds" ]; then
+      mid=$(awk -v t="$job_seconds" 'BEGIN{printf "%.1f", t / 2}')
+    fi
   done
 done

@@ -8,6 +8,8 @@
 #  5-6. a link set down and a node's ranks killed mid-run: the job ends within 30 s;
 #  7. 2% packet loss on every link (netem, or the nftables rule without it): still every
 #     strategy verified bit for bit, and packets were dropped;
+#  8. --delay 5ms (netem, or the user-space delay switch without it): a TCP round trip
+#     between two nodes takes 4 x 5 ms, and `sparsecp run` still verifies bit for bit under 2 ms;
 # and after each, none of the run's namespaces is left, nor an nftables table of the
 # script's in this machine's own namespace. Exits 77 (CTest SKIP_RETURN_CODE)
 # with the reason where network namespaces or tc are unavailable (not root, a container).
@@ -126,5 +128,51 @@ fi
 grep -q '"verified": true' "$log" || fail "under 2% loss: no '\"verified\": true' in the run's report"
 if grep -q '"verified": false\|"bytes_match_route": false' "$log"; then fail "under 2% loss: a strategy was not verified"; fi
 check_clean "$log" "loss"
+
+# 8. A link delay: D on each of the two link ends a frame crosses, so a round trip is 4 D.
+rtt_job=$(mktemp)
+trap 'rm -f "$log" "$rtt_job"' EXIT
+cat >"$rtt_job" <<'EOF'
+import os, socket, statistics, time
+rank, address = int(os.environ["RANK"]), os.environ["MASTER_ADDR"]
+if rank == 0:
+    server = socket.create_server((address, 29600))
+    peer, _ = server.accept()
+    while data := peer.recv(64):
+        peer.sendall(data)
+else:
+    for _ in range(100):
+        try:
+            peer = socket.create_connection((address, 29600))
+            break
+        except OSError:
+            time.sleep(0.1)
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(20):
+        start = time.perf_counter()
+        peer.sendall(b"x")
+        peer.recv(64)
+        rtts.append(time.perf_counter() - start)
+    print(f"round trip median {statistics.median(rtts) * 1e3:.2f} ms", flush=True)
+EOF
+"${cluster[@]}" --nodes 2 --ranks-per-node 1 --rate 1gbit --delay 5ms --torch --timeout 60 -- \
+  python3 "$rtt_job" >"$log" 2>&1
+status=$?
+rtt=$(grep -o 'round trip median [0-9.]*' "$log" | grep -o '[0-9.]*$')
+echo "delay 5ms: exit $status, round trip ${rtt:-not measured} ms ($(grep -o 'delay 5ms[^;(]*([^)]*)' "$log" | head -1))"
+((status == 0)) || { fail "--delay 5ms: the round-trip job exited $status"; tail -20 "$log"; }
+[ -n "$rtt" ] && awk -v r="$rtt" 'BEGIN { exit !(r >= 18 && r < 80) }' ||
+  fail "--delay 5ms: round trip ${rtt:-not measured} ms, want about 20 ms (4 x 5 ms)"
+check_clean "$log" "delay (round trip)"
+"${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --delay 2ms --timeout 120 -- \
+  env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
+  --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 1 --max-repeats 1 --no-calibrate --json \
+  >"$log" 2>&1
+status=$?
+echo "delay 2ms: sparsecp run exit $status"
+((status == 0)) || { fail "sparsecp run under --delay 2ms exited $status"; tail -30 "$log"; }
+grep -q '"verified": true' "$log" || fail "under --delay 2ms: no '\"verified\": true' in the run's report"
+check_clean "$log" "delay (run)"
 
 ((failures == 0)) && echo "cluster_test: all checks passed" || { echo "cluster_test: $failures failure(s)"; exit 1; }
