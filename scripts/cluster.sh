@@ -115,6 +115,9 @@ done
 [[ $rate =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$ ]] ||
   die "--rate must be a number with a unit bit|kbit|mbit|gbit (e.g. 100mbit), got '$rate'"
 [[ -z $delay || $delay =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] || die "--delay must be like 1ms or 500us, got '$delay'"
+[ -z "$delay" ] || awk -v d="$delay" 'BEGIN{ n = d + 0; u = d; sub(/^[0-9.]+/, "", u);
+  m = (u == "s") ? 1e6 : (u == "ms") ? 1e3 : 1; exit !(n * m <= 5e6) }' ||
+  die "--delay must be at most 5s (a frame between nodes waits 2 x D), got '$delay'"
 # A loss percentage: below 100, at most two decimals (nftables' rule counts in 1/10000).
 loss_percent_ok() { [[ $1 =~ ^[0-9]+(\.[0-9]{1,2})?$ ]] && awk -v p="$1" 'BEGIN{exit !(p < 100)}'; }
 [ -z "$loss" ] || loss_percent_ok "$loss" ||
@@ -331,10 +334,15 @@ if [ -n "$delay_switch" ]; then
   # One-way 2 * D between nodes, as netem's D on each of the two link ends a frame crosses.
   delay_us=$(awk -v d="$delay" 'BEGIN{ n = d + 0; u = d; sub(/^[0-9.]+/, "", u);
     m = (u == "s") ? 1e6 : (u == "ms") ? 1e3 : 1; printf "%d", 2 * n * m + 0.5 }')
-  ip netns exec "$switch_ns" "$delay_switch" "$delay_us" "${ports[@]}" &
+  ip netns exec "$switch_ns" "$delay_switch" "$delay_us" "${ports[@]}" >"$tmp_dir/switch.out" &
   switch_pid=$!
-  sleep 0.2
-  kill -0 "$switch_pid" 2>/dev/null || fail "--delay: the user-space delay switch did not start (its error above)"
+  for _ in $(seq 100); do  # it prints "ready" once every port is open (at most 10 s)
+    grep -q ready "$tmp_dir/switch.out" 2>/dev/null && break
+    kill -0 "$switch_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q ready "$tmp_dir/switch.out" 2>/dev/null ||
+    fail "--delay: the user-space delay switch did not start (its error above)"
   delay_by=" (user-space switch: no netem here)"
 fi
 loss_by=

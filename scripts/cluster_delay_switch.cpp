@@ -10,12 +10,15 @@
 // address, or to every other port for broadcast, multicast and unknown destinations, as a
 // bridge does. Frames leave in arrival order (a constant delay keeps them in order).
 // Sent frames go through the port's queueing discipline, so cluster.sh's tbf rate limits
-// still apply after the delay. The sockets carry a virtio-net header (PACKET_VNET_HDR),
-// so offloaded frames (checksum left to the receiver, GSO bursts) pass through unchanged
-// rather than arriving with a checksum nobody computed.
+// still apply after the delay. A send never blocks: a frame a port cannot take (its
+// socket's buffer full behind a slow link) is dropped, as a switch drops on a full
+// output queue, so one slow link never stalls the others. The sockets carry a virtio-net header
+// (PACKET_VNET_HDR), so offloaded frames (checksum left to the receiver, GSO bursts) pass through
+// unchanged rather than arriving with a checksum nobody computed.
 //
-// Runs until SIGTERM or SIGINT; prints one line per port at the end with its frames in
-// and out. Built by cluster.sh on demand (g++ -O2 -std=c++20 -pthread).
+// Prints "ready" on standard output once every port is open (cluster.sh waits for it);
+// runs until SIGTERM or SIGINT; prints one line per port at the end with its frames in,
+// out and dropped. Built by cluster.sh on demand (g++ -O2 -std=c++20 -pthread).
 #include <arpa/inet.h>
 #include <linux/if_packet.h>
 #include <net/ethernet.h>
@@ -25,6 +28,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -80,6 +84,13 @@ int open_port(const std::string& name) {
   if (setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &on, sizeof on) != 0) {
     die("PACKET_IGNORE_OUTGOING on " + name);
   }
+  // Room for what a shaped link queues (cluster.sh's tbf holds up to 20 ms of traffic)
+  // before sends start to drop; root may exceed the system's default limit.
+  const int bytes = 16 << 20;
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) != 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes) != 0) {
+    die("SO_SNDBUF on " + name);
+  }
   sockaddr_ll address{};
   address.sll_family = AF_PACKET;
   address.sll_protocol = htons(ETH_P_ALL);
@@ -123,8 +134,9 @@ int main(int argc, char** argv) {
         ready.wait_for(lock, std::chrono::milliseconds(100));
         continue;
       }
-      if (Clock::now() < queue.front().due) {
-        ready.wait_until(lock, queue.front().due);
+      if (Clock::now() < queue.front().due) {  // wake at least every 100 ms to see stopping
+        ready.wait_until(
+            lock, std::min(queue.front().due, Clock::now() + std::chrono::milliseconds(100)));
         continue;
       }
       Frame frame = std::move(queue.front());
@@ -139,8 +151,8 @@ int main(int argc, char** argv) {
       lock.unlock();
       for (size_t p = 0; p < ports.size(); ++p) {
         if (p == frame.from || (!flood && p != known->second)) continue;
-        if (send(ports[p].fd, frame.bytes.data(), frame.bytes.size(), 0) < 0) {
-          ++ports[p].send_errors;  // a full queue or a downed link: the frame is lost, as on a wire
+        if (send(ports[p].fd, frame.bytes.data(), frame.bytes.size(), MSG_DONTWAIT) < 0) {
+          ++ports[p].send_errors;  // a full buffer or a downed link: the frame is lost
         } else {
           ++ports[p].frames_out;
         }
@@ -151,6 +163,8 @@ int main(int argc, char** argv) {
 
   std::vector<pollfd> polled;
   for (const Port& port : ports) polled.push_back({port.fd, POLLIN, 0});
+  std::printf("ready\n");
+  std::fflush(stdout);
   std::vector<uint8_t> buffer(kMaxFrame);
   while (!stopping) {
     if (poll(polled.data(), polled.size(), 100) < 0) {
@@ -158,6 +172,11 @@ int main(int argc, char** argv) {
       die("poll");
     }
     for (size_t p = 0; p < ports.size(); ++p) {
+      if ((polled[p].revents & POLLERR) != 0) {  // e.g. ENETDOWN from a downed link:
+        int error = 0;                           // reading it clears it (else poll spins)
+        socklen_t size = sizeof error;
+        getsockopt(ports[p].fd, SOL_SOCKET, SO_ERROR, &error, &size);
+      }
       if ((polled[p].revents & POLLIN) == 0) continue;
       const ssize_t got = recv(ports[p].fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
       if (got < static_cast<ssize_t>(kVnetHeader + 14)) continue;  // nothing, or a runt
@@ -172,7 +191,7 @@ int main(int argc, char** argv) {
   ready.notify_one();
   sender.join();
   for (const Port& port : ports) {
-    std::fprintf(stderr, "cluster_delay_switch: %s: %llu frames in, %llu out, %llu not sent\n",
+    std::fprintf(stderr, "cluster_delay_switch: %s: %llu frames in, %llu out, %llu dropped\n",
                  port.name.c_str(), static_cast<unsigned long long>(port.frames_in),
                  static_cast<unsigned long long>(port.frames_out),
                  static_cast<unsigned long long>(port.send_errors));

@@ -181,17 +181,26 @@ void bind_params(nb::module_& m) {
       [](const nb::callable& measure, int64_t ratio, int64_t rows,
          const std::vector<int64_t>& visible, int64_t topk, int64_t candidates, int64_t quantum,
          int64_t keys, int repeats, double max_residual) {
-        CalibrationGrid grid{ratio,   rows, visible, topk,        candidates,
-                             quantum, keys, repeats, max_residual};
-        // Each point's segments become Python tuples once, not once per timed call.
-        std::map<const CalibrationPoint*, nb::list> segments;
+        const CalibrationGrid grid{.ratio = ratio,
+                                   .rows = rows,
+                                   .visible = visible,
+                                   .topk = topk,
+                                   .candidates = candidates,
+                                   .quantum = quantum,
+                                   .keys = keys,
+                                   .repeats = repeats,
+                                   .max_residual = max_residual};
+        // Each point's segments become a Python tuple once (immutable: a selector cannot
+        // change what later calls see), not once per timed call.
+        std::map<const CalibrationPoint*, nb::tuple> segments;
         const Calibration fit = calibrate_cost_model(grid, [&](const CalibrationPoint& point) {
           auto [at, fresh] = segments.try_emplace(&point);
           if (fresh) {
+            nb::list list;
             for (const Segment& s : point.segments) {
-              at->second.append(
-                  nb::make_tuple(s.q_begin, s.q_end, s.key_begin, s.key_end, s.residual));
+              list.append(nb::make_tuple(s.q_begin, s.q_end, s.key_begin, s.key_end, s.residual));
             }
+            at->second = nb::tuple(list);
           }
           return nb::cast<double>(measure(point.target, point.rows, at->second));
         });

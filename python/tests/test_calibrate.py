@@ -120,9 +120,9 @@ def test_the_refit_estimator_refuses_a_fit_over_its_bound() -> None:
 def test_the_core_procedure_passes_each_point_s_segments() -> None:
     """sparsecp.calibrate_cost_model (the procedure under calibrate): measure gets each
     point's rows and segments, whose rows centre on the point's target."""
-    calls: list[tuple[int, int, list[tuple[int, int, int, int, int]]]] = []
+    calls: list[tuple[int, int, tuple[tuple[int, int, int, int, int], ...]]] = []
 
-    def measure(target: int, rows: int, segments: list[tuple[int, int, int, int, int]]) -> float:
+    def measure(target: int, rows: int, segments: tuple[tuple[int, int, int, int, int], ...]) -> float:
         calls.append((target, rows, segments))
         widths, capped = segment_sums(segments, RATIO, TOPK)[1:]
         return 1e-4 + 1e-6 * rows + 1e-8 * widths + 2e-8 * capped
@@ -139,7 +139,7 @@ def test_the_core_procedure_passes_each_point_s_segments() -> None:
         elif rows == 64:
             assert widths / rows == pytest.approx(target, abs=1)
 
-    def fails(target: int, rows: int, segments: list[tuple[int, int, int, int, int]]) -> float:
+    def fails(target: int, rows: int, segments: tuple[tuple[int, int, int, int, int], ...]) -> float:
         raise KeyError("the selector's own error")
     with pytest.raises(KeyError, match="the selector's own error"):
         sparsecp.calibrate_cost_model(fails, RATIO)

@@ -26,9 +26,14 @@ double predict(const Beta& beta, const CostSample& s) {
 // Normal equations on scaled columns, Gauss-Jordan with partial pivoting. False when the
 // system is singular.
 bool solve(std::span<const CostSample> samples, std::array<bool, 4> use, Beta& beta) {
+  // Columns scaled by their largest weighted entry, so that the normal equations hold
+  // entries of order one whatever the times' unit and the singularity test below means
+  // the same for microsecond and second calls.
   Beta scale{0, 0, 0, 0};
   for (const CostSample& s : samples) {
-    for (int j = 0; j < 4; ++j) scale[j] = std::max(scale[j], std::fabs(column(s, j)));
+    for (int j = 0; j < 4; ++j) {
+      scale[j] = std::max(scale[j], std::fabs(column(s, j)) / s.seconds);
+    }
   }
   std::array<int, 4> index{};
   size_t n = 0;

@@ -159,6 +159,9 @@ EOF
 "${cluster[@]}" --nodes 2 --ranks-per-node 1 --rate 1gbit --delay 5ms --torch --timeout 60 -- \
   python3 "$rtt_job" >"$log" 2>&1
 status=$?
+if ((status == 3)); then  # neither netem nor a compiler for the delay switch here
+  echo "delay: SKIPPED, the cluster cannot delay links here: $(grep -m1 -- '--delay' "$log")"
+else
 rtt=$(grep -o 'round trip median [0-9.]*' "$log" | grep -o '[0-9.]*$')
 echo "delay 5ms: exit $status, round trip ${rtt:-not measured} ms ($(grep -o 'delay 5ms[^;(]*([^)]*)' "$log" | head -1))"
 ((status == 0)) || { fail "--delay 5ms: the round-trip job exited $status"; tail -20 "$log"; }
@@ -174,5 +177,6 @@ echo "delay 2ms: sparsecp run exit $status"
 ((status == 0)) || { fail "sparsecp run under --delay 2ms exited $status"; tail -30 "$log"; }
 grep -q '"verified": true' "$log" || fail "under --delay 2ms: no '\"verified\": true' in the run's report"
 check_clean "$log" "delay (run)"
+fi
 
 ((failures == 0)) && echo "cluster_test: all checks passed" || { echo "cluster_test: $failures failure(s)"; exit 1; }

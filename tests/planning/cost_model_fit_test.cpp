@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -120,6 +121,34 @@ TEST(CostModelFit, MinimisesRelativeNotAbsoluteErrors) {
   const CostFit fit = fit_cost_model(samples);
   EXPECT_NEAR(fit.model.a, 1.2e9, 1e-3);
   EXPECT_NEAR(fit.rms_relative_residual, std::sqrt((0.4 * 0.4 + 0.2 * 0.2) / 2), 1e-12);
+}
+
+// Identical columns (every row sees at most topk keys, so visible == capped) make a
+// singular system whatever the times' unit: the fit keeps one of b and c, never an
+// arbitrary split from a near-zero pivot, with microsecond times as with seconds.
+TEST(CostModelFit, IdenticalColumnsKeepOneTermAtAnyTimeScale) {
+  for (const double unit : {1.0, 1e-6}) {
+    std::vector<CostSample> samples;
+    for (const double rows : {16.0, 64.0}) {
+      for (const double vis : {10.0, 100.0, 400.0}) {
+        const double visible = rows * vis;
+        samples.push_back({rows, visible, visible, unit * (2e-3 * rows + 3e-5 * visible)});
+      }
+    }
+    const CostFit fit = fit_cost_model(samples, {.per_call_term = true});
+    EXPECT_EQ(std::min(fit.model.b, fit.model.c), 0.0) << "unit " << unit;
+    EXPECT_NEAR((fit.model.b + fit.model.c) / unit, 3e4, 1e-3) << "unit " << unit;
+    EXPECT_NEAR(fit.model.a / unit, 2e6, 1e-1) << "unit " << unit;
+    EXPECT_LT(fit.rms_relative_residual, 1e-9);
+    // One row per call: the per-call and per-row columns are identical too.
+    std::vector<CostSample> single;
+    for (const double vis : {10.0, 100.0, 400.0, 900.0}) {
+      single.push_back({1, vis, std::min(vis, 512.0), unit * (5e-3 + 3e-5 * vis)});
+    }
+    const CostFit one = fit_cost_model(single, {.per_call_term = true});
+    EXPECT_EQ(std::min(one.per_call_seconds, one.model.a), 0.0) << "unit " << unit;
+    EXPECT_NEAR(one.per_call_seconds + one.model.a * 1e-9, unit * 5e-3, unit * 1e-9);
+  }
 }
 
 TEST(CostModelFit, AFitOverTheResidualBoundIsRefused) {

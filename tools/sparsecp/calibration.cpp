@@ -41,9 +41,12 @@ void CalibrationSettings::validate() const {
 
 std::string CalibrationSettings::cache_key() const {
   std::ostringstream text;
-  text << model.heads << ' ' << model.head_dim << ' ' << model.rope_dim << ' ' << model.q_rank
-       << ' ' << model.topk << ' ' << grid.ratio << ' ' << grid.rows << ' ' << grid.repeats << ' '
-       << threads << ' ' << kernel_isa_name(best_kernel_isa()) << ' ' << machine_name();
+  // "procedure 2": the library's procedure with its warm-up call and the relative-residual
+  // fit (2026-12-02); models cached by the earlier one are not reused.
+  text << "procedure 2 " << model.heads << ' ' << model.head_dim << ' ' << model.rope_dim << ' '
+       << model.q_rank << ' ' << model.topk << ' ' << grid.ratio << ' ' << grid.rows << ' '
+       << grid.repeats << ' ' << threads << ' ' << kernel_isa_name(best_kernel_isa()) << ' '
+       << machine_name();
   for (const int64_t v : grid.visible) text << ' ' << v;
   char name[64];
   std::snprintf(name, sizeof name, "cost-model-%016zx.txt", std::hash<std::string>{}(text.str()));

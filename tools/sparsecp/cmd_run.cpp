@@ -672,7 +672,9 @@ const Registration registration("run", [](CLI::App& app) {
   flags->strategy.add_to(*sub,
                          "Strategies to compare with none, comma-separated and run interleaved: "
                          "any of 'sparsecp simulate --list' (zigzag, greedy, hybrid, spill, auto, "
-                         "snake, ...), e.g. zigzag,hybrid,spill [default: hybrid,spill]");
+                         "snake, ...), e.g. zigzag,hybrid,spill; the strategy options below apply "
+                         "to every listed strategy that takes them, and a seed mode refuses one "
+                         "it does not (--block-size with zigzag) [default: hybrid,spill]");
   flags->model.add_to(*sub);
   sub->add_option("--model-seed", flags->model_seed, "Seed of the model tensors")
       ->check(unsigned_64_bit())

@@ -121,6 +121,8 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
     """
     rows = integer("rows", rows, 1)
     repeats = integer("repeats", repeats, 1)
+    if rows > 1 << 20:  # before any tensor is made (the library's limit)
+        raise ValueError(f"rows must be within [1, 2^20], got {rows}")
     q_rank, heads, keys = integer("q_rank", q_rank, 1), integer("heads", heads, 1), integer("keys", keys, 1)
     ratio, topk, rope_dim = integer("ratio", ratio, 1), integer("topk", topk, 1), integer("rope_dim", rope_dim, 0)
     candidates, quantum = integer("candidates", candidates, 0), integer("quantum", quantum, 1)
@@ -138,7 +140,7 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
     cos, sin = angle.cos().to(device, dtype), angle.sin().to(device, dtype)
     clock = timer or _timer(device)
 
-    def measure(target: int, count: int, segments: list[tuple[int, int, int, int, int]]) -> float:
+    def measure(target: int, count: int, segments: tuple[tuple[int, int, int, int, int], ...]) -> float:
         args = (qr[:, :count], weights[:, :count], (cos[:, :count], sin[:, :count]), segments)
         return clock(lambda: selector(*args))
 
