@@ -86,6 +86,7 @@ const std::map<std::string, std::string>& canonical_names() {
       {"--no-agreement-check", "run: skip the agreement check"},
       {"--adapt", "run: steps refitting the cost model from the job's own times"},
       {"--adapt-window", "run: steps the refit keeps"},
+      {"--concurrent-selections", "run: ranks selecting at a time, taking turns"},
       // route / dispatch
       {"--rank", "one rank"},
       {"--all-ranks", "every rank"},

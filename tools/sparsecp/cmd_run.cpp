@@ -217,7 +217,8 @@ void agree(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
       .add("adapt_window", flags.adapt_window)
       .add_real("time_budget", flags.time_budget)
       .add("calibrate", flags.calibrate ? 1 : 0)
-      .add("overlap", flags.overlap ? 1 : 0);
+      .add("overlap", flags.overlap ? 1 : 0)
+      .add("concurrent_selections", flags.concurrent_selections);
   check_agreement(comm, fingerprint);
 }
 
@@ -235,8 +236,13 @@ int64_t segment_work(std::span<const Segment> segments, int64_t ratio) {
 }
 
 // One balanced selection through the overlapped path, timed. CPU time of the selection
-// is the calling thread's (one selection thread) or the process's (several).
-RankFigures run_once(const RunModel& model, StrategyRuns& runs, bool first, MpiCommunicator& comm) {
+// is the calling thread's (one selection thread) or the process's (several). With
+// `concurrent` > 0 the ranks take turns selecting, at most `concurrent` at a time (ranks
+// [0, c), then [c, 2c), ...; the others wait asleep): with more ranks than cores, no two
+// selections then share a core or its caches while they are timed, as on a cluster where
+// each rank has its own device.
+RankFigures run_once(const RunModel& model, StrategyRuns& runs, bool first, int64_t concurrent,
+                     MpiCommunicator& comm) {
   const clockid_t cpu_clock =
       model.config.threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID;
   RankFigures figures;
@@ -258,13 +264,19 @@ RankFigures run_once(const RunModel& model, StrategyRuns& runs, bool first, MpiC
   SelectedKeys selected{
       route.query_count, model.config.topk,
       std::vector<int32_t>(static_cast<size_t>(route.query_count * model.config.topk))};
-  const double cpu_start = clock_seconds(cpu_clock);
-  start = wall_seconds();
-  select_worker_rows(worker.query_residual.view(), worker.weights.view(), worker.cos.view(),
-                     worker.sin.view(), *model.projection, model.keys_view(), route.segments,
-                     model.config, selected.ids);
-  figures.select_wall = wall_seconds() - start;
-  figures.select_cpu = clock_seconds(cpu_clock) - cpu_start;
+  const int64_t turn = concurrent > 0 ? concurrent : comm.size();
+  for (int64_t first_rank = 0; first_rank < comm.size(); first_rank += turn) {
+    if (comm.rank() >= first_rank && comm.rank() < first_rank + turn) {
+      const double cpu_start = clock_seconds(cpu_clock);
+      start = wall_seconds();
+      select_worker_rows(worker.query_residual.view(), worker.weights.view(), worker.cos.view(),
+                         worker.sin.view(), *model.projection, model.keys_view(), route.segments,
+                         model.config, selected.ids);
+      figures.select_wall = wall_seconds() - start;
+      figures.select_cpu = clock_seconds(cpu_clock) - cpu_start;
+    }
+    if (first_rank + turn < comm.size()) sleeping_barrier(comm);  // the next turn
+  }
 
   sleeping_barrier(comm);  // ranks finish selecting at different times; wait asleep
   const double result_launch = wall_seconds();
@@ -357,7 +369,8 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, Job& job, MpiCommunicat
   });
   for (int64_t round = 0; round < flags.max_repeats; ++round) {
     for (StrategyRuns& runs : all) {
-      const RankFigures mine = run_once(job.model, runs, round == 0, comm);
+      const RankFigures mine =
+          run_once(job.model, runs, round == 0, flags.concurrent_selections, comm);
       const std::vector<int64_t> every = gather(comm, mine.encode());
       std::vector<RankFigures> ranks;
       for (int64_t r = 0; r < job.cp; ++r) {
@@ -422,7 +435,7 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
     });
     std::vector<int64_t> mine;
     for (StrategyRuns& r : runs) {
-      const RankFigures figures = run_once(job.model, r, true, comm);
+      const RankFigures figures = run_once(job.model, r, true, flags.concurrent_selections, comm);
       const CostSample s =
           segment_cost_sample(r.route->segments, flags.ratio, topk, 0, candidates, quantum);
       mine.insert(mine.end(),
@@ -703,6 +716,13 @@ const Registration registration("run", [](CLI::App& app) {
                   "step); 0 keeps the calibrated model")
       ->check(CLI::Range(int64_t{0}, int64_t{100}))
       ->capture_default_str();
+  sub->add_option("--concurrent-selections", flags->concurrent_selections,
+                  "Ranks that select at the same time, taking turns (0: all at once). With "
+                  "more ranks than cores, the number of cores times each rank's selection "
+                  "without another rank sharing its core; step and exchange times then "
+                  "include the turns")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
   sub->add_option("--adapt-window", flags->adapt_window,
                   "Steps whose times the --adapt refit keeps (a sliding window)")
       ->check(CLI::Range(int64_t{1}, int64_t{100}))
@@ -721,20 +741,21 @@ const Registration registration("run", [](CLI::App& app) {
                 "Skip the check (on by default) that every rank was given the same document "
                 "lengths, strategies, parameters, model sizes and repeat settings; without it, "
                 "ranks given different inputs can hang or mix up rows");
-  sub->add_flag("--json", flags->json,
-                "Print JSON (rank 0): {verified, cp, tokens, model, cost_model (when spill or "
-                "auto runs: a_ns, b_ns, c_ns, id, source), adapt (with --adapt steps: [{step, "
-                "strategy, planned_with, time_imbalance, slowest_select_cpu_s, refitted, "
-                "kept_previous, refused_rms_relative_residual, rms_relative_residual, "
-                "window_samples}]), too_few_repeats, "
-                "repeats, "
-                "strategies: [{mode, parameters, ranks: [{rank, rows, work, select_cpu_s, "
-                "bytes_sent, bytes_received, predicted_bytes_sent, ...}], work_imbalance, "
-                "time_imbalance, slowest_select_cpu_s: {min, median, max}, "
-                "step_wall_s: {min, median, max}, exchange_s: {min, median, max}, "
-                "speedup_slowest_rank: {median, low, high, outside_noise}, bytes..., "
-                "bytes_match_route, mismatched_rows}], comparisons: [{a, b, a_over_b: {median, "
-                "low, high}, outside_noise}], load_average, cores, repeats_stopped}");
+  sub->add_flag(
+      "--json", flags->json,
+      "Print JSON (rank 0): {verified, cp, tokens, model, cost_model (when spill or "
+      "auto runs: a_ns, b_ns, c_ns, id, source), adapt (with --adapt steps: [{step, "
+      "strategy, planned_with, time_imbalance, slowest_select_cpu_s, refitted, "
+      "kept_previous, refused_rms_relative_residual, rms_relative_residual, "
+      "window_samples}]), too_few_repeats, "
+      "repeats, "
+      "strategies: [{mode, parameters, ranks: [{rank, rows, work, select_cpu_s, "
+      "bytes_sent, bytes_received, predicted_bytes_sent, ...}], work_imbalance, "
+      "time_imbalance, slowest_select_cpu_s: {min, median, max}, "
+      "step_wall_s: {min, median, max}, exchange_s: {min, median, max}, "
+      "speedup_slowest_rank: {median, low, high, outside_noise}, bytes..., "
+      "bytes_match_route, mismatched_rows}], comparisons: [{a, b, a_over_b: {median, "
+      "low, high}, outside_noise}], load_average, cores, concurrent_selections, repeats_stopped}");
   sub->footer(
       "Examples (as root, mpirun needs --allow-run-as-root; with more ranks than cores, "
       "--oversubscribe):\n"

@@ -38,6 +38,7 @@ struct RunFlags {
   bool calibrate = true;
   bool cache = true;  // reuse and save calibrated models (cost_model_cache_dir)
   bool overlap = false;
+  int64_t concurrent_selections = 0;  // ranks selecting at a time (0: all; run_once)
   bool json = false;
   bool check_agreement = true;
 };

@@ -81,6 +81,7 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
   out["verified"] = verified(summaries);
   out["load_average"] = job.load_average;
   out["cores"] = job.cores;
+  out["concurrent_selections"] = flags.concurrent_selections;
   out["cp"] = job.cp;
   out["batch"] = flags.batch.describe();
   out["documents"] = job.lengths.size();
@@ -238,10 +239,15 @@ void print_header(const RunFlags& flags, const Job& job, const std::vector<Summa
   }
   print_adapt(job);
   const size_t repeats = summaries.front().runs->repeats.size();
+  char turns[96] = "ranks may share cores";
+  if (flags.concurrent_selections > 0) {
+    std::snprintf(turns, sizeof turns, "ranks select in turns, %lld at a time",
+                  static_cast<long long>(flags.concurrent_selections));
+  }
   std::printf(
-      "times: each rank's selection CPU time (ranks may share cores); %zu interleaved "
-      "repeat(s) (%s), per-rank figures are medians\n",
-      repeats, job.stopped.c_str());
+      "times: each rank's selection CPU time (%s); %zu interleaved repeat(s) (%s), per-rank "
+      "figures are medians\n",
+      turns, repeats, job.stopped.c_str());
   for (const Summary& s : summaries) print_rank_table(s);
 }
 
