@@ -7,6 +7,7 @@
 
 #include "sparsecp/error.hpp"
 #include "sparsecp/planning/plan.hpp"
+#include "sparsecp/planning/simulate.hpp"  // median
 
 namespace sparsecp {
 namespace {
@@ -14,16 +15,6 @@ namespace {
 constexpr int64_t kMaxCalibrationRows = int64_t{1} << 20;
 constexpr int64_t kMaxCalibrationVisible = int64_t{1} << 24;
 constexpr int kMaxCalibrationRepeats = 10000;
-
-double median_of(std::vector<double> values) {
-  const size_t middle = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle),
-                   values.end());
-  const double upper = values[middle];
-  if (values.size() % 2 == 1) return upper;
-  return 0.5 * (upper + *std::max_element(values.begin(),
-                                          values.begin() + static_cast<std::ptrdiff_t>(middle)));
-}
 
 CalibrationPoint make_point(const CalibrationGrid& grid, int64_t target, int64_t rows) {
   const int64_t ratio = grid.ratio;
@@ -129,7 +120,7 @@ Calibration calibrate_cost_model(const CalibrationGrid& grid, const MeasureSelec
   }
   std::vector<CostSample> samples;
   for (size_t i = 0; i < points.size(); ++i) {
-    points[i].sums.seconds = median_of(times[i]);
+    points[i].sums.seconds = median(times[i]);
     samples.push_back(points[i].sums);
   }
   const CostFit fit = fit_cost_model(samples, {.per_call_term = true,
