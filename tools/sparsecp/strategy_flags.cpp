@@ -103,12 +103,10 @@ StrategyParams StrategyFlags::params(int64_t ratio, const ModelFlags& model) con
 }
 
 const Strategy& StrategyFlags::strategy(std::string_view fallback) const {
-  const Strategy& chosen = find_strategy(mode.empty() ? fallback : std::string_view(mode));
-  for (const Mode seed : {Mode::kNone, Mode::kZigzag, Mode::kGreedy, Mode::kHybrid}) {
-    if (chosen.name() != mode_name(seed)) continue;
-    check_seed_options_used(seed, given);
-  }
-  return chosen;
+  const std::vector<const Strategy*> chosen = strategies(fallback);
+  SPARSECP_CHECK(chosen.size() == 1, "--mode takes one strategy in this command, got ",
+                 chosen.size(), " (", mode, ")");
+  return *chosen.front();
 }
 
 std::vector<const Strategy*> StrategyFlags::strategies(std::string_view fallback) const {

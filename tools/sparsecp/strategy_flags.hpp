@@ -40,8 +40,9 @@ struct StrategyFlags {
   // supplies topk and the moved-row sizes (auto's bytes); without it, the defaults.
   StrategyParams params(int64_t ratio, const ModelFlags& model = {}) const;
 
-  // The strategy --mode names, or `fallback` when --mode was not given. For a seed mode,
-  // --block-size / --zigzag-min-length where the seed forbids them are the seed's errors.
+  // The strategy --mode names, or `fallback` when --mode was not given; a list is an
+  // error here. For a seed mode, --block-size / --zigzag-min-length where the seed forbids
+  // them are the seed's errors.
   const Strategy& strategy(std::string_view fallback) const;
 
   // The strategies of a comma-separated --mode list ("zigzag,hybrid,spill"), in order,
