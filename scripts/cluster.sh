@@ -395,7 +395,8 @@ if ((torch)); then
     done
     status=0
     for pid in "${pids[@]}"; do
-      wait "$pid" || { s=$?; ((status)) || status=$s; }
+      # (no "Killed" line from bash for a rank a fault killed: the ranks print what matters)
+      wait "$pid" 2>/dev/null || { s=$?; ((status)) || status=$s; }
     done
     exit "$status"
   ) &
