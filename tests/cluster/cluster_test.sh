@@ -8,6 +8,7 @@
 #  5-6. a link set down and a node's ranks killed mid-run: the job ends within 30 s;
 #  7. 2% packet loss on every link (netem, or the nftables rule without it): still every
 #     strategy verified bit for bit, and packets were dropped;
+#  7b. a link slowed 100x from the start: still verified bit for bit;
 #  8. --delay 5ms (netem, or the user-space delay switch without it): a TCP round trip
 #     between two nodes takes 4 x 5 ms, and `sparsecp run` still verifies bit for bit under 2 ms;
 # and after each, none of the run's namespaces is left, nor an nftables table of the
@@ -128,6 +129,19 @@ fi
 grep -q '"verified": true' "$log" || fail "under 2% loss: no '\"verified\": true' in the run's report"
 if grep -q '"verified": false\|"bytes_match_route": false' "$log"; then fail "under 2% loss: a strategy was not verified"; fi
 check_clean "$log" "loss"
+
+# 7b. A link slowed 100x from the start (200 -> 2 Mbit/s): slower, still bit-exact.
+start=$(date +%s)
+"${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --fault slow:1:100@0.5 --timeout 120 -- \
+  env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
+  --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 1 --max-repeats 1 --no-calibrate --json \
+  >"$log" 2>&1
+status=$?
+echo "slow 100x: exit $status in $(($(date +%s) - start)) s"
+((status == 0)) || { fail "sparsecp run over a link slowed 100x exited $status"; tail -30 "$log"; }
+grep -q 'cluster: fault slow on node 1' "$log" || fail "the slow fault was never applied"
+grep -q '"verified": true' "$log" || fail "over a slowed link: no '\"verified\": true' in the run's report"
+check_clean "$log" "slow"
 
 # 8. A link delay: D on each of the two link ends a frame crosses, so a round trip is 4 D.
 rtt_job=$(mktemp)
