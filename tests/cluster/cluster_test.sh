@@ -41,13 +41,18 @@ check_clean() {  # check_clean LOG WHAT
 }
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# The small job most cases run: `sparsecp run` (one repeat, JSON) on 2 nodes x 2 ranks at
+# 200 Mbit/s, with the case's own link options (--loss, --delay, --fault); output in $log.
+small_run() {  # small_run CLUSTER_OPTION... -> the script's exit status
+  "${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --timeout 120 "$@" -- \
+    env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
+    --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 1 --max-repeats 1 --no-calibrate --json \
+    >"$log" 2>&1
+}
 
 # 1. The main job across two shaped nodes.
 start=$(date +%s)
-"${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --timeout 120 -- \
-  env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
-  --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 1 --max-repeats 1 --no-calibrate --json \
-  >"$log" 2>&1
+small_run
 status=$?
 echo "run: exit $status in $(($(date +%s) - start)) s"
 ((status == 0)) || { fail "sparsecp run on the cluster exited $status"; cat "$log"; }
@@ -111,10 +116,7 @@ fault_run kill:1@3 "exited on signal 9"
 
 # 7. Packet loss on every link end: TCP retransmits, the results stay bit-exact.
 start=$(date +%s)
-"${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --loss 2 --timeout 120 -- \
-  env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
-  --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 1 --max-repeats 1 --no-calibrate --json \
-  >"$log" 2>&1
+small_run --loss 2
 status=$?
 echo "loss 2%: exit $status in $(($(date +%s) - start)) s"
 if grep -q 'loss 2% (netem)' "$log"; then
@@ -132,10 +134,7 @@ check_clean "$log" "loss"
 
 # 7b. A link slowed 100x from the start (200 -> 2 Mbit/s): slower, still bit-exact.
 start=$(date +%s)
-"${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --fault slow:1:100@0.5 --timeout 120 -- \
-  env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
-  --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 1 --max-repeats 1 --no-calibrate --json \
-  >"$log" 2>&1
+small_run --fault slow:1:100@0.5
 status=$?
 echo "slow 100x: exit $status in $(($(date +%s) - start)) s"
 ((status == 0)) || { fail "sparsecp run over a link slowed 100x exited $status"; tail -30 "$log"; }
@@ -182,10 +181,7 @@ echo "delay 5ms: exit $status, round trip ${rtt:-not measured} ms ($(grep -o 'de
 [ -n "$rtt" ] && awk -v r="$rtt" 'BEGIN { exit !(r >= 18 && r < 80) }' ||
   fail "--delay 5ms: round trip ${rtt:-not measured} ms, want about 20 ms (4 x 5 ms)"
 check_clean "$log" "delay (round trip)"
-"${cluster[@]}" --nodes 2 --ranks-per-node 2 --rate 200mbit --delay 2ms --timeout 120 -- \
-  env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 "$sparsecp" run --tokens 8000 --heads 2 \
-  --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --repeats 1 --max-repeats 1 --no-calibrate --json \
-  >"$log" 2>&1
+small_run --delay 2ms
 status=$?
 echo "delay 2ms: sparsecp run exit $status"
 ((status == 0)) || { fail "sparsecp run under --delay 2ms exited $status"; tail -30 "$log"; }
