@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 class CostModel:
     """
-    Per-row selection cost a + b * vis + c * min(topk, vis) (include/sparsecp/planning/cost_model.hpp).
+    Per-row selection cost a + b * vis + c * min(topk, vis) + d * heap(vis), heap(vis) = topk * ln(max(vis, topk) / topk) (include/sparsecp/planning/cost_model.hpp).
     """
 
     def __init__(self) -> None: ...
@@ -36,6 +36,12 @@ class CostModel:
 
     @c.setter
     def c(self, arg: float, /) -> None: ...
+
+    @property
+    def d(self) -> float: ...
+
+    @d.setter
+    def d(self, arg: float, /) -> None: ...
 
     @property
     def topk(self) -> int: ...
@@ -69,6 +75,9 @@ class CostModel:
 
     def row(self, visible: int) -> float: ...
 
+    def heap(self, visible: int) -> float:
+        """Expected top-k heap replacements of a row that sees `visible` keys."""
+
     def __repr__(self) -> str: ...
 
 def load_cost_model(path: str) -> CostModel:
@@ -76,19 +85,19 @@ def load_cost_model(path: str) -> CostModel:
 
 def save_cost_model(path: str, model: CostModel) -> None: ...
 
-def fit_cost_model(rows: Sequence[float], visible: Sequence[float], capped: Sequence[float], seconds: Sequence[float], topk: int = 512, per_call_term: bool = False, candidates: int = 0, quantum: int = 1, max_rms_relative_residual: float = 0.0) -> tuple:
+def fit_cost_model(rows: Sequence[float], visible: Sequence[float], capped: Sequence[float], seconds: Sequence[float], topk: int = 512, per_call_term: bool = False, candidates: int = 0, quantum: int = 1, max_rms_relative_residual: float = 0.0, heap: Sequence[float] | None = None) -> tuple:
     """
-    Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, predicted seconds per sample). `visible` sums widths under the model's candidate cap and quantum (cost_sample's), which the model carries; a fit whose rms relative residual exceeds max_rms_relative_residual (> 0) raises ValueError.
+    Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped + d*heap (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, predicted seconds per sample). `visible` sums widths under the model's candidate cap and quantum and `heap` the expected top-k heap replacements (cost_sample's; heap=None fits no d), which the model carries; a fit whose rms relative residual exceeds max_rms_relative_residual (> 0) raises ValueError.
     """
 
 def calibrate_cost_model(measure: Callable, ratio: int, rows: int = 64, visible: Sequence[int] = [0, 64, 256, 448, 512, 640, 1024, 2048, 4096], topk: int = 512, candidates: int = 0, quantum: int = 1, keys: int = 0, repeats: int = 3, max_residual: float = 0.5) -> tuple:
     """
-    The library's calibration procedure (planning/calibration.hpp) on any selector: measure(target, rows, segments) -> seconds times one call on rows [0, rows) of the caller's inputs and the given worker segments (5-tuples). One warm-up call, then `repeats` interleaved rounds over every point (each visible-key target at rows and rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative fit with a per-call term. Returns (CostModel in ns, per-call seconds, rms relative residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, predicted seconds)]); a fit over max_residual (> 0) raises ValueError. Exceptions from measure pass through unchanged.
+    The library's calibration procedure (planning/calibration.hpp) on any selector: measure(target, rows, segments) -> seconds times one call on rows [0, rows) of the caller's inputs and the given worker segments (5-tuples). One warm-up call, then `repeats` interleaved rounds over every point (each visible-key target at rows and rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative fit with a per-call term. Returns (CostModel in ns, per-call seconds, rms relative residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, predicted seconds, sum of heap replacements)]); a fit over max_residual (> 0) raises ValueError. Exceptions from measure pass through unchanged.
     """
 
 def cost_sample(tasks: Sequence[tuple[int, int, int]], ratio: int, topk: int = 512, candidates: int = 0, quantum: int = 1) -> tuple:
     """
-    (rows, sum of widths, sum min(topk, vis)) of a task list of (document, start, end); widths are the visible-key counts under the candidate cap (0 = none) and quantum.
+    (rows, sum of widths, sum min(topk, vis), sum of expected top-k heap replacements) of a task list of (document, start, end); widths are the visible-key counts under the candidate cap (0 = none) and quantum.
     """
 
 class CostModelRefit:
@@ -98,9 +107,9 @@ class CostModelRefit:
 
     def __init__(self, start: CostModel, window: int = 4, max_rms_relative_residual: float = 0.25) -> None: ...
 
-    def add_step(self, samples: Sequence[tuple[float, float, float, float]]) -> None:
+    def add_step(self, samples: Sequence[Sequence[float]]) -> None:
         """
-        One step's samples: (rows, sum of widths, sum min(topk, vis), seconds) per rank (cost_sample of its task list, with the model's candidate cap and quantum).
+        One step's samples: (rows, sum of widths, sum min(topk, vis), seconds[, sum of heap replacements]) per rank (cost_sample of its task list, with the model's candidate cap and quantum; step_cost_samples gathers them).
         """
 
     @property

@@ -127,7 +127,8 @@ auto route_field(Getter getter) {
 
 void bind_params(nb::module_& m) {
   nb::class_<CostModel>(m, "CostModel",
-                        "Per-row selection cost a + b * vis + c * min(topk, vis) "
+                        "Per-row selection cost a + b * vis + c * min(topk, vis) + d * heap(vis), "
+                        "heap(vis) = topk * ln(max(vis, topk) / topk) "
                         "(include/sparsecp/planning/cost_model.hpp).")
       .def(nb::init<>())
       .def_static("linear", &CostModel::linear, nb::arg("a"), nb::arg("b"), nb::arg("c"),
@@ -135,12 +136,15 @@ void bind_params(nb::module_& m) {
       .def_rw("a", &CostModel::a)
       .def_rw("b", &CostModel::b)
       .def_rw("c", &CostModel::c)
+      .def_rw("d", &CostModel::d)
       .def_rw("topk", &CostModel::topk)
       .def_rw("candidates", &CostModel::candidates)
       .def_rw("quantum", &CostModel::quantum)
       .def_rw("unit", &CostModel::unit)
       .def_rw("note", &CostModel::note)
       .def("row", &CostModel::row, nb::arg("visible"))
+      .def("heap", &CostModel::heap, nb::arg("visible"),
+           "Expected top-k heap replacements of a row that sees `visible` keys.")
       .def("__repr__", [](const CostModel& model) { return format_cost_model(model); });
   m.def("load_cost_model", &load_cost_model, nb::arg("path"),
         "Reads a cost model file (`sparsecp calibrate` writes them).");
@@ -149,16 +153,24 @@ void bind_params(nb::module_& m) {
       "fit_cost_model",
       [](const std::vector<double>& rows, const std::vector<double>& visible,
          const std::vector<double>& capped, const std::vector<double>& seconds, int64_t topk,
-         bool per_call_term, int64_t candidates, int64_t quantum, double max_residual) {
+         bool per_call_term, int64_t candidates, int64_t quantum, double max_residual,
+         const std::optional<std::vector<double>>& heap) {
         SPARSECP_CHECK(rows.size() == visible.size() && rows.size() == capped.size() &&
                            rows.size() == seconds.size(),
                        "fit_cost_model needs one rows, visible, capped and seconds value per "
                        "sample, got ",
                        rows.size(), ", ", visible.size(), ", ", capped.size(), " and ",
                        seconds.size());
+        SPARSECP_CHECK(!heap || heap->size() == rows.size(),
+                       "fit_cost_model needs one heap value per sample, got ",
+                       heap ? heap->size() : 0, " for ", rows.size(), " samples");
         std::vector<CostSample> samples;
         for (size_t i = 0; i < rows.size(); ++i) {
-          samples.push_back({rows[i], visible[i], capped[i], seconds[i]});
+          samples.push_back({.rows = rows[i],
+                             .visible = visible[i],
+                             .capped = capped[i],
+                             .seconds = seconds[i],
+                             .heap = heap ? (*heap)[i] : 0.0});
         }
         const CostFit fit = fit_cost_model(samples, {.per_call_term = per_call_term,
                                                      .topk = topk,
@@ -171,11 +183,13 @@ void bind_params(nb::module_& m) {
       nb::arg("rows"), nb::arg("visible"), nb::arg("capped"), nb::arg("seconds"),
       nb::arg("topk") = 512, nb::arg("per_call_term") = false, nb::arg("candidates") = 0,
       nb::arg("quantum") = 1, nb::arg("max_rms_relative_residual") = 0.0,
-      "Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped "
-      "(planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, "
-      "predicted seconds per sample). `visible` sums widths under the model's candidate cap "
-      "and quantum (cost_sample's), which the model carries; a fit whose rms relative residual "
-      "exceeds max_rms_relative_residual (> 0) raises ValueError.");
+      nb::arg("heap").none() = nb::none(),
+      "Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped + "
+      "d*heap (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative "
+      "residual, predicted seconds per sample). `visible` sums widths under the model's "
+      "candidate cap and quantum and `heap` the expected top-k heap replacements "
+      "(cost_sample's; heap=None fits no d), which the model carries; a fit whose rms "
+      "relative residual exceeds max_rms_relative_residual (> 0) raises ValueError.");
   m.def(
       "calibrate_cost_model",
       [](const nb::callable& measure, int64_t ratio, int64_t rows,
@@ -207,7 +221,7 @@ void bind_params(nb::module_& m) {
         nb::list points;
         for (const CalibrationPoint& p : fit.points) {
           points.append(nb::make_tuple(p.target, p.rows, p.sums.visible, p.sums.capped,
-                                       p.sums.seconds, p.predicted));
+                                       p.sums.seconds, p.predicted, p.sums.heap));
         }
         return nb::make_tuple(fit.model, fit.per_call_seconds, fit.rms_relative_residual, points);
       },
@@ -222,7 +236,8 @@ void bind_params(nb::module_& m) {
       "rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative "
       "fit with a per-call term. Returns (CostModel in ns, per-call seconds, rms relative "
       "residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, "
-      "predicted seconds)]); a fit over max_residual (> 0) raises ValueError. Exceptions "
+      "predicted seconds, sum of heap replacements)]); a fit over max_residual (> 0) raises "
+      "ValueError. Exceptions "
       "from measure pass through unchanged.");
   m.def(
       "cost_sample",
@@ -231,12 +246,13 @@ void bind_params(nb::module_& m) {
         std::vector<Task> list;
         for (const auto& [document, start, end] : tasks) list.push_back({document, start, end});
         const CostSample s = cost_sample(list, ratio, topk, 0, candidates, quantum);
-        return nb::make_tuple(s.rows, s.visible, s.capped);
+        return nb::make_tuple(s.rows, s.visible, s.capped, s.heap);
       },
       nb::arg("tasks"), nb::arg("ratio"), nb::arg("topk") = 512, nb::arg("candidates") = 0,
       nb::arg("quantum") = 1,
-      "(rows, sum of widths, sum min(topk, vis)) of a task list of (document, start, end); "
-      "widths are the visible-key counts under the candidate cap (0 = none) and quantum.");
+      "(rows, sum of widths, sum min(topk, vis), sum of expected top-k heap replacements) of "
+      "a task list of (document, start, end); widths are the visible-key counts under the "
+      "candidate cap (0 = none) and quantum.");
 
   nb::class_<CostModelRefit>(
       m, "CostModelRefit",
@@ -247,17 +263,25 @@ void bind_params(nb::module_& m) {
            nb::arg("max_rms_relative_residual") = kDefaultRefitResidualBound)
       .def(
           "add_step",
-          [](CostModelRefit& refit,
-             const std::vector<std::tuple<double, double, double, double>>& samples) {
+          [](CostModelRefit& refit, const std::vector<std::vector<double>>& samples) {
             std::vector<CostSample> list;
-            for (const auto& [rows, visible, capped, seconds] : samples) {
-              list.push_back({rows, visible, capped, seconds});
+            for (size_t i = 0; i < samples.size(); ++i) {
+              const std::vector<double>& s = samples[i];
+              SPARSECP_CHECK(s.size() == 4 || s.size() == 5, "add_step: sample ", i,
+                             " must be (rows, widths, capped, seconds[, heap]), got ", s.size(),
+                             " values");
+              list.push_back({.rows = s[0],
+                              .visible = s[1],
+                              .capped = s[2],
+                              .seconds = s[3],
+                              .heap = s.size() == 5 ? s[4] : 0.0});
             }
             refit.add_step(list);
           },
           nb::arg("samples"),
-          "One step's samples: (rows, sum of widths, sum min(topk, vis), seconds) per rank "
-          "(cost_sample of its task list, with the model's candidate cap and quantum).")
+          "One step's samples: (rows, sum of widths, sum min(topk, vis), seconds[, sum of heap "
+          "replacements]) per rank (cost_sample of its task list, with the model's candidate "
+          "cap and quantum; step_cost_samples gathers them).")
       .def_prop_ro("model", &CostModelRefit::model)
       .def_prop_ro("kept_previous", &CostModelRefit::kept_previous)
       .def_prop_ro("refused", &CostModelRefit::refused)

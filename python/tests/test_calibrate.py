@@ -32,7 +32,7 @@ def model_timer(selector: Recording, k: float, a: float, b: float, c: float, noi
 
     def timer(call):  # noqa: ANN001, ANN202
         call()
-        rows, visible, capped = segment_sums(selector.calls[-1], RATIO, TOPK)
+        rows, visible, capped, _ = segment_sums(selector.calls[-1], RATIO, TOPK)
         return (k + a * rows + b * visible + c * capped) * (1 + rng.uniform(-noise, noise))
     return timer
 
@@ -54,7 +54,7 @@ def test_recovers_a_known_cost_from_the_selector_times() -> None:
     assert sorted({p.target for p in fit.points}) == [0, 16, 32, 48, 256, 1024]
     # predict() is the fitted line on any segments.
     held_out = [(0, 40, 0, 300, 1), (40, 50, 300, 310, 3)]
-    rows, visible, capped = segment_sums(held_out, RATIO, TOPK)
+    rows, visible, capped, _ = segment_sums(held_out, RATIO, TOPK)
     assert fit.predict(held_out, RATIO) == pytest.approx(2e-5 + 3e-6 * rows + 40e-9 * visible + 70e-9 * capped,
                                                          rel=0.05)
 
@@ -93,7 +93,7 @@ def test_a_candidate_layer_calibrates_with_its_cap_and_quantum() -> None:
 
     def timer(call):  # noqa: ANN001, ANN202
         call()
-        rows, widths, capped = segment_sums(selector.calls[-1], RATIO, TOPK, cap, quantum)
+        rows, widths, capped, _ = segment_sums(selector.calls[-1], RATIO, TOPK, cap, quantum)
         return 1e-5 + 2e-6 * rows + 50e-9 * widths + 30e-9 * capped
     fit = sct.calibrate(selector, q_rank=8, heads=2, keys=4000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=64,
                         visible=(0, 16, 64, 200, 512, 2048), candidates=cap, quantum=quantum, timer=timer)
@@ -124,7 +124,7 @@ def test_the_core_procedure_passes_each_point_s_segments() -> None:
 
     def measure(target: int, rows: int, segments: tuple[tuple[int, int, int, int, int], ...]) -> float:
         calls.append((target, rows, segments))
-        widths, capped = segment_sums(segments, RATIO, TOPK)[1:]
+        widths, capped = segment_sums(segments, RATIO, TOPK)[1:3]
         return 1e-4 + 1e-6 * rows + 1e-8 * widths + 2e-8 * capped
 
     model, per_call, rms, points = sparsecp.calibrate_cost_model(measure, RATIO, 64, [0, 100, 300], TOPK, repeats=2)
@@ -132,7 +132,7 @@ def test_the_core_procedure_passes_each_point_s_segments() -> None:
     assert (model.a, model.b, model.c) == pytest.approx((1000, 10, 20))
     assert [(p[0], p[1]) for p in points] == [(0, 64), (0, 16), (100, 64), (100, 16), (300, 64), (300, 16)]
     for target, rows, segments in calls:
-        rows_seen, widths, _ = segment_sums(segments, RATIO, TOPK)
+        rows_seen, widths, _, _ = segment_sums(segments, RATIO, TOPK)
         assert rows_seen == rows and max(s[1] for s in segments) == rows
         if target == 0:
             assert widths == 0
@@ -157,3 +157,43 @@ def test_a_torch_selector_calibrates_on_cpu(monkeypatch: pytest.MonkeyPatch) -> 
     assert min(fit.model.a, fit.model.b, fit.model.c) >= 0 and fit.model.a + fit.model.b + fit.model.c > 0
     assert "IndexerSelector" in fit.model.note and fit.device == "cpu"
     assert all(p.seconds > 0 for p in fit.points)
+
+
+def test_the_heap_term_is_fitted_and_predicted() -> None:
+    """A selector whose times carry a top-k heap term (d per expected replacement, rows up
+    to 16x topk keys): calibrate recovers d beside a, b, c, and predict() prices it."""
+    selector = Recording()
+
+    def timer(call):  # noqa: ANN001, ANN202
+        call()
+        rows, widths, capped, heap = segment_sums(selector.calls[-1], RATIO, TOPK)
+        return 1e-5 + 2e-6 * rows + 10e-9 * widths + 30e-9 * capped + 50e-9 * heap
+    fit = sct.calibrate(selector, q_rank=8, heads=2, keys=4000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=64,
+                        visible=(0, 16, 32, 64, 128, 256, 512), timer=timer)
+    assert (fit.model.a, fit.model.b, fit.model.c, fit.model.d) == pytest.approx((2000, 10, 30, 50), rel=1e-6)
+    assert all(p.heap >= 0 for p in fit.points) and max(p.heap for p in fit.points) > 0
+    long_rows = [(0, 64, 0, 2000, 0)]
+    rows, widths, capped, heap = segment_sums(long_rows, RATIO, TOPK)
+    assert heap == pytest.approx(sum(fit.model.heap((4 * 2000 - 64 + p + 1) // RATIO) for p in range(64)))
+    assert fit.predict(long_rows, RATIO) == pytest.approx(1e-5 + 1e-9 * (2000 * rows + 10 * widths + 30 * capped
+                                                                         + 50 * heap))
+    # The same through fit_cost_model's optional heap column, and nothing fitted without it.
+    sums = [segment_sums(call, RATIO, TOPK) for call in selector.calls[1:13]]
+    seconds = [2e-6 * r + 10e-9 * w + 30e-9 * c + 50e-9 * h for r, w, c, h in sums]
+    columns = list(zip(*sums))
+    model = sparsecp.fit_cost_model(columns[0], columns[1], columns[2], seconds, topk=TOPK, heap=list(columns[3]))[0]
+    assert model.d == pytest.approx(50, rel=1e-6)
+    assert sparsecp.fit_cost_model(columns[0], columns[1], columns[2], seconds, topk=TOPK)[0].d == 0
+    with pytest.raises(ValueError, match="one heap value per sample, got 1 for 12 samples"):
+        sparsecp.fit_cost_model(columns[0], columns[1], columns[2], seconds, topk=TOPK, heap=[1.0])
+
+
+def test_the_refit_takes_samples_with_or_without_the_heap_sum() -> None:
+    refit = sparsecp.CostModelRefit(sparsecp.CostModel.linear(1, 1, 1, TOPK), 2)
+    refit.add_step([(100, 1000, 500, 0.1, 20.0), (100, 2000, 500, 0.2)])
+    assert refit.samples == 2
+    with pytest.raises(ValueError, match=r"sample 1 must be \(rows, widths, capped, seconds\[, heap\]\), got 3"):
+        refit.add_step([(100, 1000, 500, 0.1), (1, 2, 3)])
+    with pytest.raises(ValueError, match="heap -1"):
+        refit.add_step([(100, 1000, 500, 0.1, -1.0)])
+    assert refit.samples == 2  # a refused step leaves the window as it was

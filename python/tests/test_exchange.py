@@ -144,7 +144,8 @@ def test_the_handle_times_the_worker_and_its_samples_refit_the_cost_model() -> N
             samples = figures["samples"]
             assert len(samples) == size
             assert samples == results[0]["steps"][step]["samples"]  # every rank holds the same list
-            assert samples[rank][:3] == results[rank]["steps"][step]["own_sums"]
+            own = results[rank]["steps"][step]["own_sums"]  # rows, widths, capped, heap
+            assert samples[rank][:3] == own[:3] and samples[rank][4] == own[3]
             assert samples[rank][3] == figures["seconds"]
         # The window holds both steps; a fit (ns) unless this machine's noise got it refused.
         assert result["refit_samples"] == 2 * size

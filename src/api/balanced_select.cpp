@@ -65,6 +65,7 @@ PlanningFingerprint planning_fingerprint(std::span<const int64_t> lengths, int64
   const CostModel cost = params.cost_model.value_or(CostModel{});
   fingerprint.add("cost_model", params.cost_model ? 1 : 0);
   fingerprint.add_real("cost a", cost.a).add_real("cost b", cost.b).add_real("cost c", cost.c);
+  fingerprint.add_real("cost d", cost.d);
   fingerprint.add("cost topk", cost.topk);
   fingerprint.add_real("bandwidth_gbps", params.bandwidth_gbps);
   fingerprint.add("row input bytes", params.row_bytes.input_bytes());

@@ -12,6 +12,56 @@
 
 namespace sparsecp {
 
+namespace {
+
+// ln(n!) for n >= 0: a direct sum below 16, else Stirling's series to its n^-5 term
+// (truncation error below 1 / (1680 n^7) < 1e-11). No std::lgamma: glibc's writes the
+// global signgam, a data race for planners called from several threads.
+double log_factorial(int64_t n) {
+  if (n < 16) {
+    double sum = 0;
+    for (int64_t i = 2; i <= n; ++i) sum += std::log(static_cast<double>(i));
+    return sum;
+  }
+  const double x = static_cast<double>(n);
+  const double inv = 1.0 / x, inv2 = inv * inv;
+  constexpr double kHalfLogTwoPi = 0.91893853320467274178;
+  return x * std::log(x) - x + 0.5 * std::log(x) + kHalfLogTwoPi +
+         inv * (1.0 / 12 - inv2 * (1.0 / 360 - inv2 / 1260));
+}
+
+}  // namespace
+
+double CostModel::heap(int64_t visible) const {
+  const int64_t scored = candidates > 0 ? std::min(visible, candidates) : visible;
+  if (scored <= topk) return 0;
+  return static_cast<double>(topk) *
+         std::log(static_cast<double>(scored) / static_cast<double>(topk));
+}
+
+double CostModel::heap_prefix(int64_t rows, int64_t ratio) const {
+  const int64_t last = rows / ratio;  // keys of the last row, vis(rows - 1)
+  if (last <= topk) return 0;         // no row scores more than topk keys
+  const int64_t cap = candidates > 0 ? candidates : INT64_MAX;
+  if (cap <= topk) return 0;
+  const double k = static_cast<double>(topk);
+  const double log_k = std::log(k);
+  // H(w) = sum_{v = 1}^{w} heap(v) / topk = sum_{v = topk + 1}^{min(w, cap)} ln(v / topk)
+  //        + (w - cap) * ln(cap / topk) for the rows beyond the cap.
+  const auto sum_to = [&](int64_t w) {
+    const int64_t scored = std::min(w, cap);
+    if (scored <= topk) return 0.0;
+    double sum =
+        log_factorial(scored) - log_factorial(topk) - static_cast<double>(scored - topk) * log_k;
+    if (w > cap) sum += static_cast<double>(w - cap) * (std::log(static_cast<double>(cap)) - log_k);
+    return sum;
+  };
+  // Each key count v < last is seen by `ratio` positions; `last` by the final
+  // rows - last * ratio + 1 (positions p with floor((p + 1) / ratio) = last).
+  return static_cast<double>(ratio) * k * sum_to(last - 1) +
+         static_cast<double>(rows - last * ratio + 1) * heap(last);
+}
+
 int64_t CostModel::width(int64_t visible) const {
   const int64_t keys = candidates > 0 ? std::min(visible, candidates) : visible;
   return (keys + quantum - 1) / quantum * quantum;
@@ -19,7 +69,7 @@ int64_t CostModel::width(int64_t visible) const {
 
 double CostModel::row(int64_t visible) const {
   return a + b * static_cast<double>(width(visible)) +
-         c * static_cast<double>(std::min(topk, visible));
+         c * static_cast<double>(std::min(topk, visible)) + (d == 0 ? 0.0 : d * heap(visible));
 }
 
 int64_t CostModel::width_prefix(int64_t rows, int64_t ratio) const {
@@ -47,16 +97,18 @@ double CostModel::prefix(int64_t rows, int64_t ratio) const {
   const double capped = rows <= m ? static_cast<double>(pairs)
                                   : static_cast<double>(work_prefix(m, ratio)) +
                                         static_cast<double>(topk) * static_cast<double>(rows - m);
-  return a * static_cast<double>(rows) + b * static_cast<double>(keys) + c * capped;
+  return a * static_cast<double>(rows) + b * static_cast<double>(keys) + c * capped +
+         (d == 0 ? 0.0 : d * heap_prefix(rows, ratio));
 }
 
 void validate_cost_model(const CostModel& model) {
-  for (const auto& [name, value] : {std::pair{"a", model.a}, {"b", model.b}, {"c", model.c}}) {
+  for (const auto& [name, value] :
+       {std::pair{"a", model.a}, {"b", model.b}, {"c", model.c}, {"d", model.d}}) {
     SPARSECP_CHECK(std::isfinite(value) && value >= 0, "cost model coefficient ", name,
                    " must be finite and non-negative, got ", value);
   }
-  SPARSECP_CHECK(model.a + model.b + model.c > 0,
-                 "cost model needs a positive coefficient (a, b and c are all 0)");
+  SPARSECP_CHECK(model.a + model.b + model.c + model.d > 0,
+                 "cost model needs a positive coefficient (a, b, c and d are all 0)");
   SPARSECP_CHECK(model.topk >= 1, "cost model topk must be positive, got ", model.topk);
   SPARSECP_CHECK(model.candidates >= 0,
                  "cost model candidates must be non-negative (0 = no cap), got ", model.candidates);
@@ -99,6 +151,7 @@ std::string cost_model_id(const CostModel& model) {
   mix_word(std::bit_cast<uint64_t>(model.b));
   mix_word(std::bit_cast<uint64_t>(model.c));
   mix_word(static_cast<uint64_t>(model.topk));
+  if (model.d != 0) mix_word(std::bit_cast<uint64_t>(model.d));  // 3-term models keep their ids
   if (!model.exact_widths()) {  // older models (no such terms) keep their ids
     mix_word(static_cast<uint64_t>(model.candidates));
     mix_word(static_cast<uint64_t>(model.quantum));
@@ -113,10 +166,12 @@ std::string cost_model_id(const CostModel& model) {
 std::string format_cost_model(const CostModel& model) {
   std::ostringstream out;
   out << "# sparsecp cost model: per-row cost a + b * vis + c * min(topk, vis)"
+      << (model.d == 0 ? "" : " + d * topk * ln(max(vis, topk) / topk)")
       << (model.exact_widths() ? "" : ", vis priced as roundup(min(vis, candidates), quantum)")
       << "\n"
-      << "a " << exact(model.a) << "\nb " << exact(model.b) << "\nc " << exact(model.c) << "\ntopk "
-      << model.topk << '\n';
+      << "a " << exact(model.a) << "\nb " << exact(model.b) << "\nc " << exact(model.c) << '\n';
+  if (model.d != 0) out << "d " << exact(model.d) << '\n';
+  out << "topk " << model.topk << '\n';
   if (model.candidates != 0) out << "candidates " << model.candidates << '\n';
   if (model.quantum != 1) out << "quantum " << model.quantum << '\n';
   out << "unit " << model.unit << '\n';
@@ -126,8 +181,8 @@ std::string format_cost_model(const CostModel& model) {
 
 CostModel parse_cost_model(std::string_view text, std::string_view origin) {
   CostModel model;
-  // a, b, c and topk are required; candidates and quantum keep their defaults.
-  constexpr const char* names[] = {"a", "b", "c", "topk", "candidates", "quantum"};
+  // a, b, c and topk are required; d, candidates and quantum keep their defaults.
+  constexpr const char* names[] = {"a", "b", "c", "topk", "d", "candidates", "quantum"};
   constexpr size_t required = 4;
   bool seen[std::size(names)] = {};
   int64_t number = 0;
@@ -148,14 +203,14 @@ CostModel parse_cost_model(std::string_view text, std::string_view origin) {
     }
     const auto* found = std::find(std::begin(names), std::end(names), key);
     SPARSECP_CHECK(found != std::end(names), origin, " line ", number, ": unknown key '", key,
-                   "' (expected a, b, c, topk, candidates, quantum, unit or note)");
+                   "' (expected a, b, c, d, topk, candidates, quantum, unit or note)");
     const size_t index = static_cast<size_t>(found - std::begin(names));
     SPARSECP_CHECK(!seen[index], origin, " line ", number, ": '", key, "' given twice");
     seen[index] = true;
     const char* begin = value.data();
     const char* end = value.data() + value.size();
-    if (index >= 3) {
-      int64_t& target = index == 3 ? model.topk : index == 4 ? model.candidates : model.quantum;
+    if (index == 3 || index >= 5) {
+      int64_t& target = index == 3 ? model.topk : index == 5 ? model.candidates : model.quantum;
       const auto [stop, status] = std::from_chars(begin, end, target);
       SPARSECP_CHECK(!value.empty() && status == std::errc() && stop == end, origin, " line ",
                      number, ": ", key, " '", value, "' is not an integer");
@@ -164,7 +219,7 @@ CostModel parse_cost_model(std::string_view text, std::string_view origin) {
       const auto [stop, status] = std::from_chars(begin, end, parsed);
       SPARSECP_CHECK(!value.empty() && status == std::errc() && stop == end, origin, " line ",
                      number, ": ", key, " '", value, "' is not a number");
-      (index == 0 ? model.a : index == 1 ? model.b : model.c) = parsed;
+      (index == 0 ? model.a : index == 1 ? model.b : index == 2 ? model.c : model.d) = parsed;
     }
   }
   for (size_t i = 0; i < required; ++i) {

@@ -11,38 +11,42 @@ namespace sparsecp {
 
 namespace {
 
-using Beta = std::array<double, 4>;  // k, a, b, c (seconds per call, row, key, capped key)
+// k, a, b, c, d (seconds per call, row, key, capped key, heap replacement)
+constexpr int kColumns = 5;
+using Beta = std::array<double, kColumns>;
 
 double column(const CostSample& s, int j) {
-  return j == 0 ? 1.0 : j == 1 ? s.rows : j == 2 ? s.visible : s.capped;
+  return j == 0 ? 1.0 : j == 1 ? s.rows : j == 2 ? s.visible : j == 3 ? s.capped : s.heap;
 }
 
 double predict(const Beta& beta, const CostSample& s) {
-  return beta[0] + beta[1] * s.rows + beta[2] * s.visible + beta[3] * s.capped;
+  double sum = 0;
+  for (int j = 0; j < kColumns; ++j) sum += beta[j] * column(s, j);
+  return sum;
 }
 
 // Least squares of the relative residuals (predicted - seconds) / seconds over the columns in
 // `use`; coefficients of unused columns are 0.
 // Normal equations on scaled columns, Gauss-Jordan with partial pivoting. False when the
 // system is singular.
-bool solve(std::span<const CostSample> samples, std::array<bool, 4> use, Beta& beta) {
+bool solve(std::span<const CostSample> samples, unsigned use, Beta& beta) {
   // Columns scaled by their largest weighted entry, so that the normal equations hold
   // entries of order one whatever the times' unit and the singularity test below means
   // the same for microsecond and second calls.
-  Beta scale{0, 0, 0, 0};
+  Beta scale{};
   for (const CostSample& s : samples) {
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kColumns; ++j) {
       scale[j] = std::max(scale[j], std::fabs(column(s, j)) / s.seconds);
     }
   }
-  std::array<int, 4> index{};
+  std::array<int, kColumns> index{};
   size_t n = 0;
-  for (int j = 0; j < 4; ++j) {
-    if (use[j] && scale[j] > 0) index[n++] = j;
+  for (int j = 0; j < kColumns; ++j) {
+    if ((use >> j & 1U) != 0 && scale[j] > 0) index[n++] = j;
   }
-  beta = {0, 0, 0, 0};
+  beta = {};
   if (n == 0) return false;
-  std::array<std::array<double, 5>, 4> m{};
+  std::array<std::array<double, kColumns + 1>, kColumns> m{};
   for (const CostSample& s : samples) {
     // Each row of the system divided by the sample's time: relative residuals.
     const double weight = 1.0 / s.seconds;
@@ -89,6 +93,7 @@ CostSample cost_sample(std::span<const Task> tasks, int64_t ratio, int64_t topk,
     sample.rows += rows.range(task.start, task.end, ratio);
     sample.visible += visible.range(task.start, task.end, ratio);
     sample.capped += capped.range(task.start, task.end, ratio);
+    sample.heap += visible.heap_prefix(task.end, ratio) - visible.heap_prefix(task.start, ratio);
   }
   return sample;
 }
@@ -97,10 +102,11 @@ void validate_cost_samples(std::span<const CostSample> samples) {
   for (size_t i = 0; i < samples.size(); ++i) {
     const CostSample& s = samples[i];
     const bool finite = std::isfinite(s.rows) && std::isfinite(s.visible) &&
-                        std::isfinite(s.capped) && std::isfinite(s.seconds);
-    SPARSECP_CHECK(finite && s.rows >= 0 && s.visible >= 0 && s.capped >= 0, "cost sample ", i,
-                   " must have finite, non-negative sums, got rows ", s.rows, ", visible ",
-                   s.visible, ", capped ", s.capped);
+                        std::isfinite(s.capped) && std::isfinite(s.heap) &&
+                        std::isfinite(s.seconds);
+    SPARSECP_CHECK(finite && s.rows >= 0 && s.visible >= 0 && s.capped >= 0 && s.heap >= 0,
+                   "cost sample ", i, " must have finite, non-negative sums, got rows ", s.rows,
+                   ", visible ", s.visible, ", capped ", s.capped, ", heap ", s.heap);
     SPARSECP_CHECK(finite && s.seconds > 0, "cost sample ", i, " must have a positive time, got ",
                    s.seconds, " s");
   }
@@ -119,14 +125,13 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
     terms.quantum = options.quantum;
     validate_cost_model(terms);
   }
-  Beta best{0, 0, 0, 0};
+  Beta best{};
   double best_error = std::numeric_limits<double>::infinity();
-  for (int mask = options.per_call_term ? 1 : 2; mask < 16; mask += options.per_call_term ? 1 : 2) {
+  const unsigned step = options.per_call_term ? 1 : 2;  // bit 0: the per-call constant
+  for (unsigned mask = step == 1 ? 1 : 2; mask < (1U << kColumns); mask += step) {
     Beta beta{};
-    if (!solve(samples, {bool(mask & 1), bool(mask & 2), bool(mask & 4), bool(mask & 8)}, beta)) {
-      continue;
-    }
-    if (beta[0] < 0 || beta[1] < 0 || beta[2] < 0 || beta[3] < 0) continue;
+    if (!solve(samples, mask, beta)) continue;
+    if (std::any_of(beta.begin(), beta.end(), [](double v) { return v < 0; })) continue;
     double error = 0;
     for (const CostSample& s : samples) {
       const double r = (predict(beta, s) - s.seconds) / s.seconds;
@@ -141,10 +146,11 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
                  "cost model fit found no non-negative fit (degenerate samples)");
   CostFit fit;
   fit.model = CostModel::linear(best[1] * 1e9, best[2] * 1e9, best[3] * 1e9, options.topk);
+  fit.model.d = best[4] * 1e9;
   fit.model.unit = "ns";
   fit.model.candidates = options.candidates;
   fit.model.quantum = options.quantum;
-  if (fit.model.a + fit.model.b + fit.model.c <= 0) fit.model.b = 1e-9;  // keep it valid
+  if (fit.model.a + fit.model.b + fit.model.c + fit.model.d <= 0) fit.model.b = 1e-9;  // valid
   fit.per_call_seconds = best[0];
   double rms = 0;
   for (const CostSample& s : samples) {
@@ -156,8 +162,9 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
   SPARSECP_CHECK(bound == 0 || fit.rms_relative_residual <= bound,
                  "cost model fit refused: its rms relative residual ",
                  100 * fit.rms_relative_residual, "% exceeds the bound of ", 100 * bound,
-                 "% (the times are far from a + b * vis + c * min(topk, vis): a busy machine or "
-                 "too few repeats; repeat the timing on a quieter machine or raise the bound)");
+                 "% (the times are far from the model's a + b * vis + c * min(topk, vis) + d * "
+                 "heap(vis): a busy machine or too few repeats; repeat the timing on a quieter "
+                 "machine or raise the bound)");
   return fit;
 }
 

@@ -136,8 +136,9 @@ std::string Strategy::describe(std::span<const int64_t>, int64_t, const Strategy
 std::string describe_cost_model(const std::optional<CostModel>& model, std::string_view fallback) {
   if (!model) return std::string(fallback);
   std::ostringstream text;
-  text << "cost model a=" << model->a << " b=" << model->b << " c=" << model->c << " "
-       << model->unit << "/row";
+  text << "cost model a=" << model->a << " b=" << model->b << " c=" << model->c;
+  if (model->d != 0) text << " d=" << model->d;
+  text << " " << model->unit << "/row";
   return text.str();
 }
 

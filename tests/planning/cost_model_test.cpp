@@ -79,8 +79,9 @@ TEST(CostModel, IdHashesTermsAndNote) {
   // It survives the file round trip...
   EXPECT_EQ(cost_model_id(parse_cost_model(format_cost_model(model), "text")), id);
   // ... and changes with every term, the shape/device note and the unit.
-  for (int field = 0; field < 6; ++field) {
+  for (int field = 0; field < 7; ++field) {
     CostModel other = model;
+    if (field == 6) other.d = 44;
     if (field == 0) other.a = std::nextafter(other.a, 1e9);
     if (field == 1) other.b = 44;
     if (field == 2) other.c = 0;
@@ -102,6 +103,66 @@ TEST(CostModel, TextRoundTripsExactly) {
   EXPECT_EQ(back.topk, model.topk);
   EXPECT_EQ(back.unit, "ns");
   EXPECT_EQ(back.note, model.note);
+  EXPECT_EQ(back.d, 0);
+  EXPECT_EQ(format_cost_model(model).find("\nd "), std::string::npos);  // 3-term files as before
+  model.d = 44.123456789012345;
+  const CostModel with_heap = parse_cost_model(format_cost_model(model), "text");
+  EXPECT_EQ(with_heap.d, model.d);
+  EXPECT_EQ(cost_model_id(with_heap), cost_model_id(model));
+}
+
+// heap(vis) = topk * ln(max(min(vis, C), topk) / topk): none up to topk keys, topk * ln 2
+// at twice topk, flat beyond a candidate cap; never decreasing.
+TEST(CostModel, HeapTermCountsExpectedReplacements) {
+  CostModel model = CostModel::linear(0, 0, 0, 512);
+  EXPECT_EQ(model.heap(0), 0);
+  EXPECT_EQ(model.heap(512), 0);
+  EXPECT_NEAR(model.heap(1024), 512 * std::log(2.0), 1e-9);
+  EXPECT_GT(model.heap(513), 0);
+  model.candidates = 2048;
+  EXPECT_EQ(model.heap(100000), model.heap(2048));
+  EXPECT_NEAR(model.heap(100000), 512 * std::log(4.0), 1e-9);
+  model.candidates = 256;  // a cap at or below topk: every scored key stays in the heap
+  EXPECT_EQ(model.heap(100000), 0);
+  model.candidates = 0;
+  for (int64_t vis = 0; vis < 3000; ++vis) EXPECT_LE(model.heap(vis), model.heap(vis + 1));
+}
+
+// The closed form of the heap prefix against per-row sums: random topk, ratio, caps and
+// ranges of awkward lengths (1 row, primes, ranges straddling topk * ratio and the cap).
+TEST(CostModel, HeapPrefixEqualsSumOfRows) {
+  SplitMix64 random(testing::test_seed());
+  SCOPED_TRACE(::testing::Message() << "SPARSECP_TEST_SEED=" << testing::test_seed());
+  for (int trial = 0; trial < 300; ++trial) {
+    CostModel model = CostModel::linear(1, 0.5, 2, 1 + static_cast<int64_t>(random.next() % 64));
+    model.d = 0.25 + static_cast<double>(random.next() % 8);
+    const int64_t ratio = 1 + static_cast<int64_t>(random.next() % 9);
+    if (random.next() % 3 == 0) model.candidates = 1 + static_cast<int64_t>(random.next() % 300);
+    if (random.next() % 4 == 0) model.quantum = 1 + static_cast<int64_t>(random.next() % 17);
+    const int64_t rows = static_cast<int64_t>(random.next() % 3001);
+    const int64_t start = rows > 0 ? static_cast<int64_t>(random.next() % rows) : 0;
+    double heap = 0, cost = 0;
+    for (int64_t p = start; p < rows; ++p) {
+      heap += model.heap(visible_keys(p, ratio));
+      cost += model.row(visible_keys(p, ratio));
+    }
+    SCOPED_TRACE(::testing::Message()
+                 << "topk " << model.topk << " ratio " << ratio << " C " << model.candidates
+                 << " Q " << model.quantum << " [" << start << ", " << rows << ")");
+    const double closed = model.heap_prefix(rows, ratio) - model.heap_prefix(start, ratio);
+    ASSERT_NEAR(closed, heap, 1e-9 * std::max(1.0, heap));
+    ASSERT_NEAR(model.range(start, rows, ratio), cost, 1e-9 * std::max(1.0, cost));
+  }
+  // Far along a 10M-token document (ratio 1): still a tight relative error, and one more
+  // row adds that row's heap(vis) (the prefix never decreases).
+  const CostModel big = [] {
+    CostModel m = CostModel::linear(0, 0, 0, 2048);
+    m.d = 1;
+    return m;
+  }();
+  const int64_t far = 10'000'000;
+  const double step = big.heap_prefix(far + 1, 1) - big.heap_prefix(far, 1);
+  EXPECT_NEAR(step, big.heap(visible_keys(far, 1)), 1e-6 * step);
 }
 
 TEST(CostModel, FileRoundTripAndMissingFile) {
@@ -149,8 +210,12 @@ TEST(CostModel, ParseErrorsNameTheLine) {
               HasSubstr("m.txt line 2: b 'x' is not a number"));
   EXPECT_THAT(error_of([] { parse_cost_model("a 1\nb 1\nc 3\ntopk 4.5\n", "m"); }),
               HasSubstr("topk '4.5' is not an integer"));
-  EXPECT_THAT(error_of([] { parse_cost_model("# c\nd 1\n", "m"); }),
-              HasSubstr("m line 2: unknown key 'd'"));
+  EXPECT_THAT(error_of([] { parse_cost_model("# c\ne 1\n", "m"); }),
+              HasSubstr("m line 2: unknown key 'e'"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a 1\nb 1\nc 0\nd -2\ntopk 4\n", "m"); }),
+              HasSubstr("coefficient d must be finite and non-negative, got -2"));
+  EXPECT_THAT(error_of([] { parse_cost_model("a 1\nb 1\nc 0\nd x\ntopk 4\n", "m"); }),
+              HasSubstr("m line 4: d 'x' is not a number"));
   EXPECT_THAT(error_of([] { parse_cost_model("a 1\na 1\n", "m"); }), HasSubstr("given twice"));
   EXPECT_THAT(error_of([] { parse_cost_model("a -1\nb 1\nc 0\ntopk 4\n", "m"); }),
               HasSubstr("coefficient a must be finite and non-negative, got -1"));

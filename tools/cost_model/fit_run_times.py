@@ -33,20 +33,21 @@ import sparsecp
 
 
 def plan_ranks(sparsecp: str, batch: list[str], cp: int, ratio: int, strategy: dict, topk: int) -> list[dict]:
-    """Re-plan one strategy of a run; per rank: rows, pairs, capped = sum(min(topk, vis))."""
+    """Re-plan one strategy of a run; per rank: rows, pairs, capped = sum(min(topk, vis)),
+    heap = sum of expected top-k heap replacements."""
     command = [sparsecp, "plan", *batch, "--cp", str(cp), "--ratio", str(ratio), "--mode", strategy["mode"], "--json"]
-    model = re.search(r"cost model a=(\S+) b=(\S+) c=(\S+) ns", strategy.get("parameters", ""))
+    model = re.search(r"cost model a=(\S+) b=(\S+) c=(\S+)(?: d=(\S+))? ns", strategy.get("parameters", ""))
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as file:
         if model:  # the model spill balanced in the job (printed to 6 digits: enough to re-plan)
-            a, b, c = model.groups()
-            file.write(f"a {a}\nb {b}\nc {c}\ntopk {topk}\nunit ns\n")
+            a, b, c, d = model.groups()
+            file.write(f"a {a}\nb {b}\nc {c}\nd {d or 0}\ntopk {topk}\nunit ns\n")
             file.flush()
             command += ["--cost-model", file.name]
         plan = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
     ranks = []
     for rank in plan["ranks"]:
-        rows, pairs, capped = sparsecp.cost_sample([tuple(task) for task in rank["tasks"]], ratio, topk)
-        ranks.append({"rows": int(rows), "pairs": int(pairs), "capped": capped})
+        rows, pairs, capped, heap = sparsecp.cost_sample([tuple(task) for task in rank["tasks"]], ratio, topk)
+        ranks.append({"rows": int(rows), "pairs": int(pairs), "capped": capped, "heap": heap})
     return ranks
 
 
@@ -72,23 +73,23 @@ def main() -> int:
                     sys.exit(f"{path}: {strategy['mode']} rank {measured['rank']}: the re-planned batch differs from "
                              f"the job's ({rank['rows']} rows, {rank['pairs']} pairs against {measured['rows']}, "
                              f"{measured['work']}); check --batch")
-                points.append(([rank["rows"], rank["pairs"], rank["capped"]], measured["select_cpu_s"]))
+                points.append(([rank["rows"], rank["pairs"], rank["capped"], rank["heap"]], measured["select_cpu_s"]))
                 labels.append(f"{path} {strategy['mode']} rank {measured['rank']}")
 
     columns = list(zip(*(x for x, _ in points)))
     model, _, rms, predicted_seconds = sparsecp.fit_cost_model(
-        columns[0], columns[1], columns[2], [y for _, y in points], topk=topk)
-    a, b, c = model.a, model.b, model.c
+        columns[0], columns[1], columns[2], [y for _, y in points], topk=topk, heap=list(columns[3]))
+    a, b, c, d = model.a, model.b, model.c, model.d
     residuals = []
     for (_, y), predicted, label in zip(points, predicted_seconds, labels):
         residuals.append((y - predicted) / predicted)
         print(f"  {label}: measured {y * 1e3:.1f} ms, model {predicted * 1e3:.1f} ms ({residuals[-1]:+.1%})")
     print(f"fit over {len(points)} points (ns per row): a = {a:.4g}, b = {b:.4g} per visible key, "
-          f"c = {c:.4g} per min(topk, vis); rms relative residual {rms:.1%}")
+          f"c = {c:.4g} per min(topk, vis), d = {d:.4g} per top-k heap replacement; rms relative residual {rms:.1%}")
     if args.out:
         with open(args.out, "w") as file:
-            file.write("# sparsecp cost model: per-row cost a + b * vis + c * min(topk, vis)\n"
-                       f"a {a}\nb {b}\nc {c}\ntopk {topk}\nunit ns\n"
+            file.write("# sparsecp cost model: per-row cost a + b * vis + c * min(topk, vis) + d * heap(vis)\n"
+                       f"a {a}\nb {b}\nc {c}\nd {d}\ntopk {topk}\nunit ns\n"
                        f"note fitted to the selection times of {len(args.runs)} sparsecp run job(s)\n")
         print(f"saved to {args.out}")
     return 0

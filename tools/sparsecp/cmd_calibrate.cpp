@@ -29,19 +29,20 @@ void print_report(const CpuCalibration& calibration, const std::string& out) {
   const Calibration& fit = calibration.fit;
   std::printf("sparsecp calibrate: %s\n", fit.model.note.c_str());
   std::printf("model id %s\n", cost_model_id(fit.model).c_str());
-  std::printf("  %8s %6s %12s %12s %12s %12s %9s\n", "mean vis", "rows", "sum vis", "sum min(k,v)",
-              "measured ms", "model ms", "residual");
+  std::printf("  %8s %6s %12s %12s %12s %12s %12s %9s\n", "mean vis", "rows", "sum vis",
+              "sum min(k,v)", "sum heap", "measured ms", "model ms", "residual");
   for (const CalibrationPoint& p : fit.points) {
     const CostSample& s = p.sums;
-    std::printf("  %8.0f %6.0f %12.0f %12.0f %12.3f %12.3f %8.1f%%\n", s.visible / s.rows, s.rows,
-                s.visible, s.capped, s.seconds * 1e3, p.predicted * 1e3,
+    std::printf("  %8.0f %6.0f %12.0f %12.0f %12.0f %12.3f %12.3f %8.1f%%\n", s.visible / s.rows,
+                s.rows, s.visible, s.capped, s.heap, s.seconds * 1e3, p.predicted * 1e3,
                 100 * (p.predicted - s.seconds) / s.seconds);
   }
   std::printf(
       "fit (ns per row): a = %.4g (fixed), b = %.4g per visible key, c = %.4g per min(topk, "
-      "vis); plus %.3g ms per call (not part of the per-row model); rms relative residual "
-      "%.1f%%; took %.1f s\n",
-      fit.model.a, fit.model.b, fit.model.c, fit.per_call_seconds * 1e3,
+      "vis), d = %.4g per top-k heap replacement (topk * ln(vis / topk) of a row that sees "
+      "more than topk keys); plus %.3g ms per call (not part of the per-row model); rms "
+      "relative residual %.1f%%; took %.1f s\n",
+      fit.model.a, fit.model.b, fit.model.c, fit.model.d, fit.per_call_seconds * 1e3,
       100 * fit.rms_relative_residual, calibration.seconds_taken);
   if (out != "-") std::printf("saved to %s\n", out.c_str());
 }
@@ -52,6 +53,7 @@ void print_json(const CpuCalibration& calibration, const std::string& out) {
   json["a_ns"] = fit.model.a;
   json["b_ns"] = fit.model.b;
   json["c_ns"] = fit.model.c;
+  json["d_ns"] = fit.model.d;
   json["topk"] = fit.model.topk;
   json["note"] = fit.model.note;
   json["id"] = cost_model_id(fit.model);
@@ -119,7 +121,7 @@ const Registration registration("calibrate", [](CLI::App& app) {
   sub->add_option("--out", flags->out, "File to save the model to ('-': do not save)")
       ->capture_default_str();
   sub->add_flag("--json", flags->json,
-                "Print JSON: {a_ns, b_ns, c_ns, topk, note, id, file, rms_relative_residual, "
+                "Print JSON: {a_ns, b_ns, c_ns, d_ns, topk, note, id, file, rms_relative_residual, "
                 "seconds_taken, points: [{visible, rows, sum_visible, sum_min_topk_visible, "
                 "seconds, predicted_seconds}]}");
   sub->footer(

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -134,14 +135,17 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
   const std::vector<int64_t> coefficients =
       broadcast(comm,
                 {std::bit_cast<int64_t>(model.a), std::bit_cast<int64_t>(model.b),
-                 std::bit_cast<int64_t>(model.c), model.topk, calibration_refused},
+                 std::bit_cast<int64_t>(model.c), std::bit_cast<int64_t>(model.d), model.topk,
+                 calibration_refused},
                 0);
   if (comm.rank() != 0) choice.source = "from rank 0";
-  if (coefficients[4] != 0) return choice;  // causal pairs (the source says why)
+  if (coefficients[5] != 0) return choice;  // causal pairs (the source says why)
+  // Every term that prices a row, bit for bit: the ranks' plans must agree.
   model.a = std::bit_cast<double>(coefficients[0]);
   model.b = std::bit_cast<double>(coefficients[1]);
   model.c = std::bit_cast<double>(coefficients[2]);
-  model.topk = coefficients[3];
+  model.d = std::bit_cast<double>(coefficients[3]);
+  model.topk = coefficients[4];
   model.unit = "ns";
   choice.model = model;
   return choice;
@@ -409,7 +413,7 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, Job& job, MpiCommunicat
 
 // --adapt K: K steps before the measured repeats. Each step runs 'none' and every
 // strategy that balances the cost model once, all-gathers each rank's sums and selection
-// CPU time (cost_sample's four figures per strategy: one small all-gather), refits the
+// CPU time (cost_sample's five figures per strategy: one small all-gather), refits the
 // model over the last --adapt-window steps (planning/cost_model_refit.hpp) and replans
 // with it from the next step. 'none' runs in the first step only: its route never
 // changes, and its samples (ranks of very different costs) stay in the window; the
@@ -438,11 +442,13 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
       const RankFigures figures = run_once(job.model, r, true, flags.concurrent_selections, comm);
       const CostSample s =
           segment_cost_sample(r.route->segments, flags.ratio, topk, 0, candidates, quantum);
-      mine.insert(mine.end(),
-                  {static_cast<int64_t>(s.rows), static_cast<int64_t>(s.visible),
-                   static_cast<int64_t>(s.capped), static_cast<int64_t>(figures.select_cpu * 1e9)});
+      // The heap sum is a real number; whole replacements are precision enough.
+      mine.insert(mine.end(), {static_cast<int64_t>(s.rows), static_cast<int64_t>(s.visible),
+                               static_cast<int64_t>(s.capped), std::llround(s.heap),
+                               static_cast<int64_t>(figures.select_cpu * 1e9)});
     }
-    const std::vector<int64_t> every = gather(comm, mine);  // [rank][strategy][4]
+    constexpr size_t kFigures = 5;                          // rows, visible, capped, heap, ns
+    const std::vector<int64_t> every = gather(comm, mine);  // [rank][strategy][kFigures]
     std::vector<CostSample> samples;
     AdaptStep record;
     record.planned_with = job.params.cost_model.value_or(CostModel{});
@@ -450,12 +456,15 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
     double most = 0, total = 0;
     for (int64_t rank = 0; rank < job.cp; ++rank) {
       for (size_t i = 0; i < stepping.size(); ++i) {
-        const size_t at = (static_cast<size_t>(rank) * stepping.size() + i) * 4;
-        const double seconds = static_cast<double>(every[at + 3]) * 1e-9;
+        const size_t at = (static_cast<size_t>(rank) * stepping.size() + i) * kFigures;
+        const double seconds = static_cast<double>(every[at + 4]) * 1e-9;
         // A rank with no rows to select (its time is only the call) tells nothing.
         if (every[at] > 0 && seconds > 0) {
-          samples.push_back({static_cast<double>(every[at]), static_cast<double>(every[at + 1]),
-                             static_cast<double>(every[at + 2]), seconds});
+          samples.push_back({.rows = static_cast<double>(every[at]),
+                             .visible = static_cast<double>(every[at + 1]),
+                             .capped = static_cast<double>(every[at + 2]),
+                             .seconds = seconds,
+                             .heap = static_cast<double>(every[at + 3])});
         }
         if (i + 1 == stepping.size()) {
           most = std::max(most, seconds);
@@ -744,7 +753,7 @@ const Registration registration("run", [](CLI::App& app) {
   sub->add_flag(
       "--json", flags->json,
       "Print JSON (rank 0): {verified, cp, tokens, model, cost_model (when spill or "
-      "auto runs: a_ns, b_ns, c_ns, id, source), adapt (with --adapt steps: [{step, "
+      "auto runs: a_ns, b_ns, c_ns, d_ns, id, source), adapt (with --adapt steps: [{step, "
       "strategy, planned_with, time_imbalance, slowest_select_cpu_s, refitted, "
       "kept_previous, refused_rms_relative_residual, rms_relative_residual, "
       "window_samples}]), too_few_repeats, "

@@ -352,6 +352,7 @@ void run_spill(const SpillFlags& flags) {
     out["cost_model"] = {{"a", options.cost.a},
                          {"b", options.cost.b},
                          {"c", options.cost.c},
+                         {"d", options.cost.d},
                          {"topk", options.cost.topk},
                          {"candidates", options.cost.candidates},
                          {"quantum", options.cost.quantum},

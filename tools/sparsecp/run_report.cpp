@@ -97,6 +97,7 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
       cost = {{"a_ns", job.params.cost_model->a},
               {"b_ns", job.params.cost_model->b},
               {"c_ns", job.params.cost_model->c},
+              {"d_ns", job.params.cost_model->d},
               {"id", cost_model_id(*job.params.cost_model)}};
     }
     cost["source"] = job.cost.source;
@@ -104,8 +105,8 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
   }
   if (!job.adapt.empty()) {
     const auto model_json = [](const CostModel& m) {
-      return nlohmann::ordered_json{
-          {"a_ns", m.a}, {"b_ns", m.b}, {"c_ns", m.c}, {"unit", m.unit}, {"id", cost_model_id(m)}};
+      return nlohmann::ordered_json{{"a_ns", m.a}, {"b_ns", m.b},    {"c_ns", m.c},
+                                    {"d_ns", m.d}, {"unit", m.unit}, {"id", cost_model_id(m)}};
     };
     out["adapt"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < job.adapt.size(); ++i) {
@@ -185,7 +186,8 @@ void print_comparison(const Comparison& c) {
 
 std::string coefficients(const CostModel& m) {
   char text[96];
-  std::snprintf(text, sizeof text, "%.4g / %.4g / %.4g %s", m.a, m.b, m.c, m.unit.c_str());
+  std::snprintf(text, sizeof text, "%.4g / %.4g / %.4g / %.4g %s", m.a, m.b, m.c, m.d,
+                m.unit.c_str());
   return text;
 }
 
@@ -196,8 +198,8 @@ void print_adapt(const Job& job) {
       "--adapt: %s's cost model refitted after each step from that step's per-rank selection "
       "CPU times (%s's; none's from the first step; a sliding window):\n",
       job.adapt.front().strategy.c_str(), job.adapt.front().strategy.c_str());
-  std::printf("  %4s %36s %9s %11s %36s %9s %8s\n", "step", "planned with a / b / c", "time imb",
-              "slowest ms", "refitted a / b / c", "rms res", "samples");
+  std::printf("  %4s %42s %9s %11s %42s %9s %8s\n", "step", "planned with a / b / c / d",
+              "time imb", "slowest ms", "refitted a / b / c / d", "rms res", "samples");
   for (size_t i = 0; i < job.adapt.size(); ++i) {
     const AdaptStep& step = job.adapt[i];
     char residual[32];
@@ -206,7 +208,7 @@ void print_adapt(const Job& job) {
     std::snprintf(refused, sizeof refused, "kept (fit refused: %.0f%%)",
                   100 * step.refused_residual);
     const char* kept = step.refused_residual > 0 ? refused : "kept (no fit yet)";
-    std::printf("  %4zu %36s %9.3f %11.1f %36s %9s %8lld\n", i + 1,
+    std::printf("  %4zu %42s %9.3f %11.1f %42s %9s %8lld\n", i + 1,
                 coefficients(step.planned_with).c_str(), step.time_imbalance,
                 step.slowest_seconds * 1e3,
                 step.kept_previous ? kept : coefficients(step.refitted).c_str(),

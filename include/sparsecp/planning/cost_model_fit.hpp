@@ -6,17 +6,20 @@
 //
 // Each sample is one timed call that selected `rows` rows whose priced key widths sum
 // to `visible` (the visible-key counts themselves unless the model has a candidate cap or
-// a width quantum: then width(vis) = roundup(min(vis, candidates), quantum)) and whose
-// min(topk, vis) sum to `capped`. The time is modelled as
-//     seconds = k + a * rows + b * visible + c * capped
+// a width quantum: then width(vis) = roundup(min(vis, candidates), quantum)), whose
+// min(topk, vis) sum to `capped` and whose expected heap replacements (CostModel::heap)
+// sum to `heap`. The time is modelled as
+//     seconds = k + a * rows + b * visible + c * capped + d * heap
 // with k the per-call constant (threads, buffers) when `per_call_term` is set, else 0.
 // The fit is non-negative least squares of the relative residuals
 // (predicted - seconds) / seconds, the figure it reports and is refused on: a 7 ms call
 // counts as much as a 35 ms one, so the fit predicts small and large calls (ranks) alike
 // well instead of fitting the largest times and missing the small ones by tens of percent.
 // Solved exactly: weighted least squares on every subset of the columns, keeping the
-// non-negative solution with the least squared relative error (at most 15 subsets of a
-// 4-column problem). Pure and deterministic.
+// non-negative solution with the least squared relative error (at most 31 subsets of a
+// 5-column problem). A column that is zero in every sample (heap when no row sees more
+// than topk keys, or a caller that leaves it 0) is left out: its coefficient is 0.
+// Pure and deterministic.
 //
 // The candidate cap and the width quantum are settings of the model (what the kernel
 // does), not fitted: the caller states them in CostFitOptions, computes `visible` with
@@ -37,6 +40,9 @@ struct CostSample {
   double visible = 0;  // sum of width(vis) over the rows (vis itself by default)
   double capped = 0;   // sum of min(topk, vis) over the rows
   double seconds = 0;  // measured time of the call (> 0)
+  // Sum of CostModel::heap(vis) over the rows (last, so that {rows, visible, capped,
+  // seconds} still reads as before; 0: no heap term).
+  double heap = 0;
 };
 
 // The sums of a task list (one rank's selection) at `ratio` and `topk`, with `seconds`;
@@ -57,7 +63,8 @@ struct CostFitOptions {
 };
 
 struct CostFit {
-  CostModel model;  // a, b, c in ns per row, unit "ns", topk, candidates, quantum from the options
+  CostModel
+      model;  // a, b, c, d in ns per row, unit "ns", topk, candidates, quantum from the options
   double per_call_seconds = 0;    // k (0 without per_call_term)
   std::vector<double> predicted;  // per sample, seconds
   // sqrt(mean(((predicted - measured) / measured)^2)) over the samples.

@@ -182,7 +182,8 @@ class Strategy {
                             const StrategyParams& params) const = 0;
 };
 
-// "a=61.5 b=0.0412 c=0.0031 ns/row", or `fallback` when `model` is unset.
+// "a=61.5 b=0.0412 c=0.0031 ns/row" (" d=44.2" after c when d is not 0), or `fallback` when `model`
+// is unset.
 std::string describe_cost_model(const std::optional<CostModel>& model, std::string_view fallback);
 
 // Every registered strategy, in listing order (then by name). Lives for the program.

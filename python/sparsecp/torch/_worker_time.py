@@ -62,8 +62,9 @@ def _cpu_clock() -> Any:
 
 
 def step_cost_samples(exchange: Any, ratio: int, topk: int, group: Any, *, seconds: float | None = None,
-                      candidates: int = 0, quantum: int = 1) -> list[tuple[float, float, float, float]]:
-    """Every rank's (rows, sum of widths, sum min(topk, vis), seconds) for this step: one
+                      candidates: int = 0, quantum: int = 1) -> list[tuple[float, float, float, float, float]]:
+    """Every rank's (rows, sum of widths, sum min(topk, vis), seconds, sum of heap
+    replacements) for this step: one
     small all-gather. Collective: every rank of ``group`` calls it, after its
     ``launch_result``. Pass the list to ``sparsecp.CostModelRefit.add_step`` and plan the
     next step with its ``model`` (``cost_model=refit.model``).
@@ -83,10 +84,10 @@ def step_cost_samples(exchange: Any, ratio: int, topk: int, group: Any, *, secon
     if seconds is None:
         raise ValueError("step_cost_samples needs this rank's selection time: call it after launch_result(), "
                          "or pass seconds= (the handle times nothing inside CUDA graph capture)")
-    rows, widths, capped = segment_sums(exchange.route.segments, ratio, topk, candidates, quantum)
-    mine = torch.tensor([rows, widths, capped, float(seconds)], dtype=torch.float64,
+    rows, widths, capped, heap = segment_sums(exchange.route.segments, ratio, topk, candidates, quantum)
+    mine = torch.tensor([rows, widths, capped, float(seconds), heap], dtype=torch.float64,
                         device=control_device(group, None))
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)
     samples = [tuple(float(v) for v in value.tolist()) for value in every]
-    return [(r, w, c, s) for r, w, c, s in samples if r > 0 and s > 0]
+    return [(r, w, c, s, h) for r, w, c, s, h in samples if r > 0 and s > 0]

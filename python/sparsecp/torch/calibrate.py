@@ -3,7 +3,8 @@
 ``calibrate(selector, ...)`` times the callable that ``balanced_indexer_select`` would call
 (``selector(qr, weights, (cos, sin), segments)``: sparsecp's ``IndexerSelector`` or any
 kernel with that signature) over synthetic segments spanning visible-key counts and row
-counts, and fits ``seconds = k + a * rows + b * sum(vis) + c * sum(min(topk, vis))`` with
+counts, and fits ``seconds = k + a * rows + b * sum(vis) + c * sum(min(topk, vis)) +
+d * sum(heap(vis))`` (heap: the expected top-k heap replacements, ``CostModel.heap``) with
 the library's calibration procedure (``sparsecp.calibrate_cost_model``: the points, the
 interleaved repeats, the medians and the non-negative fit behind ``sparsecp calibrate``;
 this module adds the tensors and the device's clock). The model it returns is what
@@ -40,6 +41,7 @@ class CalibrationPoint:
     capped: float  # sum of min(topk, vis)
     seconds: float
     predicted: float
+    heap: float = 0.0  # sum of heap(vis): expected top-k heap replacements
 
 
 @dataclass(frozen=True)
@@ -54,22 +56,23 @@ class Calibration:
 
     def predict(self, segments: Sequence[Sequence[int]], ratio: int) -> float:
         """Predicted seconds of one selector call on ``segments`` (k included)."""
-        rows, visible, capped = segment_sums(segments, ratio, self.model.topk, self.model.candidates,
-                                             self.model.quantum)
+        rows, visible, capped, heap = segment_sums(segments, ratio, self.model.topk, self.model.candidates,
+                                                   self.model.quantum)
         return (self.per_call_seconds + 1e-9 * (self.model.a * rows + self.model.b * visible
-                                                + self.model.c * capped))
+                                                + self.model.c * capped + self.model.d * heap))
 
 
 def segment_sums(segments: Sequence[Sequence[int]], ratio: int, topk: int, candidates: int = 0,
-                 quantum: int = 1) -> tuple[float, float, float]:
-    """(rows, sum of widths, sum min(topk, vis)) of worker segments (5-tuples, segment.hpp);
-    a row's width is its visible-key count under the candidate cap (0: none) and quantum."""
+                 quantum: int = 1) -> tuple[float, float, float, float]:
+    """(rows, sum of widths, sum min(topk, vis), sum of heap(vis)) of worker segments
+    (5-tuples, segment.hpp); a row's width is its visible-key count under the candidate cap
+    (0: none) and quantum, its heap(vis) the expected top-k heap replacements."""
     tasks = []
     for index, (q_begin, q_end, key_begin, key_end, residual) in enumerate(segments):
         end = (key_end - key_begin) * ratio + residual
         tasks.append((index, end - (q_end - q_begin), end))
-    rows, visible, capped = cost_sample(tasks, ratio, topk, candidates, quantum)
-    return float(rows), float(visible), float(capped)
+    rows, visible, capped, heap = cost_sample(tasks, ratio, topk, candidates, quantum)
+    return float(rows), float(visible), float(capped), float(heap)
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
@@ -117,7 +120,7 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
             score 16384) and rounds its width up to a multiple of ``quantum`` (1: exact).
 
     Returns:
-        A Calibration: ``model`` (a, b, c in ns; unit "ns"; note naming shape and device).
+        A Calibration: ``model`` (a, b, c, d in ns; unit "ns"; note naming shape and device).
     """
     rows = integer("rows", rows, 1)
     repeats = integer("repeats", repeats, 1)
