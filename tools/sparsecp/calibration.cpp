@@ -41,9 +41,9 @@ void CalibrationSettings::validate() const {
 
 std::string CalibrationSettings::cache_key() const {
   std::ostringstream text;
-  // "procedure 2": the library's procedure with its warm-up call and the relative-residual
-  // fit (2026-12-02); models cached by the earlier one are not reused.
-  text << "procedure 2 " << model.heads << ' ' << model.head_dim << ' ' << model.rope_dim << ' '
+  // "procedure 3": the library's procedure with its warm-up call, the relative-residual
+  // fit and the top-k heap term d (2026-12-02); models cached by earlier ones are not reused.
+  text << "procedure 3 " << model.heads << ' ' << model.head_dim << ' ' << model.rope_dim << ' '
        << model.q_rank << ' ' << model.topk << ' ' << grid.ratio << ' ' << grid.rows << ' '
        << grid.repeats << ' ' << threads << ' ' << kernel_isa_name(best_kernel_isa()) << ' '
        << machine_name();

@@ -20,7 +20,7 @@ namespace {
 
 struct CalibrateFlags {
   CalibrationSettings settings;
-  std::string visible = "0,64,256,448,512,640,1024,2048,4096";
+  std::string visible = "0,64,256,448,512,640,1024,2048,4096,8192,16384";
   std::string out = "cost_model.txt";
   bool json = false;
 };
@@ -93,8 +93,9 @@ const Registration registration("calibrate", [](CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "calibrate",
       "Time the worker's selection (Index-Q projection, scoring, top-k) on this machine at a\n"
-      "few visible-key counts, fit the per-row cost a + b*vis + c*min(topk, vis) in\n"
-      "nanoseconds by non-negative least squares, print the fit with each point's residual,\n"
+      "few visible-key counts, fit the per-row cost a + b*vis + c*min(topk, vis) +\n"
+      "d*topk*ln(vis/topk) (the last: expected top-k heap replacements, rows past topk keys)\n"
+      "in nanoseconds by non-negative least squares, print the fit with each point's residual,\n"
       "and save the model for `--cost-model` of spill, auto, plan, route and run (format:\n"
       "include/sparsecp/planning/cost_model.hpp). Times are the selecting thread's CPU time,\n"
       "median of --repeats run interleaved; a fit over --max-residual is refused. Prints the\n"
@@ -107,7 +108,8 @@ const Registration registration("calibrate", [](CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--visible", flags->visible,
                   "Mean visible keys per row at each point, comma-separated (>= 3 points; 0 = "
-                  "projection only); points below and above --topk separate b from c")
+                  "projection only); points below and above --topk separate b from c, points up to 16K "
+                  "keys b from d")
       ->capture_default_str();
   sub->add_option("--repeats", flags->settings.grid.repeats,
                   "Timed runs per point (median; at most 10000)")

@@ -36,8 +36,9 @@ struct CalibrationGrid {
   int64_t ratio = 4;  // the layer's compression ratio (tokens per key)
   int64_t rows = 64;  // rows of the larger call of each target
   // Mean visible keys per row of each target; 0 = rows that see no key (projection only).
-  // Targets below and above topk separate b from c.
-  std::vector<int64_t> visible = {0, 64, 256, 448, 512, 640, 1024, 2048, 4096};
+  // Targets below and above topk separate b from c; targets up to 16K keys (a 64K-token
+  // document at ratio 4) separate the key term b from the heap term d (ln vis).
+  std::vector<int64_t> visible = {0, 64, 256, 448, 512, 640, 1024, 2048, 4096, 8192, 16384};
   int64_t topk = 512;         // ids per row (the model's topk)
   int64_t candidates = 0;     // the selector's candidate cap (0: none); carried by the model
   int64_t quantum = 1;        // the selector's width quantum (1: exact); carried by the model
