@@ -44,7 +44,7 @@ double true_seconds(const CostModel& truth, const IndexerRoute& route, double no
                     std::mt19937_64& rng) {
   std::normal_distribution<double> jitter(0.0, noise);
   const CostSample s = segment_cost_sample(route.segments, kRatio, kTopk, 1);
-  const double ns = truth.a * s.rows + truth.b * s.visible + truth.c * s.capped;
+  const double ns = truth.a * s.rows + truth.b * s.visible + truth.c * s.capped + truth.d * s.heap;
   return ns * 1e-9 * (1 + jitter(rng));
 }
 
@@ -109,6 +109,36 @@ TEST(CostModelRefit, ConvergesOnASimulatedJob) {
   EXPECT_NEAR(refit.model().b / truth.b, 1, 0.1);
   EXPECT_LT(refit.last_fit()->rms_relative_residual, 0.03);
   EXPECT_EQ(refit.steps(), 4);
+}
+
+// A kernel whose top-k heap costs time (sparsecp's CPU kernel as calibrated over 0..16K
+// keys: a = 13 us, b = 10.7 ns, c = 21 ns, d = 52.6 ns per replacement), started from the
+// best three-term fit of the same timings (d = 0, b twice as large): the refit learns the
+// heap term from the job's per-rank times and spill ends balanced under the truth.
+TEST(CostModelRefit, LearnsTheHeapTermFromTheJobsTimes) {
+  const uint64_t seed = 20261203;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<int64_t> lengths = {30000, 12000, 6000, 4000, 3000, 2000, 1200,
+                                        1000,  800,   600,  500,  300,  24};
+  const int64_t cp = 4;
+  CostModel truth = CostModel::linear(12983, 10.68, 21.07, kTopk);
+  truth.d = 52.56;
+  CostModel start = CostModel::linear(12465, 19.67, 22.35, kTopk);
+  start.unit = "ns";
+  CostModelRefit refit(start, 4);
+  const double start_imbalance = run_step(lengths, cp, start, truth, 0, rng).spill_true_imbalance;
+  double imbalance = start_imbalance;
+  for (int step = 0; step < 4; ++step) {
+    refit.add_step(run_step(lengths, cp, refit.model(), truth, 0.01, rng).samples);
+    imbalance = run_step(lengths, cp, refit.model(), truth, 0, rng).spill_true_imbalance;
+  }
+  ASSERT_TRUE(refit.last_fit().has_value());
+  EXPECT_GT(refit.model().d, 0);
+  std::printf("true imbalance: start %.4f, after 4 refits %.4f\n", start_imbalance, imbalance);
+  EXPECT_GT(start_imbalance, 1.04) << "the three-term start must be visibly off (1.066)";
+  EXPECT_LE(imbalance, 1.01);
+  EXPECT_LT(refit.last_fit()->rms_relative_residual, 0.03);
 }
 
 TEST(CostModelRefit, KeepsOnlyTheLastWindowOfSteps) {
