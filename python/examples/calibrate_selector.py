@@ -54,8 +54,8 @@ def main() -> int:
                         device=device, dtype=torch.float32)
     m = fit.model
     print(f"calibrated on {fit.device}: a = {m.a:.4g} ns/row, b = {m.b:.4g} ns/key, c = {m.c:.4g} ns/capped key, "
-          f"k = {fit.per_call_seconds * 1e3:.3f} ms/call; rms residual {100 * fit.rms_relative_residual:.1f}% over "
-          f"{len(fit.points)} points")
+          f"d = {m.d:.4g} ns/heap replacement, k = {fit.per_call_seconds * 1e3:.3f} ms/call; "
+          f"rms residual {100 * fit.rms_relative_residual:.1f}% over {len(fit.points)} points")
 
     rng = random.Random(args.seed)
     clock = time.thread_time

@@ -194,7 +194,7 @@ void bind_params(nb::module_& m) {
       "calibrate_cost_model",
       [](const nb::callable& measure, int64_t ratio, int64_t rows,
          const std::vector<int64_t>& visible, int64_t topk, int64_t candidates, int64_t quantum,
-         int64_t keys, int repeats, double max_residual) {
+         int64_t keys, int repeats, double max_residual, bool heap_term) {
         const CalibrationGrid grid{.ratio = ratio,
                                    .rows = rows,
                                    .visible = visible,
@@ -202,6 +202,7 @@ void bind_params(nb::module_& m) {
                                    .candidates = candidates,
                                    .quantum = quantum,
                                    .keys = keys,
+                                   .heap_term = heap_term,
                                    .repeats = repeats,
                                    .max_residual = max_residual};
         // Each point's segments become a Python tuple once (immutable: a selector cannot
@@ -228,13 +229,15 @@ void bind_params(nb::module_& m) {
       nb::arg("measure"), nb::arg("ratio"), nb::arg("rows") = 64,
       nb::arg("visible") = std::vector<int64_t>{0, 64, 256, 448, 512, 640, 1024, 2048, 4096},
       nb::arg("topk") = 512, nb::arg("candidates") = 0, nb::arg("quantum") = 1, nb::arg("keys") = 0,
-      nb::arg("repeats") = 3, nb::arg("max_residual") = 0.5,
+      nb::arg("repeats") = 3, nb::arg("max_residual") = 0.5, nb::arg("heap_term") = false,
       "The library's calibration procedure (planning/calibration.hpp) on any selector: "
       "measure(target, rows, segments) -> seconds times one call on rows [0, rows) of the "
       "caller's inputs and the given worker segments (5-tuples). One warm-up call, then "
       "`repeats` interleaved rounds over every point (each visible-key target at rows and "
       "rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative "
-      "fit with a per-call term. Returns (CostModel in ns, per-call seconds, rms relative "
+      "fit with a per-call term (and the top-k heap term d when heap_term: for selectors "
+      "that keep a top-k heap, such as sparsecp's CPU kernel). Returns (CostModel in ns, per-call "
+      "seconds, rms relative "
       "residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, "
       "predicted seconds, sum of heap replacements)]); a fit over max_residual (> 0) raises "
       "ValueError. Exceptions "
@@ -259,8 +262,10 @@ void bind_params(nb::module_& m) {
       "Refits a cost model from a job's own per-rank selection times over a sliding window "
       "of steps (planning/cost_model_refit.hpp): add_step each step's samples, plan the next "
       "step with .model.")
-      .def(nb::init<CostModel, int64_t, double>(), nb::arg("start"), nb::arg("window") = 4,
-           nb::arg("max_rms_relative_residual") = kDefaultRefitResidualBound)
+      .def(nb::init<CostModel, int64_t, double, std::optional<bool>>(), nb::arg("start"),
+           nb::arg("window") = 4, nb::arg("max_rms_relative_residual") = kDefaultRefitResidualBound,
+           nb::arg("heap_term").none() = nb::none(),
+           "heap_term: fit the top-k heap term d (default: when the start model has one)")
       .def(
           "add_step",
           [](CostModelRefit& refit, const std::vector<std::vector<double>>& samples) {

@@ -169,8 +169,12 @@ def test_the_heap_term_is_fitted_and_predicted() -> None:
         rows, widths, capped, heap = segment_sums(selector.calls[-1], RATIO, TOPK)
         return 1e-5 + 2e-6 * rows + 10e-9 * widths + 30e-9 * capped + 50e-9 * heap
     fit = sct.calibrate(selector, q_rank=8, heads=2, keys=4000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=64,
-                        visible=(0, 16, 32, 64, 128, 256, 512), timer=timer)
+                        visible=(0, 16, 32, 64, 128, 256, 512), timer=timer, heap_term=True)
     assert (fit.model.a, fit.model.b, fit.model.c, fit.model.d) == pytest.approx((2000, 10, 30, 50), rel=1e-6)
+    # Without heap_term (the default: torch.topk and GPU selects keep no heap) d stays 0.
+    plain = sct.calibrate(selector, q_rank=8, heads=2, keys=4000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=64,
+                          visible=(0, 16, 32, 64, 128, 256, 512), timer=timer)
+    assert plain.model.d == 0 and plain.rms_relative_residual > 10 * fit.rms_relative_residual
     assert all(p.heap >= 0 for p in fit.points) and max(p.heap for p in fit.points) > 0
     long_rows = [(0, 64, 0, 2000, 0)]
     rows, widths, capped, heap = segment_sums(long_rows, RATIO, TOPK)
@@ -189,7 +193,7 @@ def test_the_heap_term_is_fitted_and_predicted() -> None:
 
 
 def test_the_refit_takes_samples_with_or_without_the_heap_sum() -> None:
-    refit = sparsecp.CostModelRefit(sparsecp.CostModel.linear(1, 1, 1, TOPK), 2)
+    refit = sparsecp.CostModelRefit(sparsecp.CostModel.linear(1, 1, 1, TOPK), 2, heap_term=True)
     refit.add_step([(100, 1000, 500, 0.1, 20.0), (100, 2000, 500, 0.2)])
     assert refit.samples == 2
     with pytest.raises(ValueError, match=r"sample 1 must be \(rows, widths, capped, seconds\[, heap\]\), got 3"):

@@ -127,6 +127,7 @@ Calibration calibrate_cost_model(const CalibrationGrid& grid, const MeasureSelec
                                                .topk = grid.topk,
                                                .candidates = grid.candidates,
                                                .quantum = grid.quantum,
+                                               .heap_term = grid.heap_term,
                                                .max_rms_relative_residual = grid.max_residual});
   for (size_t i = 0; i < points.size(); ++i) points[i].predicted = fit.predicted[i];
   return {fit.model, fit.per_call_seconds, fit.rms_relative_residual, std::move(points)};

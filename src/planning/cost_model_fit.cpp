@@ -129,6 +129,7 @@ CostFit fit_cost_model(std::span<const CostSample> samples, const CostFitOptions
   double best_error = std::numeric_limits<double>::infinity();
   const unsigned step = options.per_call_term ? 1 : 2;  // bit 0: the per-call constant
   for (unsigned mask = step == 1 ? 1 : 2; mask < (1U << kColumns); mask += step) {
+    if (!options.heap_term && (mask & (1U << 4)) != 0) continue;
     Beta beta{};
     if (!solve(samples, mask, beta)) continue;
     if (std::any_of(beta.begin(), beta.end(), [](double v) { return v < 0; })) continue;

@@ -20,8 +20,12 @@ CostSample segment_cost_sample(std::span<const Segment> segments, int64_t ratio,
   return cost_sample(tasks, ratio, topk, seconds, candidates, quantum);
 }
 
-CostModelRefit::CostModelRefit(CostModel start, int64_t window, double max_rms_relative_residual)
-    : model_(std::move(start)), window_(window), max_residual_(max_rms_relative_residual) {
+CostModelRefit::CostModelRefit(CostModel start, int64_t window, double max_rms_relative_residual,
+                               std::optional<bool> heap_term)
+    : model_(std::move(start)),
+      window_(window),
+      max_residual_(max_rms_relative_residual),
+      heap_term_(heap_term.value_or(model_.d > 0)) {
   validate_cost_model(model_);
   start_note_ = model_.note.empty() ? cost_model_id(model_) : model_.note;
   SPARSECP_CHECK(window >= 1, "the refit window must hold at least one step, got ", window);
@@ -47,6 +51,7 @@ void CostModelRefit::add_step(std::span<const CostSample> samples) {
   options.topk = model_.topk;
   options.candidates = model_.candidates;
   options.quantum = model_.quantum;
+  options.heap_term = heap_term_;
   kept_previous_ = true;
   refused_residual_ = 0;
   if (all.size() < 3) return;  // fewer samples than a, b, c

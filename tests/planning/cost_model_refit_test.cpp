@@ -126,7 +126,9 @@ TEST(CostModelRefit, LearnsTheHeapTermFromTheJobsTimes) {
   truth.d = 52.56;
   CostModel start = CostModel::linear(12465, 19.67, 22.35, kTopk);
   start.unit = "ns";
-  CostModelRefit refit(start, 4);
+  // A start without d fits none by default (a selector without a heap); say it has one.
+  EXPECT_FALSE(CostModelRefit(start, 4).heap_term());
+  CostModelRefit refit(start, 4, kDefaultRefitResidualBound, /*heap_term=*/true);
   const double start_imbalance = run_step(lengths, cp, start, truth, 0, rng).spill_true_imbalance;
   double imbalance = start_imbalance;
   for (int step = 0; step < 4; ++step) {

@@ -134,6 +134,7 @@ std::string model_note(const CalibrationSettings& settings) {
 CpuCalibration calibrate_cpu(const CalibrationSettings& settings) {
   CalibrationSettings checked = settings;
   checked.grid.topk = settings.model.topk;
+  checked.grid.heap_term = true;  // sparsecp's kernel keeps a top-k heap per row
   checked.validate();
   const double started = wall_seconds();
   const ModelFlags& m = checked.model;

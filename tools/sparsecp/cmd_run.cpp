@@ -424,7 +424,9 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
     if (balances_cost_model(*s)) stepping.push_back(s);
   }
   if (flags.adapt == 0 || stepping.size() == 1) return;
-  CostModelRefit refit(job.params.cost_model.value_or(CostModel{}), flags.adapt_window);
+  // sparsecp's kernel keeps a top-k heap: the refit learns d even from a start without it.
+  CostModelRefit refit(job.params.cost_model.value_or(CostModel{}), flags.adapt_window,
+                       kDefaultRefitResidualBound, /*heap_term=*/true);
   const CostModel& start = refit.model();
   const int64_t topk = start.topk, candidates = start.candidates, quantum = start.quantum;
   for (int64_t step = 0; step < flags.adapt; ++step) {

@@ -56,6 +56,10 @@ struct CostFitOptions {
   int64_t topk = 512;          // the model's topk (what `capped` was computed with)
   int64_t candidates = 0;      // the model's candidate cap (what `visible` was computed with)
   int64_t quantum = 1;         // the model's width quantum (likewise)
+  // Fit d, the top-k heap term, too. A kernel that keeps a top-k heap (sparsecp's CPU
+  // kernel) spends it; torch.topk and GPU radix selects do not, and a free d column only
+  // follows their noise (held-out errors of a torch selector grew from ~6% to ~13% with it).
+  bool heap_term = true;
   // > 0: a fit whose rms relative residual exceeds it is refused (InvalidInputError
   // naming both): timings that far from linear (a busy machine, too few repeats) must
   // not be balanced silently. 0: no bound.

@@ -46,10 +46,12 @@ inline constexpr double kDefaultRefitResidualBound = 0.25;
 class CostModelRefit {
  public:
   // `start` is the model until the first fit; `window` >= 1 steps are kept; a fit whose
-  // rms relative residual exceeds `max_rms_relative_residual` (> 0) is refused.
-  // Throws InvalidInputError for an invalid start model, window or bound.
+  // rms relative residual exceeds `max_rms_relative_residual` (> 0) is refused; the refit
+  // fits the top-k heap term d when `heap_term` says so (default: when the start has one,
+  // d > 0). Throws InvalidInputError for an invalid start model, window or bound.
   CostModelRefit(CostModel start, int64_t window,
-                 double max_rms_relative_residual = kDefaultRefitResidualBound);
+                 double max_rms_relative_residual = kDefaultRefitResidualBound,
+                 std::optional<bool> heap_term = std::nullopt);
 
   // Adds one step's samples (each rank's, of every strategy run in the step) and refits
   // over the window. Throws InvalidInputError for an invalid sample (fit_cost_model's
@@ -69,6 +71,7 @@ class CostModelRefit {
   // The refused fit's rms relative residual (0 unless refused()).
   double refused_residual() const { return refused_residual_; }
   double max_rms_relative_residual() const { return max_residual_; }
+  bool heap_term() const { return heap_term_; }
   int64_t steps() const { return steps_; }
   int64_t window() const { return window_; }
   // Samples in the window now.
@@ -79,6 +82,7 @@ class CostModelRefit {
   std::string start_note_;  // the start model's note (or id), carried into every refit
   int64_t window_;
   double max_residual_;
+  bool heap_term_;
   int64_t steps_ = 0;
   bool kept_previous_ = false;
   double refused_residual_ = 0;

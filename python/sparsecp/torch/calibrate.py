@@ -100,7 +100,7 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
               rope_dim: int = 64, rows: int = 64, visible: Sequence[int] = DEFAULT_VISIBLE, repeats: int = 3,
               device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, max_residual: float = 0.5,
               seed: int = 0, timer: Callable[[Callable[[], Any]], float] | None = None, candidates: int = 0,
-              quantum: int = 1) -> Calibration:
+              quantum: int = 1, heap_term: bool = False) -> Calibration:
     """Fit the per-row cost model to ``selector``'s own times on ``device``.
 
     Args:
@@ -118,6 +118,9 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
         candidates, quantum: what the selector's kernel does, carried by the model: a row's key
             term prices at most ``candidates`` keys (0: no cap; DeepSeek-V4.1's candidate layers
             score 16384) and rounds its width up to a multiple of ``quantum`` (1: exact).
+        heap_term: fit d, the top-k heap term, too: for a selector that keeps a top-k heap per row
+            (sparsecp's CPU kernel, ``IndexerSelector`` off the torch path). ``torch.topk`` and GPU
+            radix selects do not, and a free d only follows their timing noise.
 
     Returns:
         A Calibration: ``model`` (a, b, c, d in ns; unit "ns"; note naming shape and device).
@@ -148,7 +151,7 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
         return clock(lambda: selector(*args))
 
     model, per_call, rms, fitted = calibrate_cost_model(measure, ratio, rows, visible, topk, candidates, quantum,
-                                                        keys, repeats, max_residual)
+                                                        keys, repeats, max_residual, heap_term)
     name = getattr(selector, "__qualname__", type(selector).__name__)
     model.note = f"selector {name} heads {heads} q_rank {q_rank} rope_dim {rope_dim} ratio {ratio} {dtype} on {device}"
     points = [CalibrationPoint(*point) for point in fitted]
