@@ -108,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (in.ConsumeBool()) {
     spill.cost = CostModel::linear(pick_real(in, 0, 1e4), pick_real(in, 0, 100),
                                    pick_real(in, 0, 100), pick_size(in, 600));
-    spill.cost.d = pick_real(in, 0, 100);  // the top-k heap term
+    spill.cost.d = pick_real(in, 0, 100);  // the top-k admission term
   }
 
   StrategyParams params;

@@ -54,7 +54,7 @@ def main() -> int:
                         device=device, dtype=torch.float32)
     m = fit.model
     print(f"calibrated on {fit.device}: a = {m.a:.4g} ns/row, b = {m.b:.4g} ns/key, c = {m.c:.4g} ns/capped key, "
-          f"d = {m.d:.4g} ns/heap replacement, k = {fit.per_call_seconds * 1e3:.3f} ms/call; "
+          f"d = {m.d:.4g} ns/top-k admission, k = {fit.per_call_seconds * 1e3:.3f} ms/call; "
           f"rms residual {100 * fit.rms_relative_residual:.1f}% over {len(fit.points)} points")
 
     rng = random.Random(args.seed)

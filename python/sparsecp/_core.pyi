@@ -76,7 +76,9 @@ class CostModel:
     def row(self, visible: int) -> float: ...
 
     def heap(self, visible: int) -> float:
-        """Expected top-k heap replacements of a row that sees `visible` keys."""
+        """
+        Expected admissions into the full running top-k of a row that sees `visible` keys.
+        """
 
     def __repr__(self) -> str: ...
 
@@ -87,17 +89,17 @@ def save_cost_model(path: str, model: CostModel) -> None: ...
 
 def fit_cost_model(rows: Sequence[float], visible: Sequence[float], capped: Sequence[float], seconds: Sequence[float], topk: int = 512, per_call_term: bool = False, candidates: int = 0, quantum: int = 1, max_rms_relative_residual: float = 0.0, heap: Sequence[float] | None = None) -> tuple:
     """
-    Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped + d*heap (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, predicted seconds per sample). `visible` sums widths under the model's candidate cap and quantum and `heap` the expected top-k heap replacements (cost_sample's; heap=None fits no d), which the model carries; a fit whose rms relative residual exceeds max_rms_relative_residual (> 0) raises ValueError.
+    Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped + d*heap (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative residual, predicted seconds per sample). `visible` sums widths under the model's candidate cap and quantum and `heap` the expected top-k admissions (cost_sample's; heap=None fits no d), which the model carries; a fit whose rms relative residual exceeds max_rms_relative_residual (> 0) raises ValueError.
     """
 
 def calibrate_cost_model(measure: Callable, ratio: int, rows: int = 64, visible: Sequence[int] = [0, 64, 256, 448, 512, 640, 1024, 2048, 4096], topk: int = 512, candidates: int = 0, quantum: int = 1, keys: int = 0, repeats: int = 3, max_residual: float = 0.5, heap_term: bool = False) -> tuple:
     """
-    The library's calibration procedure (planning/calibration.hpp) on any selector: measure(target, rows, segments) -> seconds times one call on rows [0, rows) of the caller's inputs and the given worker segments (5-tuples). One warm-up call, then `repeats` interleaved rounds over every point (each visible-key target at rows and rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative fit with a per-call term (and the top-k heap term d when heap_term: for selectors that keep a top-k heap, such as sparsecp's CPU kernel). Returns (CostModel in ns, per-call seconds, rms relative residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, predicted seconds, sum of heap replacements)]); a fit over max_residual (> 0) raises ValueError. Exceptions from measure pass through unchanged.
+    The library's calibration procedure (planning/calibration.hpp) on any selector: measure(target, rows, segments) -> seconds times one call on rows [0, rows) of the caller's inputs and the given worker segments (5-tuples). One warm-up call, then `repeats` interleaved rounds over every point (each visible-key target at rows and rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative fit with a per-call term (and the top-k admission term d when heap_term: for selectors that keep a running top-k, such as sparsecp's CPU kernel). Returns (CostModel in ns, per-call seconds, rms relative residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, predicted seconds, sum of top-k admissions)]); a fit over max_residual (> 0) raises ValueError. Exceptions from measure pass through unchanged.
     """
 
 def cost_sample(tasks: Sequence[tuple[int, int, int]], ratio: int, topk: int = 512, candidates: int = 0, quantum: int = 1) -> tuple:
     """
-    (rows, sum of widths, sum min(topk, vis), sum of expected top-k heap replacements) of a task list of (document, start, end); widths are the visible-key counts under the candidate cap (0 = none) and quantum.
+    (rows, sum of widths, sum min(topk, vis), sum of expected top-k admissions) of a task list of (document, start, end); widths are the visible-key counts under the candidate cap (0 = none) and quantum.
     """
 
 class CostModelRefit:
@@ -107,12 +109,12 @@ class CostModelRefit:
 
     def __init__(self, start: CostModel, window: int = 4, max_rms_relative_residual: float = 0.25, heap_term: bool | None = None) -> None:
         """
-        heap_term: fit the top-k heap term d (default: when the start model has one)
+        heap_term: fit the top-k admission term d (default: when the start model has one)
         """
 
     def add_step(self, samples: Sequence[Sequence[float]]) -> None:
         """
-        One step's samples: (rows, sum of widths, sum min(topk, vis), seconds[, sum of heap replacements]) per rank (cost_sample of its task list, with the model's candidate cap and quantum; step_cost_samples gathers them).
+        One step's samples: (rows, sum of widths, sum min(topk, vis), seconds[, sum of heap admissions]) per rank (cost_sample of its task list, with the model's candidate cap and quantum; step_cost_samples gathers them).
         """
 
     @property

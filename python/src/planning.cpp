@@ -144,7 +144,7 @@ void bind_params(nb::module_& m) {
       .def_rw("note", &CostModel::note)
       .def("row", &CostModel::row, nb::arg("visible"))
       .def("heap", &CostModel::heap, nb::arg("visible"),
-           "Expected top-k heap replacements of a row that sees `visible` keys.")
+           "Expected admissions into the full running top-k of a row that sees `visible` keys.")
       .def("__repr__", [](const CostModel& model) { return format_cost_model(model); });
   m.def("load_cost_model", &load_cost_model, nb::arg("path"),
         "Reads a cost model file (`sparsecp calibrate` writes them).");
@@ -187,7 +187,7 @@ void bind_params(nb::module_& m) {
       "Non-negative least-squares fit of seconds = k + a*rows + b*visible + c*capped + "
       "d*heap (planning/cost_model_fit.hpp): (CostModel in ns, k seconds, rms relative "
       "residual, predicted seconds per sample). `visible` sums widths under the model's "
-      "candidate cap and quantum and `heap` the expected top-k heap replacements "
+      "candidate cap and quantum and `heap` the expected top-k admissions "
       "(cost_sample's; heap=None fits no d), which the model carries; a fit whose rms "
       "relative residual exceeds max_rms_relative_residual (> 0) raises ValueError.");
   m.def(
@@ -235,11 +235,12 @@ void bind_params(nb::module_& m) {
       "caller's inputs and the given worker segments (5-tuples). One warm-up call, then "
       "`repeats` interleaved rounds over every point (each visible-key target at rows and "
       "rows / 4; targets reaching beyond `keys` > 0 left out), medians, and the non-negative "
-      "fit with a per-call term (and the top-k heap term d when heap_term: for selectors "
-      "that keep a top-k heap, such as sparsecp's CPU kernel). Returns (CostModel in ns, per-call "
+      "fit with a per-call term (and the top-k admission term d when heap_term: for selectors "
+      "that keep a running top-k, such as sparsecp's CPU kernel). Returns (CostModel in ns, "
+      "per-call "
       "seconds, rms relative "
       "residual, [(target, rows, sum of widths, sum min(topk, vis), median seconds, "
-      "predicted seconds, sum of heap replacements)]); a fit over max_residual (> 0) raises "
+      "predicted seconds, sum of top-k admissions)]); a fit over max_residual (> 0) raises "
       "ValueError. Exceptions "
       "from measure pass through unchanged.");
   m.def(
@@ -253,7 +254,7 @@ void bind_params(nb::module_& m) {
       },
       nb::arg("tasks"), nb::arg("ratio"), nb::arg("topk") = 512, nb::arg("candidates") = 0,
       nb::arg("quantum") = 1,
-      "(rows, sum of widths, sum min(topk, vis), sum of expected top-k heap replacements) of "
+      "(rows, sum of widths, sum min(topk, vis), sum of expected top-k admissions) of "
       "a task list of (document, start, end); widths are the visible-key counts under the "
       "candidate cap (0 = none) and quantum.");
 
@@ -265,7 +266,7 @@ void bind_params(nb::module_& m) {
       .def(nb::init<CostModel, int64_t, double, std::optional<bool>>(), nb::arg("start"),
            nb::arg("window") = 4, nb::arg("max_rms_relative_residual") = kDefaultRefitResidualBound,
            nb::arg("heap_term").none() = nb::none(),
-           "heap_term: fit the top-k heap term d (default: when the start model has one)")
+           "heap_term: fit the top-k admission term d (default: when the start model has one)")
       .def(
           "add_step",
           [](CostModelRefit& refit, const std::vector<std::vector<double>>& samples) {
@@ -285,7 +286,7 @@ void bind_params(nb::module_& m) {
           },
           nb::arg("samples"),
           "One step's samples: (rows, sum of widths, sum min(topk, vis), seconds[, sum of heap "
-          "replacements]) per rank (cost_sample of its task list, with the model's candidate "
+          "admissions]) per rank (cost_sample of its task list, with the model's candidate "
           "cap and quantum; step_cost_samples gathers them).")
       .def_prop_ro("model", &CostModelRefit::model)
       .def_prop_ro("kept_previous", &CostModelRefit::kept_previous)

@@ -160,7 +160,7 @@ def test_a_torch_selector_calibrates_on_cpu(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_heap_term_is_fitted_and_predicted() -> None:
-    """A selector whose times carry a top-k heap term (d per expected replacement, rows up
+    """A selector whose times carry a top-k admission term (d per expected admission, rows up
     to 16x topk keys): calibrate recovers d beside a, b, c, and predict() prices it."""
     selector = Recording()
 
@@ -171,7 +171,7 @@ def test_the_heap_term_is_fitted_and_predicted() -> None:
     fit = sct.calibrate(selector, q_rank=8, heads=2, keys=4000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=64,
                         visible=(0, 16, 32, 64, 128, 256, 512), timer=timer, heap_term=True)
     assert (fit.model.a, fit.model.b, fit.model.c, fit.model.d) == pytest.approx((2000, 10, 30, 50), rel=1e-6)
-    # Without heap_term (the default: torch.topk and GPU selects keep no heap) d stays 0.
+    # Without heap_term (the default: torch.topk and GPU selects keep no running top-k) d stays 0.
     plain = sct.calibrate(selector, q_rank=8, heads=2, keys=4000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=64,
                           visible=(0, 16, 32, 64, 128, 256, 512), timer=timer)
     assert plain.model.d == 0 and plain.rms_relative_residual > 10 * fit.rms_relative_residual

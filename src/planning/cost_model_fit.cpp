@@ -11,7 +11,7 @@ namespace sparsecp {
 
 namespace {
 
-// k, a, b, c, d (seconds per call, row, key, capped key, heap replacement)
+// k, a, b, c, d (seconds per call, row, key, capped key, top-k admission)
 constexpr int kColumns = 5;
 using Beta = std::array<double, kColumns>;
 

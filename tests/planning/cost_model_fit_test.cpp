@@ -63,7 +63,7 @@ TEST(CostModelFit, RecoversKnownCoefficientsFromNoisyTimings) {
   ASSERT_EQ(fit.predicted.size(), samples.size());
 }
 
-// A kernel whose top-k heap replacements cost d per replacement (sparsecp's CPU kernel:
+// A kernel whose top-k admissions cost d each (sparsecp's CPU kernel:
 // tens of ns): rows from 0 to 16K visible keys at ratio 4, 1% noise. The fit tells d from
 // the per-key b (heap(vis) grows as ln vis, the key term linearly) and recovers all four.
 TEST(CostModelFit, RecoversTheHeapTermFromNoisyTimings) {

@@ -111,7 +111,7 @@ TEST(CostModelRefit, ConvergesOnASimulatedJob) {
   EXPECT_EQ(refit.steps(), 4);
 }
 
-// A kernel whose top-k heap costs time (sparsecp's CPU kernel as calibrated over 0..16K
+// A kernel whose top-k admissions cost time (sparsecp's CPU kernel as calibrated over 0..16K
 // keys: a = 13 us, b = 10.7 ns, c = 21 ns, d = 52.6 ns per replacement), started from the
 // best three-term fit of the same timings (d = 0, b twice as large): the refit learns the
 // heap term from the job's per-rank times and spill ends balanced under the truth.

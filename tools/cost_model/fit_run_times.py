@@ -34,7 +34,7 @@ import sparsecp
 
 def plan_ranks(sparsecp: str, batch: list[str], cp: int, ratio: int, strategy: dict, topk: int) -> list[dict]:
     """Re-plan one strategy of a run; per rank: rows, pairs, capped = sum(min(topk, vis)),
-    heap = sum of expected top-k heap replacements."""
+    heap = sum of expected top-k admissions."""
     command = [sparsecp, "plan", *batch, "--cp", str(cp), "--ratio", str(ratio), "--mode", strategy["mode"], "--json"]
     model = re.search(r"cost model a=(\S+) b=(\S+) c=(\S+)(?: d=(\S+))? ns", strategy.get("parameters", ""))
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as file:
@@ -85,7 +85,7 @@ def main() -> int:
         residuals.append((y - predicted) / predicted)
         print(f"  {label}: measured {y * 1e3:.1f} ms, model {predicted * 1e3:.1f} ms ({residuals[-1]:+.1%})")
     print(f"fit over {len(points)} points (ns per row): a = {a:.4g}, b = {b:.4g} per visible key, "
-          f"c = {c:.4g} per min(topk, vis), d = {d:.4g} per top-k heap replacement; rms relative residual {rms:.1%}")
+          f"c = {c:.4g} per min(topk, vis), d = {d:.4g} per top-k admission; rms relative residual {rms:.1%}")
     if args.out:
         with open(args.out, "w") as file:
             file.write("# sparsecp cost model: per-row cost a + b * vis + c * min(topk, vis) + d * heap(vis)\n"

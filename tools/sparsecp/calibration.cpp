@@ -42,7 +42,7 @@ void CalibrationSettings::validate() const {
 std::string CalibrationSettings::cache_key() const {
   std::ostringstream text;
   // "procedure 3": the library's procedure with its warm-up call, the relative-residual
-  // fit and the top-k heap term d (2026-12-02); models cached by earlier ones are not reused.
+  // fit and the top-k admission term d (2026-12-02); models cached by earlier ones are not reused.
   text << "procedure 3 " << model.heads << ' ' << model.head_dim << ' ' << model.rope_dim << ' '
        << model.q_rank << ' ' << model.topk << ' ' << grid.ratio << ' ' << grid.rows << ' '
        << grid.repeats << ' ' << threads << ' ' << kernel_isa_name(best_kernel_isa()) << ' '
@@ -134,7 +134,7 @@ std::string model_note(const CalibrationSettings& settings) {
 CpuCalibration calibrate_cpu(const CalibrationSettings& settings) {
   CalibrationSettings checked = settings;
   checked.grid.topk = settings.model.topk;
-  checked.grid.heap_term = true;  // sparsecp's kernel keeps a top-k heap per row
+  checked.grid.heap_term = true;  // sparsecp's kernel keeps a running top-k per row
   checked.validate();
   const double started = wall_seconds();
   const ModelFlags& m = checked.model;

@@ -39,7 +39,7 @@ void print_report(const CpuCalibration& calibration, const std::string& out) {
   }
   std::printf(
       "fit (ns per row): a = %.4g (fixed), b = %.4g per visible key, c = %.4g per min(topk, "
-      "vis), d = %.4g per top-k heap replacement (topk * ln(vis / topk) of a row that sees "
+      "vis), d = %.4g per top-k admission (topk * ln(vis / topk) of a row that sees "
       "more than topk keys); plus %.3g ms per call (not part of the per-row model); rms "
       "relative residual %.1f%%; took %.1f s\n",
       fit.model.a, fit.model.b, fit.model.c, fit.model.d, fit.per_call_seconds * 1e3,
@@ -94,7 +94,7 @@ const Registration registration("calibrate", [](CLI::App& app) {
       "calibrate",
       "Time the worker's selection (Index-Q projection, scoring, top-k) on this machine at a\n"
       "few visible-key counts, fit the per-row cost a + b*vis + c*min(topk, vis) +\n"
-      "d*topk*ln(vis/topk) (the last: expected top-k heap replacements, rows past topk keys)\n"
+      "d*topk*ln(vis/topk) (the last: expected admissions into a full running top-k)\n"
       "in nanoseconds by non-negative least squares, print the fit with each point's residual,\n"
       "and save the model for `--cost-model` of spill, auto, plan, route and run (format:\n"
       "include/sparsecp/planning/cost_model.hpp). Times are the selecting thread's CPU time,\n"
@@ -106,10 +106,11 @@ const Registration registration("calibrate", [](CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--rows", flags->settings.grid.rows, "Rows per timed point")
       ->capture_default_str();
-  sub->add_option("--visible", flags->visible,
-                  "Mean visible keys per row at each point, comma-separated (>= 3 points; 0 = "
-                  "projection only); points below and above --topk separate b from c, points up to 16K "
-                  "keys b from d")
+  sub->add_option(
+         "--visible", flags->visible,
+         "Mean visible keys per row at each point, comma-separated (>= 3 points; 0 = "
+         "projection only); points below and above --topk separate b from c, points up to 16K "
+         "keys b from d")
       ->capture_default_str();
   sub->add_option("--repeats", flags->settings.grid.repeats,
                   "Timed runs per point (median; at most 10000)")

@@ -424,7 +424,7 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
     if (balances_cost_model(*s)) stepping.push_back(s);
   }
   if (flags.adapt == 0 || stepping.size() == 1) return;
-  // sparsecp's kernel keeps a top-k heap: the refit learns d even from a start without it.
+  // sparsecp's kernel keeps a running top-k: the refit learns d even from a start without it.
   CostModelRefit refit(job.params.cost_model.value_or(CostModel{}), flags.adapt_window,
                        kDefaultRefitResidualBound, /*heap_term=*/true);
   const CostModel& start = refit.model();

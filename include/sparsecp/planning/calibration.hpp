@@ -44,8 +44,8 @@ struct CalibrationGrid {
   int64_t quantum = 1;        // the selector's width quantum (1: exact); carried by the model
   int64_t keys = 0;           // > 0: the selector's bank holds this many keys; targets whose
                               // segments reach further are left out
-  bool heap_term = false;     // fit the top-k heap term d (CostFitOptions::heap_term): set it
-                              // for selectors that keep a top-k heap (sparsecp's CPU kernel)
+  bool heap_term = false;     // fit the top-k admission term d (CostFitOptions::heap_term):
+                              // for selectors that keep a running top-k (sparsecp's CPU kernel)
   int repeats = 3;            // timed calls per point (median)
   double max_residual = 0.5;  // refuse a fit above this rms relative residual; 0: no bound
 

@@ -10,17 +10,20 @@
 //   a  the row's fixed work: Index-Q projection (qr @ Wq_b, RoPE), weights, the
 //      row's top-k output;
 //   b  scoring one visible key (heads x head_dim multiply-adds, ReLU, weighting);
-//   c  top-k upkeep per candidate while the heap is not yet full (a row that sees
-//      fewer than topk keys keeps every one of them).
-//   d  one replacement in the full top-k heap. A key beats the heap's minimum when it
-//      is among the best topk of the keys scored so far: the i-th key with probability
-//      topk / i for scores in random order, so a row scoring n > topk keys replaces
-//      about topk * ln(n / topk) times (sum of topk / i over i in (topk, n]). Each
-//      replacement costs a sift-down of log2(topk) levels, tens of nanoseconds on a CPU:
-//      without this term a linear model under-prices the rows that see a few thousand
-//      keys against those that see tens of thousands (sparsecp's CPU kernel, one set of
-//      timings over 0..16K visible keys: 13.9% rms residual without it, 4.1% with it;
-//      docs/RESULTS.md).
+//   c  top-k upkeep per candidate while the running top-k is not yet full (a row that
+//      sees fewer than topk keys keeps every one of them).
+//   d  one admission into a full running top-k (named "heap" below, after the classic
+//      structure). A key enters when it is among the best topk of the keys scored so
+//      far: the i-th key with probability topk / i for scores in random order, so a row
+//      scoring n > topk keys admits about topk * ln(n / topk) of them (sum of topk / i
+//      over i in (topk, n]). A heap pays a sift-down per admission; sparsecp's CPU kernel
+//      (kernels/select/select.cpp) appends each key that beats the row's threshold to a
+//      buffer and, when the buffer is full, keeps its best topk with nth_element and
+//      raises the threshold: a write plus a share of a compaction per admission, tens of
+//      nanoseconds. Without this term a linear model under-prices the rows that see a
+//      few thousand keys against those that see tens of thousands (sparsecp's CPU kernel,
+//      one set of timings over 0..16K visible keys: 13.9% rms residual without it, 4.1%
+//      with it; docs/RESULTS.md).
 //
 // Two settings shape the key term; they describe the kernel, they are not fitted
 // (fit_cost_model copies them from its options into the model):
@@ -69,7 +72,7 @@ struct CostModel {
   double a = 0;  // per selected row
   double b = 1;  // per visible key
   double c = 0;  // per min(topk, visible keys)
-  double d = 0;  // per expected top-k heap replacement, heap(visible)
+  double d = 0;  // per expected admission into the full running top-k, heap(visible)
   int64_t topk = 512;
   int64_t candidates = 0;      // C: most keys a row scores (0 = no cap)
   int64_t quantum = 1;         // Q: key widths round up to a multiple of this
@@ -95,7 +98,7 @@ struct CostModel {
   // Keys the row's key term prices: roundup(min(visible, candidates), quantum).
   int64_t width(int64_t visible) const;
 
-  // Expected top-k heap replacements of a row that sees `visible` keys:
+  // Expected admissions into the full running top-k of a row that sees `visible` keys:
   // topk * ln(max(min(visible, candidates), topk) / topk) (0 up to topk keys).
   double heap(int64_t visible) const;
 

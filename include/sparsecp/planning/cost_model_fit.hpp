@@ -7,7 +7,7 @@
 // Each sample is one timed call that selected `rows` rows whose priced key widths sum
 // to `visible` (the visible-key counts themselves unless the model has a candidate cap or
 // a width quantum: then width(vis) = roundup(min(vis, candidates), quantum)), whose
-// min(topk, vis) sum to `capped` and whose expected heap replacements (CostModel::heap)
+// min(topk, vis) sum to `capped` and whose expected top-k admissions (CostModel::heap)
 // sum to `heap`. The time is modelled as
 //     seconds = k + a * rows + b * visible + c * capped + d * heap
 // with k the per-call constant (threads, buffers) when `per_call_term` is set, else 0.
@@ -56,9 +56,10 @@ struct CostFitOptions {
   int64_t topk = 512;          // the model's topk (what `capped` was computed with)
   int64_t candidates = 0;      // the model's candidate cap (what `visible` was computed with)
   int64_t quantum = 1;         // the model's width quantum (likewise)
-  // Fit d, the top-k heap term, too. A kernel that keeps a top-k heap (sparsecp's CPU
-  // kernel) spends it; torch.topk and GPU radix selects do not, and a free d column only
-  // follows their noise (held-out errors of a torch selector grew from ~6% to ~13% with it).
+  // Fit d, the top-k admission ("heap") term, too. A kernel that keeps a running top-k
+  // over the scored keys (a heap, or sparsecp's CPU kernel's threshold buffer) spends it;
+  // torch.topk and GPU radix selects scan every score alike, and a free d column only
+  // follows their noise (held-out errors of a torch selector grew from ~4% to ~13% with it).
   bool heap_term = true;
   // > 0: a fit whose rms relative residual exceeds it is refused (InvalidInputError
   // naming both): timings that far from linear (a busy machine, too few repeats) must

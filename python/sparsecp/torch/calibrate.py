@@ -4,7 +4,7 @@
 (``selector(qr, weights, (cos, sin), segments)``: sparsecp's ``IndexerSelector`` or any
 kernel with that signature) over synthetic segments spanning visible-key counts and row
 counts, and fits ``seconds = k + a * rows + b * sum(vis) + c * sum(min(topk, vis)) +
-d * sum(heap(vis))`` (heap: the expected top-k heap replacements, ``CostModel.heap``) with
+d * sum(heap(vis))`` (heap: the expected admissions into a full running top-k, ``CostModel.heap``) with
 the library's calibration procedure (``sparsecp.calibrate_cost_model``: the points, the
 interleaved repeats, the medians and the non-negative fit behind ``sparsecp calibrate``;
 this module adds the tensors and the device's clock). The model it returns is what
@@ -41,7 +41,7 @@ class CalibrationPoint:
     capped: float  # sum of min(topk, vis)
     seconds: float
     predicted: float
-    heap: float = 0.0  # sum of heap(vis): expected top-k heap replacements
+    heap: float = 0.0  # sum of heap(vis): expected top-k admissions
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def segment_sums(segments: Sequence[Sequence[int]], ratio: int, topk: int, candi
                  quantum: int = 1) -> tuple[float, float, float, float]:
     """(rows, sum of widths, sum min(topk, vis), sum of heap(vis)) of worker segments
     (5-tuples, segment.hpp); a row's width is its visible-key count under the candidate cap
-    (0: none) and quantum, its heap(vis) the expected top-k heap replacements."""
+    (0: none) and quantum, its heap(vis) the expected top-k admissions."""
     tasks = []
     for index, (q_begin, q_end, key_begin, key_end, residual) in enumerate(segments):
         end = (key_end - key_begin) * ratio + residual
@@ -118,9 +118,9 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
         candidates, quantum: what the selector's kernel does, carried by the model: a row's key
             term prices at most ``candidates`` keys (0: no cap; DeepSeek-V4.1's candidate layers
             score 16384) and rounds its width up to a multiple of ``quantum`` (1: exact).
-        heap_term: fit d, the top-k heap term, too: for a selector that keeps a top-k heap per row
-            (sparsecp's CPU kernel, ``IndexerSelector`` off the torch path). ``torch.topk`` and GPU
-            radix selects do not, and a free d only follows their timing noise.
+        heap_term: fit d, the top-k admission term, too: for a selector that keeps a running top-k per
+            row (a heap, or sparsecp's CPU kernel: ``IndexerSelector`` off the torch path). ``torch.topk``
+            and GPU radix selects scan every score alike, and a free d only follows their timing noise.
 
     Returns:
         A Calibration: ``model`` (a, b, c, d in ns; unit "ns"; note naming shape and device).
