@@ -78,31 +78,46 @@ StepFigures run_step(const std::vector<int64_t>& lengths, int64_t cp, const Cost
   return step;
 }
 
+// A pareto-like batch on 4 ranks: a few long documents, many short ones.
+const std::vector<int64_t> kJobLengths = {30000, 12000, 6000, 4000, 3000, 2000, 1200,
+                                          1000,  800,   600,  500,  300,  24};
+constexpr int64_t kJobRanks = 4;
+
+struct Convergence {
+  double start_imbalance = 0;  // spill's true imbalance planned with the start model
+  double imbalance = 0;        // ... and with the model after the last refit
+};
+
+// `steps` simulated job steps (1% timing noise), each refitting `refit`.
+Convergence refit_job(CostModelRefit& refit, const CostModel& truth, int steps,
+                      std::mt19937_64& rng) {
+  Convergence result;
+  result.start_imbalance =
+      run_step(kJobLengths, kJobRanks, refit.model(), truth, 0, rng).spill_true_imbalance;
+  result.imbalance = result.start_imbalance;
+  for (int step = 0; step < steps; ++step) {
+    refit.add_step(run_step(kJobLengths, kJobRanks, refit.model(), truth, 0.01, rng).samples);
+    EXPECT_FALSE(refit.kept_previous()) << "step " << step;
+    result.imbalance =
+        run_step(kJobLengths, kJobRanks, refit.model(), truth, 0, rng).spill_true_imbalance;
+  }
+  return result;
+}
+
 TEST(CostModelRefit, ConvergesOnASimulatedJob) {
   const uint64_t seed = 20261202;
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  // A pareto-like batch: a few long documents, many short ones.
-  const std::vector<int64_t> lengths = {30000, 12000, 6000, 4000, 3000, 2000, 1200,
-                                        1000,  800,   600,  500,  300,  24};
-  const int64_t cp = 4;
-  ASSERT_EQ(std::accumulate(lengths.begin(), lengths.end(), int64_t{0}) % cp, 0);
+  ASSERT_EQ(std::accumulate(kJobLengths.begin(), kJobLengths.end(), int64_t{0}) % kJobRanks, 0);
   const CostModel truth = CostModel::linear(45000, 60, 4, kTopk);
   // The calibrated start is wrong the way a busy machine makes it: a per-row term far
   // too small against the per-key one.
   CostModel start = CostModel::linear(2000, 65, 12, kTopk);
   start.unit = "ns";
   CostModelRefit refit(start, 4);
-  const double start_imbalance = run_step(lengths, cp, start, truth, 0, rng).spill_true_imbalance;
-  double imbalance = start_imbalance;
-  for (int step = 0; step < 4; ++step) {
-    const StepFigures figures = run_step(lengths, cp, refit.model(), truth, 0.01, rng);
-    refit.add_step(figures.samples);
-    EXPECT_FALSE(refit.kept_previous()) << "step " << step;
-    imbalance = run_step(lengths, cp, refit.model(), truth, 0, rng).spill_true_imbalance;
-  }
-  EXPECT_GT(start_imbalance, 1.05) << "the wrong start model must be visibly off";
-  EXPECT_LE(imbalance, 1.01);
+  const Convergence job = refit_job(refit, truth, 4, rng);
+  EXPECT_GT(job.start_imbalance, 1.05) << "the wrong start model must be visibly off";
+  EXPECT_LE(job.imbalance, 1.01);
   ASSERT_TRUE(refit.last_fit().has_value());
   EXPECT_EQ(refit.model().unit, "ns");
   EXPECT_NEAR(refit.model().a / truth.a, 1, 0.1);
@@ -112,34 +127,27 @@ TEST(CostModelRefit, ConvergesOnASimulatedJob) {
 }
 
 // A kernel whose top-k admissions cost time (sparsecp's CPU kernel as calibrated over 0..16K
-// keys: a = 13 us, b = 10.7 ns, c = 21 ns, d = 52.6 ns per replacement), started from the
+// keys: a = 13 us, b = 10.7 ns, c = 21 ns, d = 52.6 ns per admission), started from the
 // best three-term fit of the same timings (d = 0, b twice as large): the refit learns the
-// heap term from the job's per-rank times and spill ends balanced under the truth.
+// admission term from the job's per-rank times and spill ends balanced under the truth.
 TEST(CostModelRefit, LearnsTheHeapTermFromTheJobsTimes) {
   const uint64_t seed = 20261203;
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  const std::vector<int64_t> lengths = {30000, 12000, 6000, 4000, 3000, 2000, 1200,
-                                        1000,  800,   600,  500,  300,  24};
-  const int64_t cp = 4;
   CostModel truth = CostModel::linear(12983, 10.68, 21.07, kTopk);
   truth.d = 52.56;
   CostModel start = CostModel::linear(12465, 19.67, 22.35, kTopk);
   start.unit = "ns";
-  // A start without d fits none by default (a selector without a heap); say it has one.
+  // A start without d fits none by default (a selector without a running top-k); say it has one.
   EXPECT_FALSE(CostModelRefit(start, 4).heap_term());
   CostModelRefit refit(start, 4, kDefaultRefitResidualBound, /*heap_term=*/true);
-  const double start_imbalance = run_step(lengths, cp, start, truth, 0, rng).spill_true_imbalance;
-  double imbalance = start_imbalance;
-  for (int step = 0; step < 4; ++step) {
-    refit.add_step(run_step(lengths, cp, refit.model(), truth, 0.01, rng).samples);
-    imbalance = run_step(lengths, cp, refit.model(), truth, 0, rng).spill_true_imbalance;
-  }
+  const Convergence job = refit_job(refit, truth, 4, rng);
   ASSERT_TRUE(refit.last_fit().has_value());
   EXPECT_GT(refit.model().d, 0);
-  std::printf("true imbalance: start %.4f, after 4 refits %.4f\n", start_imbalance, imbalance);
-  EXPECT_GT(start_imbalance, 1.04) << "the three-term start must be visibly off (1.066)";
-  EXPECT_LE(imbalance, 1.01);
+  std::printf("true imbalance: start %.4f, after 4 refits %.4f\n", job.start_imbalance,
+              job.imbalance);
+  EXPECT_GT(job.start_imbalance, 1.04) << "the three-term start must be visibly off (1.066)";
+  EXPECT_LE(job.imbalance, 1.01);
   EXPECT_LT(refit.last_fit()->rms_relative_residual, 0.03);
 }
 
