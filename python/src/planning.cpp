@@ -125,26 +125,102 @@ auto route_field(Getter getter) {
   };
 }
 
+// Every field of a cost model, in declaration order: its value (equality, hash, pickle).
+nb::tuple cost_model_state(const CostModel& model) {
+  return nb::make_tuple(model.a, model.b, model.c, model.d, model.topk, model.candidates,
+                        model.quantum, model.unit, model.note);
+}
+
 void bind_params(nb::module_& m) {
+  // A value: its fields are read-only (``replace`` makes a changed copy), it compares and
+  // hashes by every field (the terms, unit and note: what the model's id hashes), and it
+  // pickles. Caches key on it (the torch plan and route caches), so a model that changed in
+  // place would keep returning plans made with its old terms.
+  using Text = std::optional<std::string>;
+  using Real = std::optional<double>;
+  using Count = std::optional<int64_t>;
   nb::class_<CostModel>(m, "CostModel",
                         "Per-row selection cost a + b * vis + c * min(topk, vis) + d * heap(vis), "
                         "heap(vis) = topk * ln(max(vis, topk) / topk) "
-                        "(include/sparsecp/planning/cost_model.hpp).")
-      .def(nb::init<>())
+                        "(include/sparsecp/planning/cost_model.hpp). A value: read-only fields "
+                        "(replace() gives a changed copy), equal and hashed by every field, "
+                        "picklable.")
+      .def(
+          "__init__",
+          [](CostModel* self, double a, double b, double c, double d, int64_t topk,
+             int64_t candidates, int64_t quantum, std::string unit, std::string note) {
+            new (self) CostModel{.a = a,
+                                 .b = b,
+                                 .c = c,
+                                 .d = d,
+                                 .topk = topk,
+                                 .candidates = candidates,
+                                 .quantum = quantum,
+                                 .unit = std::move(unit),
+                                 .note = std::move(note)};
+          },
+          nb::kw_only(), nb::arg("a") = 0.0, nb::arg("b") = 1.0, nb::arg("c") = 0.0,
+          nb::arg("d") = 0.0, nb::arg("topk") = 512, nb::arg("candidates") = 0,
+          nb::arg("quantum") = 1, nb::arg("unit") = "pairs", nb::arg("note") = "")
       .def_static("linear", &CostModel::linear, nb::arg("a"), nb::arg("b"), nb::arg("c"),
                   nb::arg("topk"))
-      .def_rw("a", &CostModel::a)
-      .def_rw("b", &CostModel::b)
-      .def_rw("c", &CostModel::c)
-      .def_rw("d", &CostModel::d)
-      .def_rw("topk", &CostModel::topk)
-      .def_rw("candidates", &CostModel::candidates)
-      .def_rw("quantum", &CostModel::quantum)
-      .def_rw("unit", &CostModel::unit)
-      .def_rw("note", &CostModel::note)
+      .def_ro("a", &CostModel::a)
+      .def_ro("b", &CostModel::b)
+      .def_ro("c", &CostModel::c)
+      .def_ro("d", &CostModel::d)
+      .def_ro("topk", &CostModel::topk)
+      .def_ro("candidates", &CostModel::candidates)
+      .def_ro("quantum", &CostModel::quantum)
+      .def_ro("unit", &CostModel::unit)
+      .def_ro("note", &CostModel::note)
+      .def_prop_ro("id", [](const CostModel& model) { return cost_model_id(model); },
+                   "16 hex digits: a hash of the terms, unit and note (what reports print)")
+      .def(
+          "replace",
+          [](const CostModel& model, Real a, Real b, Real c, Real d, Count topk, Count candidates,
+             Count quantum, Text unit, Text note) {
+            CostModel copy = model;
+            copy.a = a.value_or(copy.a);
+            copy.b = b.value_or(copy.b);
+            copy.c = c.value_or(copy.c);
+            copy.d = d.value_or(copy.d);
+            copy.topk = topk.value_or(copy.topk);
+            copy.candidates = candidates.value_or(copy.candidates);
+            copy.quantum = quantum.value_or(copy.quantum);
+            if (unit) copy.unit = *unit;
+            if (note) copy.note = *note;
+            return copy;
+          },
+          nb::kw_only(), nb::arg("a") = nb::none(), nb::arg("b") = nb::none(),
+          nb::arg("c") = nb::none(), nb::arg("d") = nb::none(), nb::arg("topk") = nb::none(),
+          nb::arg("candidates") = nb::none(), nb::arg("quantum") = nb::none(),
+          nb::arg("unit") = nb::none(), nb::arg("note") = nb::none(),
+          "A copy with the given fields changed (the model itself never changes).")
       .def("row", &CostModel::row, nb::arg("visible"))
       .def("heap", &CostModel::heap, nb::arg("visible"),
            "Expected admissions into the full running top-k of a row that sees `visible` keys.")
+      .def("__eq__",
+           [](const CostModel& x, nb::handle other) {
+             if (!nb::isinstance<CostModel>(other)) return false;
+             const CostModel& y = nb::cast<const CostModel&>(other);
+             return cost_model_state(x).equal(cost_model_state(y));
+           })
+      .def("__hash__", [](const CostModel& model) { return nb::hash(cost_model_state(model)); })
+      .def("__getstate__", [](const CostModel& model) { return cost_model_state(model); })
+      .def("__setstate__",
+           [](CostModel& self, const std::tuple<double, double, double, double, int64_t, int64_t,
+                                                int64_t, std::string, std::string>& state) {
+             const auto& [a, b, c, d, topk, candidates, quantum, unit, note] = state;
+             new (&self) CostModel{.a = a,
+                                   .b = b,
+                                   .c = c,
+                                   .d = d,
+                                   .topk = topk,
+                                   .candidates = candidates,
+                                   .quantum = quantum,
+                                   .unit = unit,
+                                   .note = note};
+           })
       .def("__repr__", [](const CostModel& model) { return format_cost_model(model); });
   m.def("load_cost_model", &load_cost_model, nb::arg("path"),
         "Reads a cost model file (`sparsecp calibrate` writes them).");
@@ -217,7 +293,14 @@ void bind_params(nb::module_& m) {
             }
             at->second = nb::tuple(list);
           }
-          return nb::cast<double>(measure(point.target, point.rows, at->second));
+          const nb::object seconds = measure(point.target, point.rows, at->second);
+          double value = 0;
+          SPARSECP_CHECK(nb::try_cast<double>(seconds, value) && !nb::isinstance<nb::bool_>(seconds),
+                         "calibrate: the timer must return seconds as a number, got ",
+                         nb::cast<std::string>(nb::repr(seconds)), " (",
+                         nb::cast<std::string>(nb::type_name(seconds.type())), ") at the point of ",
+                         point.target, " visible keys over ", point.rows, " rows");
+          return value;
         });
         nb::list points;
         for (const CalibrationPoint& p : fit.points) {
@@ -288,7 +371,11 @@ void bind_params(nb::module_& m) {
           "One step's samples: (rows, sum of widths, sum min(topk, vis), seconds[, sum of heap "
           "admissions]) per rank (cost_sample of its task list, with the model's candidate "
           "cap and quantum; step_cost_samples gathers them).")
-      .def_prop_ro("model", &CostModelRefit::model)
+      // A copy: the refit's next step makes a new model, never changes one handed out
+      // (a cached plan keyed on it would keep the old terms).
+      .def_prop_ro(
+          "model", [](const CostModelRefit& refit) { return refit.model(); },
+          "The model to plan the next step with: a new value after each step that refits")
       .def_prop_ro("kept_previous", &CostModelRefit::kept_previous)
       .def_prop_ro("refused", &CostModelRefit::refused)
       .def_prop_ro("refused_residual", &CostModelRefit::refused_residual)
@@ -613,6 +700,14 @@ void bind_dispatch(nb::module_& m) {
       nb::arg("boundaries"), nb::arg("local_length"), nb::arg("size"), nb::arg("rank"),
       nb::arg("ratio"),
       "Seed document_prefix_route: compressed-KV document prefixes (ratio 1, 2).");
+  m.def(
+      "dispatch_route_from_intervals",
+      [](const Lengths& interval_starts, const Lengths& owner_offsets, int64_t rank) {
+        return dispatch_route_from_intervals(interval_starts, owner_offsets, rank);
+      },
+      nb::arg("interval_starts"), nb::arg("owner_offsets"), nb::arg("rank"),
+      "The generic route builder: rank q gathers bank rows [interval_starts[q], "
+      "owner_offsets[q + 1]) (planning/dispatch.hpp).");
   m.def(
       "compressed_document_offsets",
       [](const Lengths& boundaries, int64_t ratio) {

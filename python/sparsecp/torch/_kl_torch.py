@@ -27,8 +27,10 @@ FLT_MIN = float(torch.finfo(torch.float32).tiny)
 
 
 def _validate(index_query, index_key, merge_weight, attention_query, compressed_key,
-              topk_indices, sinks, attention_scale, loss_coeff, main_key_offset):
-    """The C++ kernel's checks, with its texts (the seed's where it has them)."""
+              topk_indices, sinks, attention_scale, loss_coeff, main_key_offset, seed_topk=True):
+    """The C++ kernel's checks, with its texts (the seed's where it has them). ``seed_topk``
+    False drops only the seed's TopK512 rule (its NPU op's limit), for callers whose top-k is
+    the model's own (sparsecp.models: any ``index_topk``); every other check stays."""
     if index_query.ndim != 4:
         raise ValueError(f"Indexer KL index_query must have shape [B, S, H, D], got {list(index_query.shape)}")
     batch, rows, heads, head_dim = index_query.shape
@@ -51,7 +53,7 @@ def _validate(index_query, index_key, merge_weight, attention_query, compressed_
     if compressed_key.ndim != 3:
         raise ValueError(f"Indexer KL compressed_key must have shape [B, K, Dm], got {list(compressed_key.shape)}")
     keys, att_dim = compressed_key.shape[1], compressed_key.shape[2]
-    if keys < 1 or not min(512, keys) <= topk <= 512:
+    if keys < 1 or (seed_topk and not min(512, keys) <= topk <= 512):
         raise ValueError("Fused KL requires ordinary TopK512 selections, allowing padding for a "
                          f"compact bank; got K={keys}, TopK={topk}")
     if compressed_key.shape[0] != batch or att_dim < 1:
@@ -101,7 +103,7 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
                             merge_weight: torch.Tensor, attention_query: torch.Tensor,
                             compressed_key: torch.Tensor, topk_indices: torch.Tensor,
                             sinks: torch.Tensor, attention_scale: float, loss_coeff: float,
-                            main_key_offset: int = 0, query_chunk_size: int = 256):
+                            main_key_offset: int = 0, query_chunk_size: int = 256, seed_topk: bool = True):
     """Loss and gradients of the indexer's sparse KL (seed: shared_compressed_indexer_kl_loss).
 
     Args:
@@ -118,6 +120,7 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
         loss_coeff: the loss is ``loss_coeff / (B * S)`` times the sum of row losses.
         main_key_offset: compact bank offset (seed 000): ids are shifted down by it.
         query_chunk_size: query rows per chunk (bounds the intermediates).
+        seed_topk: False accepts any ``T >= 1`` (see ``_validate``).
 
     Returns:
         ``(loss, grad_index_query, grad_index_key, grad_merge_weight)``: loss a float64
@@ -126,7 +129,7 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
     """
     batch, rows, keys = _validate(index_query, index_key, merge_weight, attention_query,
                                   compressed_key, topk_indices, sinks, attention_scale, loss_coeff,
-                                  main_key_offset)
+                                  main_key_offset, seed_topk)
     if query_chunk_size < 1:
         raise ValueError(f"query_chunk_size must be positive, got {query_chunk_size}")
     device = index_query.device

@@ -228,3 +228,43 @@ def indexer_kl_scratch_bytes(index_query: torch.Tensor, index_key: torch.Tensor,
     if not all(t.device.type == "cpu" for t in tensors):
         raise ValueError("indexer_kl_scratch_bytes describes the fused CPU kernel: pass CPU tensors")
     return _core.indexer_kl_scratch_bytes(*_arrays(tensors), main_key_offset, threads)
+
+
+class _AnyTopkIndexerKlLoss(_SharedCompressedIndexerKlLoss):
+    """The same loss and gradients on the torch path without the seed's TopK512 rule."""
+
+    @staticmethod
+    def forward(ctx: Any, index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+                attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
+                sinks: torch.Tensor, attention_scale: float, loss_coeff: float, main_key_offset: int,
+                query_chunk_size: int, threads: int) -> torch.Tensor:
+        tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
+        loss, grad_q, grad_k, grad_w = kl_loss_and_grads_torch(
+            *(t.detach() for t in tensors), attention_scale, loss_coeff, main_key_offset, query_chunk_size,
+            seed_topk=False)
+        ctx.save_for_backward(grad_q, grad_k, grad_w)
+        ctx.dtypes = (index_query.dtype, index_key.dtype, merge_weight.dtype)
+        return loss.to(grad_q.dtype)
+
+
+def indexer_kl_loss_any_topk(
+    index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+    attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
+    sinks: torch.Tensor, *, attention_scale: float, loss_coeff: float, query_chunk_size: int = 256,
+    main_key_offset: int = 0,
+) -> torch.Tensor:
+    """``shared_compressed_indexer_kl_loss`` at any top-k (for a model's own ``index_topk``).
+
+    The seed's entry point keeps its TopK512 rule (``min(512, K) <= TopK <= 512``, its NPU
+    op's limit). A model whose indexer keeps another number of ids per row (small test
+    configurations, V4 variants) calls this instead: the same math, arguments and gradients;
+    selections the seed accepts take the seed's function (the fused kernel where it applies),
+    others the chunked torch path."""
+    tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
+    _check_inputs(tensors, query_chunk_size, main_key_offset, 0)
+    topk, keys = topk_indices.shape[-1], compressed_key.shape[-2] if compressed_key.ndim == 3 else 0
+    if keys >= 1 and min(512, keys) <= topk <= 512:
+        return shared_compressed_indexer_kl_loss(*tensors, attention_scale=attention_scale, loss_coeff=loss_coeff,
+                                                 query_chunk_size=query_chunk_size, main_key_offset=main_key_offset)
+    return _AnyTopkIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
+                                       operator.index(main_key_offset), query_chunk_size, 0)
