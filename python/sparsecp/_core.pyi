@@ -11,10 +11,10 @@ from numpy.typing import NDArray
 
 class CostModel:
     """
-    Per-row selection cost a + b * vis + c * min(topk, vis) + d * heap(vis), heap(vis) = topk * ln(max(vis, topk) / topk) (include/sparsecp/planning/cost_model.hpp).
+    Per-row selection cost a + b * vis + c * min(topk, vis) + d * heap(vis), heap(vis) = topk * ln(max(vis, topk) / topk) (include/sparsecp/planning/cost_model.hpp). A value: read-only fields (replace() gives a changed copy), equal and hashed by every field, picklable.
     """
 
-    def __init__(self) -> None: ...
+    def __init__(self, *, a: float = 0.0, b: float = 1.0, c: float = 0.0, d: float = 0.0, topk: int = 512, candidates: int = 0, quantum: int = 1, unit: str = 'pairs', note: str = '') -> None: ...
 
     @staticmethod
     def linear(a: float, b: float, c: float, topk: int) -> CostModel: ...
@@ -22,56 +22,36 @@ class CostModel:
     @property
     def a(self) -> float: ...
 
-    @a.setter
-    def a(self, arg: float, /) -> None: ...
-
     @property
     def b(self) -> float: ...
-
-    @b.setter
-    def b(self, arg: float, /) -> None: ...
 
     @property
     def c(self) -> float: ...
 
-    @c.setter
-    def c(self, arg: float, /) -> None: ...
-
     @property
     def d(self) -> float: ...
-
-    @d.setter
-    def d(self, arg: float, /) -> None: ...
 
     @property
     def topk(self) -> int: ...
 
-    @topk.setter
-    def topk(self, arg: int, /) -> None: ...
-
     @property
     def candidates(self) -> int: ...
-
-    @candidates.setter
-    def candidates(self, arg: int, /) -> None: ...
 
     @property
     def quantum(self) -> int: ...
 
-    @quantum.setter
-    def quantum(self, arg: int, /) -> None: ...
-
     @property
     def unit(self) -> str: ...
-
-    @unit.setter
-    def unit(self, arg: str, /) -> None: ...
 
     @property
     def note(self) -> str: ...
 
-    @note.setter
-    def note(self, arg: str, /) -> None: ...
+    @property
+    def id(self) -> str:
+        """16 hex digits: a hash of the terms, unit and note (what reports print)"""
+
+    def replace(self, *, a: float | None = None, b: float | None = None, c: float | None = None, d: float | None = None, topk: int | None = None, candidates: int | None = None, quantum: int | None = None, unit: str | None = None, note: str | None = None) -> CostModel:
+        """A copy with the given fields changed (the model itself never changes)."""
 
     def row(self, visible: int) -> float: ...
 
@@ -79,6 +59,14 @@ class CostModel:
         """
         Expected admissions into the full running top-k of a row that sees `visible` keys.
         """
+
+    def __eq__(self, arg: object, /) -> bool: ...
+
+    def __hash__(self) -> int: ...
+
+    def __getstate__(self) -> tuple: ...
+
+    def __setstate__(self, arg: tuple[float, float, float, float, int, int, int, str, str], /) -> None: ...
 
     def __repr__(self) -> str: ...
 
@@ -118,7 +106,10 @@ class CostModelRefit:
         """
 
     @property
-    def model(self) -> CostModel: ...
+    def model(self) -> CostModel:
+        """
+        The model to plan the next step with: a new value after each step that refits
+        """
 
     @property
     def kept_previous(self) -> bool: ...
@@ -530,6 +521,11 @@ def sliding_window_route(boundaries: Sequence[int], local_length: int, size: int
 def document_prefix_route(boundaries: Sequence[int], local_length: int, size: int, rank: int, ratio: int) -> SequenceDispatchRoute:
     """
     Seed document_prefix_route: compressed-KV document prefixes (ratio 1, 2).
+    """
+
+def dispatch_route_from_intervals(interval_starts: Sequence[int], owner_offsets: Sequence[int], rank: int) -> SequenceDispatchRoute:
+    """
+    The generic route builder: rank q gathers bank rows [interval_starts[q], owner_offsets[q + 1]) (planning/dispatch.hpp).
     """
 
 def compressed_document_offsets(boundaries: Sequence[int], ratio: int) -> list[int]: ...

@@ -248,6 +248,61 @@ def shared_staging(rank: int, size: int, mode: str, options: dict, seed: int) ->
     return out
 
 
+def dropped_unwaited_launch(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:
+    """Issue 30: a fixed-capacity launch whose handles are dropped before ``wait()`` (an
+    exception while rows travel, caught by a loop that skips the batch) left the buffers in
+    flight: every later launch raised "has not been waited on". Now the next launch waits for
+    what the dropped step left travelling and runs; so does one dropped after its result was
+    launched."""
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    first, second = make_case(rank, size, seed, lengths=lengths), make_case(rank, size, seed + 1, lengths=lengths)
+    capacity = sct.fixed_capacity([lengths], size, [RATIO], mode, **options)
+    routes = sct.prebuild(lengths, size, rank, [RATIO], mode, **options, capacity=capacity)
+
+    def launch(case: Any) -> Any:
+        return sct.launch_indexer_inputs(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, mode, group,
+                                         routes=routes, **options)
+
+    def step(case: Any) -> torch.Tensor:
+        exchange = launch(case)
+        qr, weights, cos, sin = exchange.wait()
+        return exchange.launch_result(case.selector(qr, weights, (cos, sin), exchange.route.segments)[0]).wait()
+
+    def dynamic(case: Any) -> torch.Tensor:
+        return sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode,
+                                           group, **options)[0]
+
+    def failing_layer(case: Any, result_launched: bool) -> None:
+        exchange = launch(case)
+        if result_launched:  # the result launched too, never waited for
+            qr, weights, cos, sin = exchange.wait()
+            exchange.launch_result(case.selector(qr, weights, (cos, sin), exchange.route.segments)[0])
+        raise KeyError("a failure while the rows travel")
+
+    out: dict[str, Any] = {"skipped": 0, "errors": []}
+    for attempt in range(2):
+        try:
+            failing_layer(first, attempt == 1)
+        except KeyError:
+            out["skipped"] += 1  # the loop skips the batch; the layer's handles are gone
+        try:
+            out[f"next_equal_{attempt}"] = bool(torch.equal(step(second), dynamic(second)))
+        except RuntimeError as error:
+            out["errors"].append(str(error))
+    # Handles the loop still holds: abort() frees the buffers (inputs in flight, then a
+    # launched result).
+    exchange = launch(first)
+    exchange.abort()
+    out["after_abort_equal"] = bool(torch.equal(step(second), dynamic(second)))
+    exchange = launch(first)
+    qr, weights, cos, sin = exchange.wait()
+    pending = exchange.launch_result(first.selector(qr, weights, (cos, sin), exchange.route.segments)[0])
+    pending.abort()
+    out["after_result_abort_equal"] = bool(torch.equal(step(second), dynamic(second)))
+    return out
+
+
 def replay_with_routes(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:
     """Record the fixed-capacity path (both entry points), replay it: the recorded ids, no
     collective; a replay given another batch's routes raises as outside a replay."""

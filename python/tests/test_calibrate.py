@@ -201,3 +201,69 @@ def test_the_refit_takes_samples_with_or_without_the_heap_sum() -> None:
     with pytest.raises(ValueError, match="heap -1"):
         refit.add_step([(100, 1000, 500, 0.1, -1.0)])
     assert refit.samples == 2  # a refused step leaves the window as it was
+
+
+def test_a_refitted_model_reaches_the_plan_cache() -> None:
+    """Issue 30 item 1: CostModel compared and hashed by identity and CostModelRefit.model was
+    the same object updated in place, so the torch plan/route cache kept the plan made with
+    the first step's coefficients (945 / 1103 rows per rank below where the refitted model
+    gives 1024 / 1024). The README's refit loop, its planning part: the second step plans with
+    the refitted model."""
+    lengths, cp = (1200, 300, 44, 504), 2
+    refit = sparsecp.CostModelRefit(sparsecp.CostModel.linear(0, 1, 0, TOPK), window=1)  # start: causal pairs
+    first = refit.model
+    tasks = sct.indexer_task_plan(lengths, cp, RATIO, "spill", cost_model=first)
+    rows_before = [sum(task.length for task in rank) for rank in tasks]
+    # This job's selector costs the same per row whatever it sees: 2 us a row.
+    samples = []
+    for rows, document in ((64, 0), (128, 0), (300, 3), (500, 1), (44, 2)):
+        task = [(document, max(0, lengths[document] - rows), lengths[document])]
+        rows_, widths, capped, heap = sparsecp.cost_sample(task, RATIO, TOPK)
+        samples.append((rows_, widths, capped, 2e-6 * rows_, heap))
+    refit.add_step(samples)
+    assert not refit.kept_previous
+    model = refit.model
+    assert model is not first and model != first and first == sparsecp.CostModel.linear(0, 1, 0, TOPK)
+    assert model.a == pytest.approx(2000, rel=1e-6) and model.b == pytest.approx(0, abs=1e-6)
+    tasks = sct.indexer_task_plan(lengths, cp, RATIO, "spill", cost_model=model)
+    rows_after = [sum(task.length for task in rank) for rank in tasks]
+    expected = sparsecp.plan(lengths, cp, RATIO, "spill", cost_model=model).rows.tolist()  # no cache
+    assert rows_after == expected == [1024, 1024] and rows_before != rows_after
+    route = sct.indexer_route(lengths, cp, 0, RATIO, "spill", cost_model=model)
+    assert route.query_count == 1024
+
+
+def test_cost_models_are_values() -> None:
+    """Equal models compare and hash equal (a cache finds an equal fresh model), fields are
+    read-only (replace() makes a changed copy), and they pickle."""
+    import pickle
+
+    model = sparsecp.CostModel.linear(1.5, 2, 0.25, TOPK).replace(d=3, candidates=64, quantum=8, unit="ns",
+                                                                   note="a note")
+    same = sparsecp.CostModel(a=1.5, b=2, c=0.25, d=3, topk=TOPK, candidates=64, quantum=8, unit="ns",
+                              note="a note")
+    assert model == same and hash(model) == hash(same) and model.id == same.id and len({model, same}) == 1
+    assert model != same.replace(note="another") and model != same.replace(a=1.25) and model != "a model"
+    assert pickle.loads(pickle.dumps(model)) == model
+    with pytest.raises(AttributeError):
+        model.a = 2  # type: ignore[misc]
+    assert sparsecp.CostModel() == sparsecp.CostModel.linear(0, 1, 0, 512)
+
+
+def test_prebuilt_routes_with_a_cost_model_pickle_and_match_an_equal_model() -> None:
+    """prebuild(..., cost_model=CostModel) was unpicklable (the README says prebuilt routes
+    pickle for data-loader workers), and an equal but distinct model failed the prebuilt
+    check ("differ in params")."""
+    import pickle
+
+    from sparsecp.torch._prebuilt import prebuilt_layer
+
+    lengths = (1200, 300, 44, 504)
+    routes = sct.prebuild(lengths, 2, 1, [RATIO], "spill", cost_model=sparsecp.CostModel.linear(3, 1, 0, TOPK))
+    copy = pickle.loads(pickle.dumps(routes))
+    assert copy.route(RATIO) == routes.route(RATIO)
+    equal = sparsecp.CostModel.linear(3, 1, 0, TOPK)
+    layer = prebuilt_layer(copy, lengths, 2, 1, RATIO, "spill", None, None, {"cost_model": equal})
+    assert layer.route == routes.route(RATIO)
+    with pytest.raises(ValueError, match="differ in params"):
+        prebuilt_layer(copy, lengths, 2, 1, RATIO, "spill", None, None, {"cost_model": equal.replace(a=4)})

@@ -205,6 +205,15 @@ def test_a_launch_on_staging_still_in_use_raises_and_results_stay_their_own():
         assert result["first_equal"] and result["second_equal"] and result["after_drop_equal"]
 
 
+def test_a_dropped_unwaited_fixed_launch_leaves_the_next_one_working():
+    """Issue 30: handles dropped before wait() left the staging buffers stuck in flight."""
+    results = results_or_raise(pool_of(3).run(fixed_tasks.dropped_unwaited_launch, "spill", {}, 23))
+    for result in results:
+        assert result["errors"] == [] and result["skipped"] == 2
+        assert result["next_equal_0"] and result["next_equal_1"]
+        assert result["after_abort_equal"] and result["after_result_abort_equal"]
+
+
 def test_a_replay_of_the_fixed_path_moves_nothing_and_checks_its_routes():
     """Replay + routes=: the recorded ids with no collective; another batch's routes raise
     in a replay as outside one (the replay ignored them)."""

@@ -113,3 +113,35 @@ def test_seed_errors(case):
         assert route.query_count == local and len(route.send_rows) == 0 and sum(route.input_splits) == 0
         assert np.array_equal(route.local_sources.array, np.arange(local))
         assert np.array_equal(route.local_targets.array, np.arange(local))
+
+
+# Issue 30: the seed's error precedence in two held-out kinds of case, each checked against
+# the seed's own module (tools/golden/reindent.py of seeds/001): indexer_route checks the rank
+# before it looks at the lengths, and hybrid's lengths come before its block size.
+PRECEDENCE = [
+    ("route", ((8, 2**64), 2, 5, 4, "zigzag"), "Indexer balance rank must be inside its CP group"),
+    ("route", ((8, 8.5), 2, -1, 4, "greedy", 4), "Indexer balance rank must be inside its CP group"),
+    ("plan", ((3, 0, 5), 2, 4, "hybrid", -2**64, 1),
+     "Indexer balance needs positive document lengths/ratio and an equal contiguous CP partition"),
+    ("plan", ((3, 0, 5), 2, 4, "hybrid", 0, 1),
+     "Indexer balance needs positive document lengths/ratio and an equal contiguous CP partition"),
+]
+
+
+@pytest.mark.parametrize("kind, arguments, seed_text", PRECEDENCE, ids=lambda value: repr(value)[:40])
+def test_the_seeds_error_precedence(kind, arguments, seed_text):
+    function = indexer_balance.indexer_route if kind == "route" else indexer_balance.indexer_task_plan
+    with pytest.raises(ValueError) as raised:
+        function(*arguments)
+    assert seed_text in str(raised.value)
+
+
+def test_an_option_of_true_does_not_hit_the_cache_entry_of_1():
+    """``True == 1`` and they hash alike: a plan cached for block_size=1 answered True, and
+    the error cached for True answered 1 (the seed's own lru_cache has the same hole)."""
+    lengths = (8, 8)
+    indexer_balance.indexer_task_plan(lengths, 2, 1, "greedy", 1)
+    with pytest.raises(ValueError, match="indexer_balance_block_size must be a positive integer"):
+        indexer_balance.indexer_task_plan(lengths, 2, 1, "greedy", True)
+    with pytest.raises(ValueError, match="indexer_balance_block_size must be a positive integer"):
+        indexer_balance.indexer_route(lengths, 2, 0, 1, "greedy", 1.0)

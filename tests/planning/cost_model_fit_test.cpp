@@ -218,7 +218,7 @@ TEST(CostModelFit, RefusesWhatItCannotFitNamingTheValue) {
   EXPECT_THAT(error_of([] { fit_cost_model({}); }), HasSubstr("at least one sample"));
   const std::vector<CostSample> zero_time = {{10, 10, 10, 0}};
   EXPECT_THAT(error_of([&] { fit_cost_model(zero_time); }),
-              HasSubstr("cost sample 0 must have a positive time, got 0 s"));
+              HasSubstr("cost sample 0 must have a finite, positive time, got 0 s"));
   const std::vector<CostSample> nan_rows = {{NAN, 1, 1, 1}};
   EXPECT_THAT(error_of([&] { fit_cost_model(nan_rows); }), HasSubstr("cost sample 0 must have"));
   const std::vector<CostSample> empty_columns = {{0, 0, 0, 1}, {0, 0, 0, 2}};

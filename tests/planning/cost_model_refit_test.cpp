@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -22,6 +23,7 @@ namespace sparsecp {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kRatio = 4;
 constexpr int64_t kTopk = 512;
@@ -185,10 +187,27 @@ TEST(CostModelRefit, AnInvalidSampleIsRefusedAndLeavesTheWindow) {
     refit.add_step(bad);
     FAIL() << "a negative time must be refused";
   } catch (const InvalidInputError& error) {
-    EXPECT_THAT(error.what(), HasSubstr("cost sample 1 must have a positive time, got -1"));
+    EXPECT_THAT(error.what(), HasSubstr("cost sample 1 must have a finite, positive time, got -1"));
   }
   EXPECT_EQ(refit.steps(), 0);
   EXPECT_EQ(refit.samples(), 0);
+}
+
+TEST(CostModelRefit, ANonFiniteTimeIsNamedNotTheSums) {
+  // Issue 30: a NaN time was reported as "must have finite, non-negative sums" (naming
+  // the valid sums, not the bad time).
+  CostModelRefit refit(CostModel::linear(7, 2, 1, kTopk), 3);
+  for (const double seconds : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    const std::vector<CostSample> bad = {{100, 1000, 500, 0.1}, {100, 1000, 500, seconds}};
+    try {
+      refit.add_step(bad);
+      FAIL() << "a non-finite time must be refused";
+    } catch (const InvalidInputError& error) {
+      EXPECT_THAT(error.what(), HasSubstr("cost sample 1 must have a finite, positive time, got "));
+      EXPECT_THAT(error.what(), Not(HasSubstr("sums")));
+    }
+  }
+  EXPECT_EQ(refit.steps(), 0);
 }
 
 TEST(CostModelRefit, RefusesABadStart) {

@@ -44,9 +44,27 @@ def option(value: Any) -> int | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return 0  # below 1 (an int64 or not): the same text
     return min(value, _INT64_MAX)
+
+
+def option_key(value: Any) -> Any:
+    """An option as a cache key part: ``True`` must not find ``1``'s entry (``True == 1``
+    and they hash alike), nor ``1.0``; other values as given."""
+    if isinstance(value, bool) or (value is not None and not isinstance(value, int)):
+        return (type(value).__name__, value)
+    return value
+
+
+def rank_outside(rank: Any, size: Any) -> bool:
+    """The seed's first check of ``indexer_route``, ``not 0 <= rank < size``, made before
+    anything else as the seed makes it (False when the values do not compare: the type
+    checks then name them)."""
+    try:
+        return not 0 <= rank < size
+    except TypeError:
+        return False
 
 
 def positive(value: Any) -> bool:
@@ -100,7 +118,7 @@ def planning_inputs(lengths: Sequence[int], size: int, ratio: int, mode: Any, bl
     (``sparsecp._checks``: int or numpy integers, never bool or float), so ``ratio=True``
     cannot hit ``ratio=1``'s entry."""
     return PlanningInputs(lengths_tuple(lengths), integer("size", size), integer("ratio", ratio),
-                          mode, block_size, zigzag_min_length,
+                          mode, option_key(block_size), option_key(zigzag_min_length),
                           tuple(sorted((name, parameter_key(value)) for name, value in params.items())))
 
 

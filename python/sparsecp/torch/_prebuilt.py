@@ -326,24 +326,46 @@ class StagingBuffers:
         self.keep_from, self.keep_to = new(owner_rows, dtype=index), new(owner_rows, dtype=index)
         self.key_begin, self.visible = new(self.worker_rows, dtype=index), new(self.worker_rows, dtype=index)
         self.results: dict[tuple[int, torch.dtype], tuple[torch.Tensor, ...]] = {}
-        # True from a launch until its inputs are placed (FixedInputExchange): a second
-        # launch on the same buffers meanwhile would overwrite rows still travelling.
-        self.inputs_in_flight = False
-        # After that, the step's live handle (its FixedInputExchange, then its result handle)
-        # until the result is waited for: a launch meanwhile would reload the index tensors
-        # and overwrite the worker rows and result staging that handle still reads (every
-        # layer of a model shares these buffers, whatever its ratio).
-        # A weak reference: a dropped handle frees the buffers.
+        # The step's live handle (its FixedInputExchange, then its result handle) until the
+        # result is waited for: a launch meanwhile would reload the index tensors and
+        # overwrite the worker rows and result staging that handle still reads (every layer
+        # of a model shares these buffers, whatever its ratio). A weak reference: dropping
+        # the handles (an exception while rows travel, caught by a loop that skips the
+        # batch) ends the step.
         self._user: weakref.ref[Any] | None = None
+        # The step's collectives not waited for yet (its input all-to-alls, then its result
+        # all-to-all). A step whose handles were dropped leaves them here; the next launch
+        # waits for them (``release``) before it writes into these buffers: every rank
+        # launched them (the launch agrees first), so they complete.
+        self._works: list[Any] = []
 
     @property
     def in_use(self) -> bool:
-        """True from a launch until its result is waited for (or its handles are dropped)."""
-        return self.inputs_in_flight or (self._user is not None and self._user() is not None)
+        """True from a launch until its result is waited for (and its handles are alive)."""
+        return self._user is not None and self._user() is not None
 
-    def use(self, handle: Any) -> None:
-        """``handle`` (or None: free) is the step now using these buffers."""
+    def use(self, handle: Any, works: Sequence[Any] = ()) -> None:
+        """``handle`` (or None: free) is the step now using these buffers; ``works``: its
+        collectives still to be waited for (kept until the handle waits them)."""
         self._user = None if handle is None else weakref.ref(handle)
+        self._works = [work for work in works if work is not None]
+
+    def abort(self, handle: Any) -> None:
+        """End ``handle``'s step without its result: wait for its collectives, free the buffers."""
+        if self._user is not None and self._user() is handle:
+            self.release()
+            self.use(None)
+
+    def waited(self) -> None:
+        """The live handle waited for its collectives."""
+        self._works = []
+
+    def release(self) -> None:
+        """Before a launch on free buffers: wait for what a dropped step left travelling, so
+        that no collective of it still reads or writes the buffers."""
+        works, self._works = self._works, []
+        for work in works:
+            work.wait()
 
     def collective_tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor handed to a collective (inputs, then results): fixed for the run."""
@@ -486,11 +508,19 @@ class FixedInputExchange:
             raise RuntimeError("Indexer input exchange cannot be consumed twice")
         self.consumed = True
         fields = self.staging.finish_inputs(self.works)
-        self.staging.inputs_in_flight = False
+        self.staging.waited()
         self.works = []
         rows = self.route.query_count
         self._clock = WorkerClock(self.staging.device)
         return WorkerInputs(*(tensor[:, :rows] for tensor in fields))
+
+    def abort(self) -> None:
+        """Give up this step (a batch skipped after an exception): waits for the rows already
+        travelling and frees the staging buffers for the next launch; the handle is then
+        consumed. Dropping every reference to the handles does the same at the next launch."""
+        self.consumed = True
+        self.works = []
+        self.staging.abort(self)
 
     @torch.no_grad()
     def launch_result(self, selected: torch.Tensor) -> _FixedPendingResult:
@@ -513,7 +543,7 @@ class FixedInputExchange:
             raise
         work = self.staging.send_results(selected, self.group, not _capturing(self.staging.device))
         pending = _FixedPendingResult(self.staging, work, int(selected.shape[1]), selected.dtype)
-        self.staging.use(pending)
+        self.staging.use(pending, (work,))
         return pending
 
 
@@ -533,8 +563,15 @@ class _FixedPendingResult:
             raise RuntimeError("Indexer communication handle cannot be consumed twice")
         self.consumed = True
         ids = self.staging.finish_results(self.work, self.topk, self.dtype).clone()
+        self.work = None
         self.staging.use(None)
         return ids
+
+    def abort(self) -> None:
+        """Give up the result (see ``FixedInputExchange.abort``)."""
+        self.consumed = True
+        self.work = None
+        self.staging.abort(self)
 
 
 def prebuilt_layer(routes: Any, lengths: Any, size: int, rank: int, ratio: Any, mode: Any, block_size: Any,
@@ -572,8 +609,8 @@ def _prebuilt_checks(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: 
         if layer.indices is not None and _staging_in_use(layer.indices, inputs, group, size):
             raise RuntimeError("Indexer fixed-capacity exchange: the previous launch on these staging buffers "
                                "(same group, device, capacity, owner rows and field layout) has not been waited "
-                               "on to its result; wait() its inputs and its launch_result handle (or drop its "
-                               "handles) before the next launch")
+                               "on to its result; wait() its inputs and its launch_result handle (or abort() or drop "
+                               "its handles) before the next launch")
         return layer
 
     layer, error = capture(check)
@@ -604,11 +641,11 @@ def launch_prebuilt(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: A
 
         return _launch_on_route(inputs, layer.route, group)
     staging = _staging_for(layer.indices, inputs, group, routes.size)
+    staging.release()  # a dropped step's collectives, if any, end before the buffers are rewritten
     staging.load(layer.indices)
-    staging.inputs_in_flight = True
     works = staging.send_inputs(inputs, group, not _capturing(staging.device))
     exchange = FixedInputExchange(layer.route, group, staging, works)
-    staging.use(exchange)
+    staging.use(exchange, works)
     return exchange
 
 

@@ -153,6 +153,7 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
     model, per_call, rms, fitted = calibrate_cost_model(measure, ratio, rows, visible, topk, candidates, quantum,
                                                         keys, repeats, max_residual, heap_term)
     name = getattr(selector, "__qualname__", type(selector).__name__)
-    model.note = f"selector {name} heads {heads} q_rank {q_rank} rope_dim {rope_dim} ratio {ratio} {dtype} on {device}"
+    model = model.replace(note=f"selector {name} heads {heads} q_rank {q_rank} rope_dim {rope_dim} ratio {ratio} "
+                               f"{dtype} on {device}")
     points = [CalibrationPoint(*point) for point in fitted]
     return Calibration(model, per_call, rms, str(device), points)

@@ -68,7 +68,17 @@ from ._exchange import _exchange_rows as _exchange_rows
 from ._exchange import exchange_stats as exchange_stats
 from ._exchange import expected_exchange_bytes as expected_exchange_bytes
 from ._exchange import reset_exchange_stats as reset_exchange_stats
-from ._plans import PlanCached, int64_array, is_sparsecp_strategy, mode_name, option, planned, planning_inputs, positive
+from ._plans import (
+    PlanCached,
+    int64_array,
+    is_sparsecp_strategy,
+    mode_name,
+    option,
+    planned,
+    planning_inputs,
+    positive,
+    rank_outside,
+)
 from ._plans import RowTuple as RowTuple
 from ._prebuilt import launch_prebuilt
 from ._replay import replayable
@@ -288,6 +298,8 @@ def indexer_route(lengths: tuple[int, ...], size: int, rank: int, ratio: int, mo
     Returns:
         Immutable input/result route with a local-task bypass.
     """
+    if rank_outside(rank, size):  # the seed's first check, before the lengths are looked at
+        raise ValueError("Indexer balance rank must be inside its CP group")
     entry = planned(planning_inputs(lengths, size, ratio, mode, block_size, zigzag_min_length, strategy_params))
     return entry.route(integer("rank", rank), IndexerRoute.from_core)
 
