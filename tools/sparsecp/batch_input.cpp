@@ -164,8 +164,9 @@ void BatchOptions::add_to(CLI::App& command) {
                   "Generated batch when no lengths are given: fixed, uniform, lognormal, "
                   "pareto, bimodal or mixture")
       ->capture_default_str();
-  command.add_option("--tokens", tokens, "Generated batch: total tokens (a multiple of --cp)")
-      ->capture_default_str();
+  tokens_option =
+      command.add_option("--tokens", tokens, "Generated batch: total tokens (a multiple of --cp)")
+          ->capture_default_str();
   command
       .add_option("--scale", scale,
                   "Generated batch: typical document length (lognormal: the median); 0 = a "
@@ -195,6 +196,11 @@ std::vector<int64_t> BatchOptions::load(int64_t cp) const {
   spec.cp = cp;
   spec.seed = seed;
   return generate_batch(spec);
+}
+
+bool BatchOptions::default_size() const {
+  return lengths.empty() && lengths_file.empty() &&
+         (tokens_option == nullptr || tokens_option->count() == 0);
 }
 
 std::string BatchOptions::describe() const {

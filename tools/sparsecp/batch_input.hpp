@@ -65,6 +65,11 @@ struct BatchOptions {
   std::vector<int64_t> load(int64_t cp) const;
   // Where the batch came from, for report headers.
   std::string describe() const;
+  // True for the generator's batch at its default size: no --lengths, --lengths-file or
+  // --tokens on the command line (`run` may then shrink it to fit the machine).
+  bool default_size() const;
+
+  const CLI::Option* tokens_option = nullptr;  // set by add_to
 };
 
 // --cp (when `cp` is given) and --ratio, as `plan`, `route` and `run` declare them.

@@ -30,6 +30,7 @@
 #include "calibration.hpp"
 #include "command.hpp"
 #include "model_flags.hpp"
+#include "progress.hpp"
 #include "run_job.hpp"
 #include "run_model.hpp"
 #include "run_report.hpp"
@@ -66,7 +67,7 @@ void on_every_rank(MpiCommunicator& comm, const char* what, Step&& step) {
 // --no-calibrate) a model calibrated for the run's shape on this machine, reused from
 // the cache when one exists; rank 0 measures or reads it and sends it to the others.
 CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& params,
-                                  MpiCommunicator& comm) {
+                                  MpiCommunicator& comm, const Progress& progress) {
   CostModelChoice choice;
   if (params.cost_model) {  // --cost-model FILE, read by StrategyFlags::params
     choice.model = params.cost_model;
@@ -91,6 +92,7 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
       try {
         model = load_cost_model(path);
         choice.source = "reused " + path + " (" + model.note + ")";
+        progress.say("spill's cost model for this shape and machine: reused from the cache");
         return;
       } catch (const Error&) {
         // An unreadable cache entry is recalibrated and overwritten.
@@ -100,6 +102,8 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
     // repeats, then refused: spill starts from causal pairs, and says so.
     std::optional<CpuCalibration> fit;
     std::string refused;
+    progress.say("calibrating spill's cost model for this shape on this machine (%s) ...",
+                 path.empty() ? "not cached: --no-cache" : "cached for the next run");
     for (const int repeats : {settings.grid.repeats, 3 * settings.grid.repeats}) {
       CalibrationSettings attempt = settings;
       attempt.grid.repeats = repeats;
@@ -109,6 +113,9 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
       } catch (const InvalidInputError& error) {
         if (std::string_view(error.what()).find("fit refused") == std::string_view::npos) throw;
         refused = error.what();
+        progress.say("the fit was refused (%s)%s", refused.c_str(),
+                     repeats == settings.grid.repeats ? "; calibrating again with more repeats ..."
+                                                      : "");
       }
     }
     if (!fit) {
@@ -121,6 +128,7 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
     std::snprintf(text, sizeof text, "calibrated now in %.1f s (rms residual %.0f%%)",
                   fit->seconds_taken, 100 * fit->fit.rms_relative_residual);
     choice.source = text;
+    progress.say("%s", text);
     if (path.empty()) return;
     try {
       std::filesystem::create_directories(dir);
@@ -175,6 +183,8 @@ Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
       job.strategies.push_back(chosen);
     }
     job.params = flags.strategy.params(flags.ratio, flags.model);
+    job.batch = flags.batch;
+    job.requested_tokens = total;
     job.model = make_run_model(flags.model, flags.ratio, flags.threads, flags.model_seed,
                                job.lengths, comm.rank(), total / job.cp);
   });
@@ -184,11 +194,12 @@ Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
 bool balances_cost_model(const Strategy& s) { return s.name() == "spill" || s.name() == "auto"; }
 
 // spill and auto balance the run's cost model (the other strategies ignore it).
-void add_cost_model(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
+void add_cost_model(const RunFlags& flags, Job& job, MpiCommunicator& comm,
+                    const Progress& progress) {
   const bool needs_cost = std::any_of(job.strategies.begin(), job.strategies.end(),
                                       [](const Strategy* s) { return balances_cost_model(*s); });
   if (!needs_cost) return;
-  job.cost = choose_cost_model(flags, job.params, comm);
+  job.cost = choose_cost_model(flags, job.params, comm, progress);
   job.params.cost_model = job.cost.model;
   if (job.cost.model) job.cost.source += " (id " + cost_model_id(*job.cost.model) + ")";
 }
@@ -329,7 +340,9 @@ Comparison compare(const StrategyRuns& a, const StrategyRuns& b) {
   Comparison c{&a, &b};
   if (ratios.empty()) return c;
   c.ratio = median_interval(ratios);
-  c.outside_noise = c.ratio.low > 1 || c.ratio.high < 1;
+  // Fewer rounds than a verdict needs claim nothing, however far apart (kRoundsForVerdict).
+  c.outside_noise = static_cast<int64_t>(ratios.size()) >= kRoundsForVerdict &&
+                    (c.ratio.low > 1 || c.ratio.high < 1);
   return c;
 }
 
@@ -350,63 +363,213 @@ bool decided(const std::vector<StrategyRuns>& all) {
                      [](const Comparison& c) { return c.outside_noise; });
 }
 
+// ---------------------------------------------------------------------------------------
+// Fit the job to the machine
+
+int64_t milliseconds(double seconds) { return static_cast<int64_t>(seconds * 1e3); }
+
+// The rounds the job runs whatever the budget: --repeats (default kRoundsForVerdict, the
+// fewest that can tell two strategies apart), at most --max-repeats.
+int64_t rounds_floor(const RunFlags& flags) { return std::min(flags.repeats, flags.max_repeats); }
+
+// Rebuilds the batch and its inputs at `tokens` (the generator's batch, same seed and
+// distribution; documents shrink with the shard). The same on every rank.
+void rebuild_batch(const RunFlags& flags, Job& job, MpiCommunicator& comm, int64_t tokens) {
+  on_every_rank(comm, "scaling the batch", [&] {
+    job.batch.tokens = tokens;
+    job.lengths = job.batch.load(job.cp);
+    const int64_t total = checked_total(job.lengths);
+    validate_plan_inputs(job.lengths, job.cp, flags.ratio, Mode::kNone, std::nullopt);
+    job.model = make_run_model(flags.model, flags.ratio, flags.threads, flags.model_seed,
+                               job.lengths, comm.rank(), total / job.cp);
+  });
+}
+
+// The job fits itself to the machine and the --time-budget from its first measurement:
+// `round` seconds for one round of every strategy (rank 0's wall clock, estimated from
+// what was measured: `measured` says what), `elapsed` since the job started, `other`
+// seconds of work still to come besides the rounds (the remaining --adapt steps). When the
+// rounds the job must run (rounds_floor) and `other` fit the budget left, nothing changes.
+// Otherwise the built-in batch (no --lengths, --lengths-file or --tokens) shrinks until they
+// do: a round's selection work shrinks at least in proportion to the tokens (documents
+// shrink with the shard too), so tokens * (budget left / time needed), less a margin,
+// rounded down to 1024 tokens per rank, at least 4096 per rank. A batch the user gave keeps
+// its size; the header then says when the verdict comes. The decision is rank 0's,
+// broadcast, so every rank takes it. Returns true when the batch changed.
+bool size_to_budget(const RunFlags& flags, Job& job, MpiCommunicator& comm, double elapsed,
+                    double round, double other, const std::string& measured,
+                    const Progress& progress) {
+  const std::vector<int64_t> shared = broadcast(
+      comm, {milliseconds(elapsed), milliseconds(round), milliseconds(other)}, 0);
+  elapsed = static_cast<double>(shared[0]) * 1e-3;
+  round = static_cast<double>(shared[1]) * 1e-3;
+  other = static_cast<double>(shared[2]) * 1e-3;
+  job.round_seconds = round;
+  const int64_t rounds = rounds_floor(flags);
+  const double left = flags.time_budget - elapsed;
+  const double needed = static_cast<double>(rounds) * round + other;
+  const long long tokens = static_cast<long long>(job.model.local * job.cp);
+  const std::string strategies = std::to_string(job.strategies.size()) + " strategies";
+  char text[800];
+  if (needed <= left) {
+    std::snprintf(text, sizeof text,
+                  "sized to this machine: one round of the %s takes about %s here (%s); the %lld "
+                  "rounds the job runs at least fit the %s left of the %g s --time-budget, and "
+                  "more are added while a pair is within noise and the next round fits",
+                  strategies.c_str(), human_seconds(round).c_str(), measured.c_str(),
+                  static_cast<long long>(rounds), human_seconds(std::max(left, 0.0)).c_str(),
+                  flags.time_budget);
+    job.sizing = text;
+    progress.say("%s", text);
+    return false;
+  }
+  if (!job.batch.default_size()) {
+    std::snprintf(text, sizeof text,
+                  "not scaled: one round of the %s takes about %s here (%s), so the %lld rounds "
+                  "the job runs at least take about %s, past the %g s --time-budget; the batch "
+                  "is the one you gave (%s) and keeps its size (the built-in batch would shrink)",
+                  strategies.c_str(), human_seconds(round).c_str(), measured.c_str(),
+                  static_cast<long long>(rounds), human_seconds(needed).c_str(), flags.time_budget,
+                  job.batch.describe().c_str());
+    job.sizing = text;
+    progress.say("%s", text);
+    return false;
+  }
+  const int64_t quantum = 1024 * job.cp;
+  const int64_t minimum = 4 * quantum;
+  const double fraction = left > 0 ? 0.8 * left / needed : 0;
+  const int64_t scaled = std::max(
+      minimum,
+      static_cast<int64_t>(static_cast<double>(tokens) * fraction / static_cast<double>(quantum)) *
+          quantum);
+  if (scaled >= tokens) {
+    std::snprintf(text, sizeof text,
+                  "not scaled: one round of the %s takes about %s here (%s), so the %lld rounds "
+                  "the job runs at least take about %s, past the %g s --time-budget, but the "
+                  "built-in batch is already at its smallest (%lld tokens)",
+                  strategies.c_str(), human_seconds(round).c_str(), measured.c_str(),
+                  static_cast<long long>(rounds), human_seconds(needed).c_str(), flags.time_budget,
+                  tokens);
+    job.sizing = text;
+    progress.say("%s", text);
+    return false;
+  }
+  std::snprintf(text, sizeof text,
+                "scaled to this machine: the built-in batch is %lld tokens instead of %lld, "
+                "because one round of the %s took %s at %lld tokens (%s) and the %lld rounds the "
+                "job runs at least would not fit the %s left of the %g s --time-budget (--tokens "
+                "keeps a size; a longer --time-budget keeps the built-in one)",
+                static_cast<long long>(scaled), static_cast<long long>(job.requested_tokens),
+                strategies.c_str(), human_seconds(round).c_str(), tokens, measured.c_str(),
+                static_cast<long long>(rounds), human_seconds(std::max(left, 0.0)).c_str(),
+                flags.time_budget);
+  job.sizing = text;
+  job.scaled = true;
+  progress.say("%s", text);
+  rebuild_batch(flags, job, comm, scaled);
+  return true;
+}
+
+// Every strategy's route for this rank on the job's (possibly rescaled) batch.
+void plan_routes(const RunFlags& flags, const Job& job, std::vector<StrategyRuns>& all,
+                 MpiCommunicator& comm) {
+  on_every_rank(comm, "planning", [&] {
+    for (StrategyRuns& runs : all) {
+      runs.parameters = runs.strategy->describe(job.lengths, job.cp, job.params);
+      runs.route = std::make_shared<const IndexerRoute>(
+          runs.strategy->route(job.lengths, job.cp, comm.rank(), flags.ratio, job.params));
+      runs.repeats.clear();
+      runs.unstable_repeats = 0;
+    }
+  });
+}
+
 // Runs every strategy once per round, interleaved so that a slow spell of the machine
-// hits them alike, for at least --repeats rounds and then until every pair of strategies
-// is told apart (decided), --max-repeats rounds, or --time-budget seconds (counted from
-// `started`, before the --adapt steps). A budget that runs out before --repeats rounds
-// stops the repeats too (the default job must stay under a minute on a busy machine);
-// the report then compares nothing (job.too_few_repeats).
+// hits them alike: rounds_floor rounds whatever the budget (the batch was sized so that
+// they fit: size_to_budget, after the first round when no --adapt step measured one), then
+// more while a pair of strategies is within noise (decided), below --max-repeats, and while
+// the next round fits the --time-budget (counted from `started`, the job's start, so
+// calibration and --adapt steps count). Fewer than kRoundsForVerdict rounds compare
+// nothing (job.too_few_repeats).
 std::vector<StrategyRuns> measure(const RunFlags& flags, Job& job, MpiCommunicator& comm,
-                                  double started) {
+                                  double started, const Progress& progress) {
   std::vector<StrategyRuns> all;
   for (const Strategy* strategy : job.strategies) {
     StrategyRuns runs;
     runs.strategy = strategy;
-    runs.parameters = strategy->describe(job.lengths, job.cp, job.params);
     all.push_back(std::move(runs));
   }
-  on_every_rank(comm, "planning", [&] {
-    for (StrategyRuns& runs : all) {
-      runs.route = std::make_shared<const IndexerRoute>(
-          runs.strategy->route(job.lengths, job.cp, comm.rank(), flags.ratio, job.params));
-    }
-  });
-  for (int64_t round = 0; round < flags.max_repeats; ++round) {
+  plan_routes(flags, job, all, comm);
+  const int64_t floor = rounds_floor(flags);
+  for (int64_t round = 0; round < flags.max_repeats;) {
+    const double round_start = wall_seconds();
+    std::vector<double> slowest;
     for (StrategyRuns& runs : all) {
       const RankFigures mine =
           run_once(job.model, runs, round == 0, flags.concurrent_selections, comm);
       const std::vector<int64_t> every = gather(comm, mine.encode());
       std::vector<RankFigures> ranks;
+      double most = 0;
       for (int64_t r = 0; r < job.cp; ++r) {
         ranks.push_back(RankFigures::decode(std::span<const int64_t>(every).subspan(
             static_cast<size_t>(r) * RankFigures::kFields, RankFigures::kFields)));
+        most = std::max(most, ranks.back().select_cpu);
       }
+      slowest.push_back(most);
       runs.repeats.push_back(std::move(ranks));
     }
     // The stop decision must be the same on every rank: rank 0's clock decides.
-    const int64_t elapsed_ms =
-        broadcast(comm, {static_cast<int64_t>((wall_seconds() - started) * 1e3)}, 0)[0];
-    const bool out_of_time = static_cast<double>(elapsed_ms) >= flags.time_budget * 1e3;
-    char text[160];
-    if (round + 1 < flags.repeats) {
-      if (!out_of_time) continue;
-      std::snprintf(text, sizeof text,
-                    "the --time-budget of %g s ran out after %lld of the %lld --repeats: too few "
-                    "repeats to compare",
-                    flags.time_budget, static_cast<long long>(round + 1),
-                    static_cast<long long>(flags.repeats));
-      job.too_few_repeats = true;
-    } else if (decided(all)) {
+    const std::vector<int64_t> clock = broadcast(
+        comm, {milliseconds(wall_seconds() - started), milliseconds(wall_seconds() - round_start)},
+        0);
+    const double elapsed = static_cast<double>(clock[0]) * 1e-3;
+    job.round_seconds = static_cast<double>(clock[1]) * 1e-3;
+    if (job.sizing.empty()) {  // no --adapt step measured a round: this one does
+      if (size_to_budget(flags, job, comm, elapsed, job.round_seconds, 0,
+                         "measured by the first round", progress)) {
+        plan_routes(flags, job, all, comm);  // the rounds start again on the scaled batch
+        round = 0;
+        continue;
+      }
+    }
+    ++round;
+    if (progress.on()) {
+      std::string times;
+      for (size_t i = 0; i < all.size(); ++i) {
+        times += (i ? ", " : "") + std::string(all[i].strategy->name()) + " " +
+                 human_seconds(slowest[i]);
+      }
+      const double left = round < floor ? static_cast<double>(floor - round) * job.round_seconds
+                                        : std::max(0.0, flags.time_budget - elapsed);
+      // The first rounds always; later ones at most one line a second (fast jobs).
+      const auto say = round <= kRoundsForVerdict ? &Progress::say : &Progress::tick;
+      (progress.*say)("round %lld%s: slowest rank's selection %s; the round took %s; %s %s left",
+                   static_cast<long long>(round),
+                   round <= floor ? (" of " + std::to_string(floor)).c_str() : "", times.c_str(),
+                   human_seconds(job.round_seconds).c_str(),
+                   round < floor ? "about" : "at most", human_seconds(left).c_str());
+    }
+    const bool next_fits = elapsed + job.round_seconds <= flags.time_budget;
+    char text[200];
+    if (round < floor) {
+      continue;
+    } else if (round >= kRoundsForVerdict && decided(all)) {
       std::snprintf(text, sizeof text, "every pair of strategies told apart");
-    } else if (out_of_time) {
-      std::snprintf(text, sizeof text, "the --time-budget of %g s ran out", flags.time_budget);
-    } else if (round + 1 == flags.max_repeats) {
+    } else if (round == flags.max_repeats) {
       std::snprintf(text, sizeof text, "--max-repeats reached");
+    } else if (!next_fits) {
+      std::snprintf(text, sizeof text,
+                    "another round of about %s would not fit the %g s --time-budget",
+                    human_seconds(job.round_seconds).c_str(), flags.time_budget);
     } else {
       continue;
     }
     job.stopped = text;
+    progress.say("stopped after %lld rounds: %s", static_cast<long long>(round), text);
     break;
+  }
+  if (static_cast<int64_t>(all.front().repeats.size()) < kRoundsForVerdict) {
+    job.too_few_repeats = true;
   }
   return all;
 }
@@ -418,7 +581,11 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, Job& job, MpiCommunicat
 // with it from the next step. 'none' runs in the first step only: its route never
 // changes, and its samples (ranks of very different costs) stay in the window; the
 // measured repeats run with the final model.
-void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
+//
+// The first step is the job's first measurement: from its wall time the job sizes itself
+// to the machine (size_to_budget) before the next step.
+void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm, double started,
+           const Progress& progress) {
   std::vector<const Strategy*> stepping = {job.strategies.front()};
   for (const Strategy* s : job.strategies) {
     if (balances_cost_model(*s)) stepping.push_back(s);
@@ -440,8 +607,12 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
       }
     });
     std::vector<int64_t> mine;
+    double step_seconds = 0, without_none = 0;
     for (StrategyRuns& r : runs) {
+      const double run_start = wall_seconds();
       const RankFigures figures = run_once(job.model, r, true, flags.concurrent_selections, comm);
+      step_seconds += wall_seconds() - run_start;
+      if (r.strategy != job.strategies.front()) without_none += wall_seconds() - run_start;
       const CostSample s =
           segment_cost_sample(r.route->segments, flags.ratio, topk, 0, candidates, quantum);
       // The heap sum is a real number; whole replacements are precision enough.
@@ -484,6 +655,21 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm) {
     record.window_samples = refit.samples();
     job.adapt.push_back(record);
     job.params.cost_model = refit.model();
+    progress.say("--adapt step %lld of %lld: %s's time imbalance %.3f (slowest rank %s); %s",
+                 static_cast<long long>(step + 1), static_cast<long long>(flags.adapt),
+                 record.strategy.c_str(), record.time_imbalance,
+                 human_seconds(record.slowest_seconds).c_str(),
+                 record.kept_previous ? "model kept" : "model refitted");
+    if (step == 0 && job.sizing.empty()) {
+      // A round runs every strategy; this step ran some of them (none and spill/auto).
+      const double round = step_seconds * static_cast<double>(job.strategies.size()) /
+                           static_cast<double>(stepping.size());
+      const std::string measured =
+          "estimated from the first --adapt step, which ran " + std::to_string(stepping.size()) +
+          " of them in " + human_seconds(step_seconds);
+      size_to_budget(flags, job, comm, wall_seconds() - started, round,
+                     static_cast<double>(flags.adapt - 1) * without_none, measured, progress);
+    }
   }
   job.cost.source += "; refitted from this job's own times over " + std::to_string(flags.adapt) +
                      " --adapt step(s)";
@@ -624,7 +810,12 @@ void attach_overlap(Summary& s, const OverlapFigures& mine, MpiCommunicator& com
 // ---------------------------------------------------------------------------------------
 
 void run_ranks(const RunFlags& flags) {
+  const double started = wall_seconds();  // the --time-budget counts the whole job
   MpiCommunicator comm(MPI_COMM_WORLD);
+  // Progress on rank 0's terminal only (progress.hpp); the report is rank 0's too.
+  const Progress progress =
+      comm.rank() == 0 ? Progress("sparsecp run", flags.json) : Progress::off();
+  progress.say("%lld ranks; preparing the batch and the model", static_cast<long long>(comm.size()));
   // The machine's load before the job adds its own (the report warns when it is high).
   double load = 0;
   const int64_t cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -633,10 +824,9 @@ void run_ranks(const RunFlags& flags) {
   job.load_average = load;
   job.cores = cores;
   if (flags.check_agreement) agree(flags, job, comm);
-  add_cost_model(flags, job, comm);
-  const double started = wall_seconds();  // the --time-budget counts the --adapt steps too
-  adapt(flags, job, comm);
-  std::vector<StrategyRuns> runs = measure(flags, job, comm, started);
+  add_cost_model(flags, job, comm, progress);
+  adapt(flags, job, comm, started, progress);
+  std::vector<StrategyRuns> runs = measure(flags, job, comm, started, progress);
   std::vector<Comparison> pairs = compare_all(runs);
   if (job.too_few_repeats) {
     for (Comparison& c : pairs) c.outside_noise = false;
@@ -647,6 +837,7 @@ void run_ranks(const RunFlags& flags) {
     for (Summary& s : summaries) s.significant = false;
   }
   if (flags.overlap) {
+    progress.say("measuring the overlap of the input exchange (--overlap)");
     for (size_t s = 1; s < runs.size(); ++s) {
       attach_overlap(summaries[s], measure_overlap(job.model, runs[s], flags.repeats, comm), comm);
     }
@@ -708,17 +899,21 @@ const Registration registration("run", [](CLI::App& app) {
                   "when 1, the process's otherwise")
       ->capture_default_str();
   sub->add_option("--repeats", flags->repeats,
-                  "Interleaved repeats of every strategy at least (results must repeat exactly)")
+                  "Interleaved rounds of every strategy at least, whatever the --time-budget "
+                  "(results must repeat exactly); fewer than 6 compare nothing: 6 is the fewest "
+                  "whose min..max of per-round ratios is a 95% interval of their median")
       ->capture_default_str();
   sub->add_option("--max-repeats", flags->max_repeats,
-                  "Repeats at most: more are added while any two strategies are within noise of "
-                  "each other (the 95% interval of their per-repeat time ratio holds 1)")
+                  "Rounds at most: more are added while any two strategies are within noise of "
+                  "each other (the 95% interval of their per-round time ratio holds 1) and the "
+                  "next round fits the --time-budget")
       ->capture_default_str();
   sub->add_option("--time-budget", flags->time_budget,
-                  "Seconds of --adapt steps and repeats after which no repeat is added, even "
-                  "below --repeats (the report then compares nothing: too few repeats); the "
-                  "default keeps the default job, calibration included, under a minute on 2 "
-                  "cores")
+                  "Seconds the whole job aims to take, calibration and --adapt steps included. "
+                  "From its first measured round the job sizes itself: no round is added past "
+                  "the budget, and when the --repeats rounds would not fit, the built-in batch "
+                  "(no --lengths, --lengths-file or --tokens) shrinks until they do; the header "
+                  "says what was scaled and why. A batch you gave keeps its size")
       ->capture_default_str();
   sub->add_option("--adapt", flags->adapt,
                   "Steps before the measured repeats that refit spill's/auto's cost model from "
@@ -758,7 +953,8 @@ const Registration registration("run", [](CLI::App& app) {
       "auto runs: a_ns, b_ns, c_ns, d_ns, id, source), adapt (with --adapt steps: [{step, "
       "strategy, planned_with, time_imbalance, slowest_select_cpu_s, refitted, "
       "kept_previous, refused_rms_relative_residual, rms_relative_residual, "
-      "window_samples}]), too_few_repeats, "
+      "window_samples}]), sizing: {text, scaled, requested_tokens, round_s, time_budget_s}, "
+      "too_few_repeats, "
       "repeats, "
       "strategies: [{mode, parameters, ranks: [{rank, rows, work, select_cpu_s, "
       "bytes_sent, bytes_received, predicted_bytes_sent, ...}], work_imbalance, "

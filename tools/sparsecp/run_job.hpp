@@ -23,6 +23,12 @@
 
 namespace sparsecp::cli {
 
+// The fewest rounds whose per-round ratios can tell two strategies apart: the interval
+// median_interval gives over 6 values (their min..max) holds the median with probability
+// 1 - 2/64 = 97%; over 5, only 94%, over 3, 75%. A comparison of fewer rounds claims
+// nothing ("too few repeats to compare").
+inline constexpr int64_t kRoundsForVerdict = 6;
+
 struct RunFlags {
   BatchOptions batch;
   int64_t ratio = 4;
@@ -30,9 +36,9 @@ struct RunFlags {
   ModelFlags model{.heads = 16, .head_dim = 128, .rope_dim = 64, .q_rank = 256, .topk = 512};
   uint64_t model_seed = 7;
   int threads = 1;
-  int64_t repeats = 3;
+  int64_t repeats = kRoundsForVerdict;
   int64_t max_repeats = 60;
-  double time_budget = 30;
+  double time_budget = 120;  // the whole job, calibration included (size_to_budget)
   int64_t adapt = 1;         // steps refitting the cost model from the job's own times
   int64_t adapt_window = 4;  // steps the refit keeps
   bool calibrate = true;
@@ -66,7 +72,14 @@ struct Job {
   double load_average = 0;       // the machine's 1-minute load average at start (rank 0)
   int64_t cores = 0;             // online CPUs (rank 0)
   std::string stopped;           // why the repeats stopped (measure)
-  bool too_few_repeats = false;  // the budget ran out before --repeats: nothing is compared
+  bool too_few_repeats = false;  // fewer than kRoundsForVerdict rounds: nothing is compared
+  BatchOptions batch;            // the batch's options, --tokens as run (size_to_budget)
+  // How the job fitted itself to the machine and the --time-budget (size_to_budget): the
+  // first measured round's time, and what was scaled and why. Empty before it decides.
+  std::string sizing;
+  bool scaled = false;              // the built-in batch was shrunk
+  int64_t requested_tokens = 0;     // the batch's tokens before any scaling
+  double round_seconds = 0;         // one round of every strategy, wall (latest measured)
   std::vector<int64_t> lengths;
   int64_t cp = 0;
   RunModel model;

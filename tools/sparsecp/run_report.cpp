@@ -83,7 +83,7 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
   out["cores"] = job.cores;
   out["concurrent_selections"] = flags.concurrent_selections;
   out["cp"] = job.cp;
-  out["batch"] = flags.batch.describe();
+  out["batch"] = job.batch.describe();
   out["documents"] = job.lengths.size();
   out["tokens"] = job.model.local * job.cp;
   out["ratio"] = flags.ratio;
@@ -123,6 +123,11 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
                               {"window_samples", step.window_samples}});
     }
   }
+  out["sizing"] = {{"text", job.sizing},
+                   {"scaled", job.scaled},
+                   {"requested_tokens", job.requested_tokens},
+                   {"round_s", job.round_seconds},
+                   {"time_budget_s", flags.time_budget}};
   out["too_few_repeats"] = job.too_few_repeats;
   out["repeats"] = summaries.front().runs->repeats.size();
   out["repeats_stopped"] = job.stopped;
@@ -223,7 +228,7 @@ void print_header(const RunFlags& flags, const Job& job, const std::vector<Summa
   }
   std::printf(
       "sparsecp run: %lld ranks, %s: %zu documents, %lld tokens (%lld per rank), ratio %lld\n",
-      static_cast<long long>(job.cp), flags.batch.describe().c_str(), job.lengths.size(),
+      static_cast<long long>(job.cp), job.batch.describe().c_str(), job.lengths.size(),
       static_cast<long long>(job.model.local * job.cp), static_cast<long long>(job.model.local),
       static_cast<long long>(flags.ratio));
   std::printf(
@@ -239,6 +244,7 @@ void print_header(const RunFlags& flags, const Job& job, const std::vector<Summa
                     : "",
                 job.cost.source.c_str());
   }
+  if (!job.sizing.empty()) std::printf("%s\n", job.sizing.c_str());
   print_adapt(job);
   const size_t repeats = summaries.front().runs->repeats.size();
   char turns[96] = "ranks may share cores";
@@ -299,7 +305,11 @@ void print_side_by_side(const std::vector<Summary>& summaries) {
 void print_footer(const Job& job, const std::vector<Summary>& summaries,
                   const std::vector<Comparison>& pairs) {
   if (job.too_few_repeats) {
-    std::printf("each pair: too few repeats to compare (%s)\n", job.stopped.c_str());
+    std::printf(
+        "each pair: too few repeats to compare: %zu round(s), and a verdict needs %lld (the "
+        "fewest whose ratios give a 95%% interval); no strategy is called faster (%s)\n",
+        summaries.front().runs->repeats.size(), static_cast<long long>(kRoundsForVerdict),
+        job.stopped.c_str());
   } else {
     std::printf("each pair (the same per-repeat ratios and intervals):\n");
     for (const Comparison& c : pairs) print_comparison(c);

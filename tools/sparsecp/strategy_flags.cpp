@@ -12,7 +12,17 @@
 namespace sparsecp::cli {
 
 void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool with_mode) {
-  if (with_mode) command.add_option("--mode", mode, mode_help);
+  if (with_mode) {
+    // An empty --mode ("", or only commas) must not fall back to the command's default.
+    command.add_option("--mode", mode, mode_help)
+        ->check(CLI::Validator(
+            [](std::string& text) {
+              return text.find_first_not_of(", \t\n\r") == std::string::npos
+                         ? std::string("is empty: name a strategy ('sparsecp simulate --list')")
+                         : std::string();
+            },
+            "", "non-empty"));
+  }
   command.add_option(names("--block-size", {"--block"}), given.block_size,
                      "greedy/hybrid: rows per pooled block [default: 2048, or the rows per rank "
                      "when fewer; a larger explicit block is an error, as in hyper_parallel]");
