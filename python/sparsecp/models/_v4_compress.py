@@ -1,0 +1,60 @@
+"""The compressed entries a rank owns, computed as transformers' DeepSeek-V4 compressors do.
+
+``DeepseekV4HCACompressor`` turns each closed window of ``m`` tokens into one entry: a
+softmax-gated (gate + ``position_bias``, softmax in float32 as the model does) sum of the
+window's ``kv_proj`` rows, ``kv_norm``, then RoPE at the window's first position ``w * m``.
+``DeepseekV4CSACompressor`` and the Lightning Indexer's own compressor project to two series
+(``[..., :head_dim]`` = Ca, ``[..., head_dim:]`` = Cb); entry ``w`` gates ``2m`` slots: window
+``w - 1``'s Ca then window ``w``'s Cb (entry 0's Ca slots: zero value, ``-inf`` gate).
+
+Run on one document alone, the model computes every entry of the document; here a rank
+computes only the entries it owns, from the rows gathered by ``CompressionLayout.compressor``
+(each document's windows restart at its first token), so entries of one document are the same
+values wherever they are computed: the same per-entry operations in the same slot order.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ._v4_layout import CompressionLayout
+
+__all__ = ["owned_entries"]
+
+
+def owned_entries(compressor: Any, block: torch.Tensor, layout: CompressionLayout, head_dim: int,
+                  rope: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """This rank's compressed entries ``[owned entries, head_dim]``.
+
+    Args:
+        compressor: The model's module holding ``kv_proj``, ``gate_proj``, ``position_bias``,
+            ``kv_norm`` and ``rotary_emb`` (a CSA or HCA compressor, or the indexer).
+        block: The gathered layer input rows ``[rows, hidden]`` of ``layout.compressor``.
+        layout: The ratio's layout (which rows fill which slots; positions).
+        head_dim: The entry width (the model's ``head_dim`` or ``index_head_dim``).
+        rope: The model's ``apply_rotary_pos_emb``.
+    """
+    entries, m = layout.slot_rows.shape[0], layout.ratio
+    if entries == 0:
+        return block.new_zeros((0, head_dim))
+    kv = compressor.kv_proj(block)
+    gate = compressor.gate_proj(block)
+    rows = torch.from_numpy(layout.slot_rows).to(block.device)
+    valid = rows >= 0
+    safe = rows.clamp_min(0)
+    bias = compressor.position_bias  # [m, width]
+    if layout.overlap:
+        ca = valid[:, :m, None]
+        ca_kv = kv[safe[:, :m], :head_dim].masked_fill(~ca, 0)
+        ca_gate = (gate[safe[:, :m], :head_dim] + bias[:, :head_dim]).masked_fill(~ca, float("-inf"))
+        cb_kv = kv[safe[:, m:], head_dim:]
+        cb_gate = gate[safe[:, m:], head_dim:] + bias[:, head_dim:]
+        slot_kv, slot_gate = torch.cat([ca_kv, cb_kv], dim=1), torch.cat([ca_gate, cb_gate], dim=1)
+    else:
+        slot_kv, slot_gate = kv[safe], gate[safe] + bias
+    weights = slot_gate.softmax(dim=1, dtype=torch.float32).to(slot_kv.dtype)
+    compressed = compressor.kv_norm((slot_kv * weights).sum(dim=1))[None]  # [1, entries, head_dim]
+    positions = torch.from_numpy(layout.positions).to(block.device)[None]
+    cos, sin = compressor.rotary_emb(compressed, position_ids=positions, layer_type=compressor.rope_layer_type)
+    return rope(compressed.unsqueeze(1), cos, sin)[0, 0]

@@ -1,0 +1,414 @@
+"""Context parallelism for transformers' DeepSeek-V4 (``DeepseekV4ForCausalLM``), with sparsecp.
+
+transformers (5.8 and later) ships ``DeepseekV4ForCausalLM``: sliding-window attention,
+compressed sparse attention (CSA: ratio 4, overlapped compressor windows, a Lightning Indexer
+with its own compressor), heavily compressed attention (HCA), attention sinks, grouped output
+projection, hyper-connections and hash / routed MoE, with no context parallelism. This module
+makes it context-parallel over a process group, in place, for training on packed batches:
+
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    cp_v4.context_parallel(model, group, mode="spill")           # weights stay replicated
+    ids, positions = cp_v4.shard_batch(input_ids, lengths, group)  # this rank's [1, S / cp]
+    out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+    labels = cp_v4.shard_labels(input_ids, lengths, group)
+    loss = cp_v4.causal_lm_loss(out.logits, labels, lengths)      # this rank's share
+    loss.backward()
+    cp_v4.all_reduce_gradients(model, group)                      # then optimizer.step()
+
+``out.logits`` are this rank's rows' logits, equal to the unmodified model run on each
+document alone (not to the model run on the packed row, which attends across documents).
+Per attention layer (``_v4_attention.py``): the sliding-window halo and each document's
+compressed-bank prefix come from lower ranks (backward SUMs into the owners), each rank
+compresses the windows it owns, and the CSA indexer's selection is balanced across ranks with
+``balanced_indexer_select`` (``mode``: 'none', 'zigzag', 'greedy', 'hybrid', 'spill', ...).
+
+The indexer's training signal (transformers' indexer has none: its ``topk`` gives no gradient):
+``context_parallel(..., indexer_kl_coeff=c)`` adds, per CSA layer, the seed's
+``shared_compressed_indexer_kl_loss`` on each row's owner (at the model's ``index_topk``);
+``indexer_kl_loss(model)`` returns this rank's share of their sum for the last forward, to add
+to the loss. It only reaches indexer parameters and changes no logit.
+
+Activation checkpointing (``model.gradient_checkpointing_enable()``, non-reentrant, the
+transformers default) recomputes the layers without selecting again: each layer replays the ids
+of its first forward (no selector call, no selection collective).
+
+transformers is an optional dependency (``pip install 'sparsecp[models]'``), imported when a
+function here is first called.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import document_boundaries
+from ._v4_layout import BatchLayout
+from ._v4_selector import SelectorClock
+
+__all__ = [
+    "ContextParallelState",
+    "ContextParallelStats",
+    "all_reduce_gradients",
+    "causal_lm_loss",
+    "context_parallel",
+    "context_parallel_state",
+    "indexer_kl_loss",
+    "shard_batch",
+    "shard_labels",
+]
+
+TRANSFORMERS_NEEDED = "5.8"
+_SELECTORS = ("model", "fused")
+_LAYOUTS_KEPT = 8
+
+
+def _modeling() -> Any:
+    """transformers' DeepSeek-V4 modeling module, with a clear error when it is missing."""
+    try:
+        from transformers.models.deepseek_v4 import modeling_deepseek_v4
+    except ImportError as error:
+        try:
+            import transformers
+            found = f"transformers {transformers.__version__} has no DeepseekV4"
+        except ImportError:
+            found = "transformers is not installed"
+        raise ImportError(f"sparsecp.models.deepseek_v4 needs transformers >= {TRANSFORMERS_NEEDED} "
+                          f"(DeepseekV4ForCausalLM): {found}; pip install 'transformers>={TRANSFORMERS_NEEDED}' "
+                          "or pip install 'sparsecp[models]'") from error
+    return modeling_deepseek_v4
+
+
+@dataclass
+class ContextParallelStats:
+    """Counters since the last ``reset()`` (per rank)."""
+
+    forwards: int = 0
+    selections: int = 0        # balanced_indexer_select calls (each: one input and one result exchange)
+    replays: int = 0           # recomputed layers that replayed their recorded ids
+    selector_calls: int = 0    # worker selector calls
+    selector_seconds: float = 0.0
+    indexer_seconds: float = 0.0  # owner-side indexer work: rotary, Index K bank, selection (incl. exchange)
+    dispatch_bytes: int = 0    # bytes this rank sent for halos, compressor rows, bank prefixes, Index K bank
+
+    def reset(self) -> None:
+        for name, value in ContextParallelStats().__dict__.items():
+            setattr(self, name, value)
+
+
+@dataclass
+class ContextParallelState:
+    """What ``context_parallel`` attached to a model (``context_parallel_state(model)``)."""
+
+    group: Any
+    size: int
+    rank: int
+    mode: str
+    block_size: int | None
+    zigzag_min_length: int | None
+    strategy_params: dict[str, Any]
+    selector: str
+    kl_coeff: float | None
+    window: int
+    rope_dim: int
+    rope: Callable[..., torch.Tensor]
+    stats: ContextParallelStats = field(default_factory=ContextParallelStats)
+    clock: SelectorClock = field(default_factory=SelectorClock)
+    layouts: dict[tuple[int, ...], BatchLayout] = field(default_factory=dict)
+    recorded: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
+    kl_losses: list[torch.Tensor] = field(default_factory=list)
+
+    def layout(self, lengths: Any) -> BatchLayout:
+        """The batch's layout (made by the model's forward; layers only look it up)."""
+        key = _lengths_key(lengths)
+        if key not in self.layouts:
+            raise ValueError("sparsecp: a context-parallel DeepSeek-V4 layer ran for document_lengths its model's "
+                             "forward did not see; call the model, not its layers")
+        return self.layouts[key]
+
+    def prepare(self, lengths: tuple[int, ...]) -> BatchLayout:
+        if lengths not in self.layouts:
+            while len(self.layouts) >= _LAYOUTS_KEPT:
+                self.layouts.pop(next(iter(self.layouts)))
+            self.layouts[lengths] = BatchLayout(lengths, self.size, self.rank, self.window)
+        return self.layouts[lengths]
+
+
+def _lengths_key(lengths: Any) -> tuple[int, ...]:
+    if lengths is None:
+        raise ValueError("sparsecp: a context-parallel DeepSeek-V4 needs document_lengths=... (the lengths of the "
+                         "packed documents of the whole sequence, identical on every rank) in model(...)")
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.tolist()
+    try:
+        values = tuple(int(v) for v in lengths)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"document_lengths must be a sequence of positive integers, got {lengths!r}") from error
+    if any(not isinstance(v, (int, np.integer)) and not float(v).is_integer() for v in lengths):
+        raise ValueError(f"document_lengths must be integers, got {lengths!r}")
+    if not values or min(values) < 1:
+        raise ValueError(f"document_lengths must be positive, got {values}")
+    return values
+
+
+def _group_shape(group: Any) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("sparsecp context parallelism needs torch.distributed initialised (a CP process group)")
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def context_parallel_state(model: Any) -> ContextParallelState | None:
+    """The state ``context_parallel`` attached to ``model`` (None when it is not context-parallel)."""
+    return getattr(model, "_sparsecp_context_parallel", None)
+
+
+def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, block_size: int | None = None,
+                     zigzag_min_length: int | None = None, selector: str = "model",
+                     indexer_kl_coeff: float | None = None, **strategy_params: Any) -> Any:
+    """Make a ``DeepseekV4ForCausalLM`` / ``DeepseekV4Model`` context-parallel over ``group``, in place.
+
+    Args:
+        model: transformers' DeepSeek-V4 model, the same weights on every rank (they stay
+            replicated; sum their gradients with ``all_reduce_gradients``).
+        group: The CP process group (None: the default group), in sequence-shard rank order.
+        mode: The indexer selection's balancing strategy, as ``balanced_indexer_select`` takes
+            it: the seed's 'zigzag', 'greedy', 'hybrid', or 'none' and sparsecp's own
+            ('spill', 'auto', ...).
+        block_size, zigzag_min_length, **strategy_params: The strategy's options (the seed's
+            names; sparsecp strategies' parameters).
+        selector: Where workers score rows: 'model' (the model's own indexer math in torch,
+            any device and dtype) or 'fused' (sparsecp's fused C++ kernel, CPU, float32).
+        indexer_kl_coeff: Enables the indexer KL loss with this coefficient (the seed's
+            ``loss_coeff``, over the whole packed sequence: ``coeff / S`` times the sum of row
+            losses); read it with ``indexer_kl_loss(model)``.
+
+    Returns:
+        ``model``, whose forward now takes this rank's shard (``shard_batch``) and
+        ``document_lengths=`` and returns this rank's rows. ``config.use_cache`` is set to
+        False: generation (a KV cache) is out of scope.
+
+    Raises:
+        TypeError: ``model`` is not a transformers DeepSeek-V4 model.
+        ValueError: the model is already context-parallel, or an option is invalid.
+    """
+    modeling = _modeling()
+    base = model.model if isinstance(model, modeling.DeepseekV4ForCausalLM) else model
+    if not isinstance(base, modeling.DeepseekV4Model):
+        raise TypeError(f"context_parallel needs a transformers DeepseekV4ForCausalLM or DeepseekV4Model, got "
+                        f"{type(model).__name__}")
+    if context_parallel_state(model) is not None or context_parallel_state(base) is not None:
+        raise ValueError("this DeepSeek-V4 model is already context-parallel (context_parallel was called on it)")
+    if selector not in _SELECTORS:
+        raise ValueError(f"selector must be one of {_SELECTORS}, got {selector!r}")
+    if indexer_kl_coeff is not None and not np.isfinite(float(indexer_kl_coeff)):
+        raise ValueError(f"indexer_kl_coeff must be finite, got {indexer_kl_coeff}")
+    if not isinstance(mode, str) or not mode:
+        raise ValueError(f"mode must be a strategy name, got {mode!r}")
+    size, rank = _group_shape(group)
+    config = base.config
+    state = ContextParallelState(
+        group=group, size=size, rank=rank, mode=mode, block_size=block_size, zigzag_min_length=zigzag_min_length,
+        strategy_params=dict(strategy_params), selector=selector,
+        kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), window=int(config.sliding_window),
+        rope_dim=int(config.qk_rope_head_dim), rope=modeling.apply_rotary_pos_emb)
+    _check_strategy(state, config)
+    from ._v4_attention import cp_attention_forward
+
+    for layer in base.layers:
+        attention = layer.self_attn
+        attention.forward = functools.partial(cp_attention_forward, attention, state)
+    config.use_cache = False
+    base.register_forward_pre_hook(functools.partial(_before_model_forward, state), with_kwargs=True)
+    if model is not base:
+        model.register_forward_pre_hook(_before_causal_lm_forward, with_kwargs=True)
+    base._sparsecp_context_parallel = state
+    model._sparsecp_context_parallel = state
+    return model
+
+
+def _check_strategy(state: ContextParallelState, config: Any) -> None:
+    """The strategy and its options, checked here (on a one-document plan) rather than mid-forward."""
+    from ..torch import indexer_route
+
+    ratio = int(config.compress_rates.get("compressed_sparse_attention", 4))
+    indexer_route((state.size * 2 * ratio,), state.size, state.rank, ratio, state.mode, state.block_size,
+                  state.zigzag_min_length, **state.strategy_params)
+
+
+def _before_causal_lm_forward(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+    if kwargs.get("labels") is not None:
+        raise ValueError("labels= would be shifted inside this rank's shard (crossing shards and documents); under "
+                         "context parallelism use sparsecp.models.deepseek_v4.shard_labels and causal_lm_loss")
+
+
+def _fingerprint(state: ContextParallelState, lengths: tuple[int, ...], local: int,
+                 dtype: Any) -> tuple[tuple[str, Any], ...]:
+    digest = hashlib.sha256(np.asarray(lengths, dtype=np.int64).tobytes()).hexdigest()[:16]
+    return (("document count", len(lengths)), ("total tokens", sum(lengths)), ("document lengths", digest),
+            ("shard length", local), ("dtype", str(dtype)), ("grad enabled", torch.is_grad_enabled()),
+            ("mode", state.mode), ("indexer_kl_coeff", state.kl_coeff), ("selector", state.selector))
+
+
+def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
+                          kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """Checks the batch on every rank (one all-gather), prepares its layout, and tells the model
+    to build no attention mask (the CP layers make their own)."""
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    embeds = kwargs.get("inputs_embeds")
+    tokens = input_ids if input_ids is not None else embeds
+    error, fingerprint, lengths = None, None, None
+    try:
+        if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
+            raise ValueError("sparsecp context parallelism trains on packed batches: use_cache=True / past_key_values "
+                             "(a KV cache) is not supported; generation is out of scope")
+        if kwargs.get("attention_mask") is not None:
+            raise ValueError("attention_mask is not supported under context parallelism: documents are isolated by "
+                             "document_lengths (pack without padding, or make the padding a document of its own)")
+        lengths = _lengths_key(kwargs.get("document_lengths"))
+        if tokens is None or tokens.ndim < 2 or tokens.shape[0] != 1:
+            shape = None if tokens is None else tuple(tokens.shape)
+            raise ValueError(f"a context-parallel DeepSeek-V4 takes one packed sequence, input_ids [1, S / cp]; "
+                             f"got {shape}")
+        local = int(tokens.shape[1])
+        if local * state.size != sum(lengths):
+            raise ValueError(f"rank {state.rank}'s shard has {local} tokens, but document_lengths sum to "
+                             f"{sum(lengths)} = {state.size} ranks x {sum(lengths) / state.size:g}: pass this rank's "
+                             "shard (shard_batch)")
+        layout = state.prepare(lengths)
+        positions = kwargs.get("position_ids")
+        expected = torch.from_numpy(layout.row_position)
+        if positions is None or tuple(positions.shape) != (1, local) or not torch.equal(positions.cpu().long(),
+                                                                                          expected[None]):
+            raise ValueError(f"rank {state.rank}: position_ids must restart at 0 at each document start "
+                             "(shard_batch returns them)")
+        fingerprint = _fingerprint(state, lengths, local, tokens.dtype if embeds is not None else None)
+    except ValueError as caught:
+        error = caught
+    if state.size > 1:
+        everyone: list[Any] = [None] * state.size
+        dist.all_gather_object(everyone, (None if error is None else str(error), fingerprint), group=state.group)
+        for rank, (message, _) in enumerate(everyone):
+            if message is not None and rank != state.rank:
+                raise ValueError(f"rank {rank} rejected its inputs: {message}")
+        if error is not None:
+            raise error
+        for rank, (_, theirs) in enumerate(everyone):
+            for (name, mine), (_, other) in zip(fingerprint or (), theirs or ()):
+                if mine != other:
+                    raise ValueError(f"context-parallel ranks disagree on the batch: rank {state.rank} has {name} "
+                                     f"{mine!r}, rank {rank} has {other!r}")
+    elif error is not None:
+        raise error
+    state.stats.forwards += 1
+    state.kl_losses.clear()
+    kwargs = dict(kwargs)
+    kwargs["attention_mask"] = {"sparsecp": None}  # no [S, S] mask: the CP layers mask by document
+    kwargs["use_cache"] = False
+    return args, kwargs
+
+
+def indexer_kl_loss(model: Any) -> torch.Tensor | None:
+    """This rank's share of the indexer KL of the last forward (sum over CSA layers), or None
+    when ``indexer_kl_coeff`` was not given. Add it to the loss before ``backward()``; the sum
+    over ranks is the KL of the whole packed sequence."""
+    state = _state(model)
+    if state.kl_coeff is None:
+        return None
+    if not state.kl_losses:
+        raise ValueError("indexer_kl_loss: the model has run no forward with gradients since the KL was enabled")
+    return torch.stack([loss.to(state.kl_losses[0].dtype) for loss in state.kl_losses]).sum()
+
+
+def _state(model: Any) -> ContextParallelState:
+    state = context_parallel_state(model)
+    if state is None:
+        raise ValueError("this model is not context-parallel: call sparsecp.models.deepseek_v4.context_parallel first")
+    return state
+
+
+def _cp_shape(document_lengths: Any, tokens: int, group: Any) -> tuple[tuple[int, ...], int, int, int]:
+    lengths = _lengths_key(document_lengths)
+    size, rank = _group_shape(group)
+    if sum(lengths) != tokens:
+        raise ValueError(f"document_lengths sum to {sum(lengths)}, but the sequence has {tokens} tokens")
+    if tokens % size:
+        raise ValueError(f"the packed sequence has {tokens} tokens, not a multiple of the CP size {size}: pad it "
+                         "with a document of its own")
+    return lengths, size, rank, tokens // size
+
+
+def shard_batch(input_ids: torch.Tensor, document_lengths: Any, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's contiguous shard of a packed sequence and its positions.
+
+    Args:
+        input_ids: The whole packed sequence, ``[1, S]`` (or ``[S]``), identical on every rank.
+        document_lengths: The lengths of its documents, in order, summing to S.
+        group: The CP process group.
+
+    Returns:
+        ``(ids, position_ids)``, each ``[1, S / cp]``: tokens ``[rank * S / cp, (rank + 1) * S / cp)``
+        and their positions inside their documents (restarting at 0 at each document start).
+    """
+    ids = input_ids if input_ids.ndim == 2 else input_ids[None]
+    if ids.ndim != 2 or ids.shape[0] != 1:
+        raise ValueError(f"shard_batch takes one packed sequence [1, S], got {tuple(input_ids.shape)}")
+    lengths, size, rank, local = _cp_shape(document_lengths, int(ids.shape[1]), group)
+    layout = BatchLayout(lengths, size, rank, 1)
+    positions = torch.from_numpy(layout.row_position).to(ids.device)[None]
+    return ids[:, rank * local:(rank + 1) * local], positions
+
+
+def shard_labels(input_ids: torch.Tensor, document_lengths: Any, group: Any = None,
+                 ignore_index: int = -100) -> torch.Tensor:
+    """Next-token labels of this rank's rows ``[1, S / cp]``, never crossing a document: a
+    document's last token gets ``ignore_index``. A label may come from the next rank's shard."""
+    ids = input_ids if input_ids.ndim == 2 else input_ids[None]
+    lengths, size, rank, local = _cp_shape(document_lengths, int(ids.shape[1]), group)
+    boundaries = np.asarray(document_boundaries(lengths), dtype=np.int64)
+    labels = torch.full_like(ids, ignore_index)
+    labels[:, :-1] = ids[:, 1:]
+    labels[:, torch.from_numpy(boundaries[1:] - 1).to(ids.device)] = ignore_index
+    return labels[:, rank * local:(rank + 1) * local]
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, document_lengths: Any,
+                   ignore_index: int = -100) -> torch.Tensor:
+    """This rank's share of the mean next-token cross entropy over the whole packed sequence:
+    the sum over its rows, divided by the batch's label count (``S - documents``), so the sum
+    over ranks is the mean the unsharded model would report, and so are the summed gradients."""
+    lengths = _lengths_key(document_lengths)
+    count = sum(lengths) - len(lengths)
+    flat = logits.reshape(-1, logits.shape[-1]).float() if logits.dtype == torch.bfloat16 else \
+        logits.reshape(-1, logits.shape[-1])
+    total = torch.nn.functional.cross_entropy(flat, labels.reshape(-1).to(flat.device), ignore_index=ignore_index,
+                                              reduction="sum")
+    return total / max(count, 1)
+
+
+def all_reduce_gradients(model: Any, group: Any = None) -> None:
+    """Sum every trainable parameter's gradient over the CP group, in place (a parameter with
+    no gradient on a rank, such as an expert that saw none of its tokens, counts as zero), so
+    that each rank holds the gradient of the whole batch. One all-reduce per dtype."""
+    size, _ = _group_shape(group)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    for p in parameters:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if size == 1:
+        return
+    by_dtype: dict[Any, list[torch.Tensor]] = {}
+    for p in parameters:
+        assert p.grad is not None
+        by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()

@@ -1,0 +1,180 @@
+"""DeepSeek-V4 under context parallelism: a tiny random model, the per-document oracle, and the
+rank tasks that compare the two (test_deepseek_v4.py).
+
+The oracle is the unmodified transformers model run on each document alone (transformers
+attends across a packed row, so the packed single-process run is not the reference): logits,
+the mean next-token loss over the batch, every parameter gradient, and each CSA layer's indexer
+ids (captured from ``DeepseekV4Indexer.forward``).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+VOCAB = 97
+
+
+def tiny_config(**overrides: Any) -> Any:
+    """Sliding, CSA (ratio 4, two layers) and HCA (ratio 8) layers; 8 index heads so that exact
+    score ties (every head's ReLU at 0) are rare; top-k 3."""
+    from transformers import DeepseekV4Config
+
+    settings: dict[str, Any] = dict(
+        vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, q_lora_rank=24, num_experts_per_tok=2, n_routed_experts=4,
+        n_shared_experts=1,
+        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                     "compressed_sparse_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"], sliding_window=6, o_groups=2, o_lora_rank=16,
+        index_n_heads=8, index_head_dim=16, index_topk=3, hc_mult=2, hc_sinkhorn_iters=3,
+        max_position_embeddings=4096, partial_rotary_factor=0.25, attn_implementation="eager",
+        experts_implementation="eager")
+    settings.update(overrides)
+    return DeepseekV4Config(**settings)
+
+
+def tiny_model(dtype: torch.dtype = torch.float64, seed: int = 0, **overrides: Any) -> Any:
+    """A random tiny DeepseekV4ForCausalLM, identical for the same seed on every rank. Sinks,
+    position biases and the hash table get random values (the model initialises them to 0)."""
+    from transformers import DeepseekV4ForCausalLM
+
+    torch.manual_seed(seed)
+    model = DeepseekV4ForCausalLM(tiny_config(**overrides))
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("sinks", "position_bias")):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("tid2eid"):
+                buffer.copy_(torch.randint(0, model.config.n_routed_experts, buffer.shape, generator=generator))
+    return model.to(dtype)
+
+
+def packed_ids(lengths: tuple[int, ...], seed: int = 3) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (1, sum(lengths)), generator=generator)
+
+
+def _capture_indexer_ids(model: Any) -> tuple[list[list[torch.Tensor]], list[Any]]:
+    """Per CSA layer, the ids each indexer forward returned (one entry per document run)."""
+    captured: list[list[torch.Tensor]] = []
+    handles = []
+    for layer in model.model.layers:
+        compressor = layer.self_attn.compressor
+        if compressor is not None and hasattr(compressor, "indexer"):
+            store: list[torch.Tensor] = []
+            captured.append(store)
+            handles.append(compressor.indexer.register_forward_hook(
+                lambda module, args, output, store=store: store.append(output[0].clone())))
+    return captured, handles
+
+
+def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...],
+                        steps: int = 0, lr: float = 1e-2) -> dict[str, Any]:
+    """The unmodified model run on each document alone: logits [S, vocab], the batch's mean
+    next-token loss, gradients by parameter name, indexer ids per CSA layer and document, and
+    (steps > 0) the loss of each of ``steps`` AdamW steps."""
+    model = copy.deepcopy(model)
+    count = sum(lengths) - len(lengths)
+    captured, handles = _capture_indexer_ids(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
+    losses = []
+    for step in range(max(steps, 1)):
+        model.zero_grad(set_to_none=True)
+        logits, total, start = [], 0.0, 0
+        for length in lengths:
+            ids = input_ids[:, start:start + length]
+            out = model(input_ids=ids, use_cache=False)
+            logits.append(out.logits[0])
+            if length > 1:
+                loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:], reduction="sum") / count
+                loss.backward()
+                total += float(loss.detach())
+            start += length
+        losses.append(total)
+        if optimizer is not None:
+            optimizer.step()
+        if step == 0:
+            first = {"logits": torch.cat(logits).detach(), "loss": total,
+                     "grads": {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                               for n, p in model.named_parameters()},
+                     "ids": [list(store) for store in captured]}
+    for handle in handles:
+        handle.remove()
+    first["losses"] = losses
+    return first
+
+
+def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: torch.dtype = torch.float64,
+           checkpointing: bool = False, selector: str = "model", kl: float | None = None, steps: int = 0,
+           lr: float = 1e-2, seed: int = 0, **strategy: Any) -> dict[str, Any]:
+    """One rank's context-parallel run: its rows' logits, the summed loss, all-reduced
+    gradients, its rows' indexer ids (bank ids, per CSA layer), counters, and per-step losses."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = tiny_model(dtype, seed)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    cp_v4.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
+    state = cp_v4.context_parallel_state(model)
+    input_ids = packed_ids(lengths)
+    ids, positions = cp_v4.shard_batch(input_ids, lengths)
+    labels = cp_v4.shard_labels(input_ids, lengths)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
+    losses = []
+    result: dict[str, Any] = {}
+    for step in range(max(steps, 1)):
+        model.zero_grad(set_to_none=True)
+        state.stats.reset()
+        state.clock.calls = 0
+        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+        loss = cp_v4.causal_lm_loss(out.logits, labels, lengths)
+        total = loss
+        kl_loss = cp_v4.indexer_kl_loss(model)
+        if kl_loss is not None:
+            total = total + kl_loss
+        total.backward()
+        cp_v4.all_reduce_gradients(model)
+        summed = torch.tensor([float(loss.detach()), float(kl_loss.detach()) if kl_loss is not None else 0.0], dtype=torch.float64)
+        dist.all_reduce(summed)
+        losses.append(float(summed[0]))
+        if step == 0:
+            result = {"logits": out.logits[0].detach(), "loss": float(summed[0]), "kl": float(summed[1]),
+                      "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                      "ids": [recorded[1].clone() for _, recorded in sorted(state.recorded.items())],
+                      "selections": state.stats.selections, "replays": state.stats.replays,
+                      "selector_calls": state.clock.calls}
+        if optimizer is not None:
+            optimizer.step()
+    result["losses"] = losses
+    return result
+
+
+def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]], lengths: tuple[int, ...],
+                size: int, rank: int, ratio: int) -> list[str]:
+    """Rows whose CP ids differ from the oracle's (as sets of document-local ids)."""
+    from sparsecp import compressed_document_offsets, document_boundaries
+
+    boundaries = list(document_boundaries(lengths))
+    keys = list(compressed_document_offsets(boundaries, ratio))
+    local = sum(lengths) // size
+    differences = []
+    for layer, (mine, theirs) in enumerate(zip(cp_ids, oracle_ids)):
+        for row in range(local):
+            token = rank * local + row
+            d = int(np.searchsorted(boundaries, token, side="right") - 1)
+            position = token - boundaries[d]
+            got = sorted(int(i) - keys[d] for i in mine[row].tolist() if i >= 0)
+            want = sorted(int(i) for i in theirs[d][position].tolist() if i >= 0)
+            if got != want:
+                differences.append(f"layer {layer} document {d} position {position}: {got} != {want}")
+    return differences
+
+
