@@ -370,7 +370,88 @@ double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colou
   return top + static_cast<double>(rows) * (panel_height + kGap);
 }
 
+double draw_rank_section(Svg& svg, const RankSection& section, const Colours& colours,
+                         double top) {
+  double highest = 1.0;
+  const auto mean_of = [](const RankSeries& series) {
+    double total = 0;
+    for (const double v : series.values) total += std::isfinite(v) ? v : 0;
+    return series.values.empty() ? 0.0 : total / static_cast<double>(series.values.size());
+  };
+  for (const RankSeries& series : section.series) {
+    const double mean = mean_of(series);
+    if (mean <= 0) continue;
+    for (const double v : series.values) {
+      if (std::isfinite(v)) highest = std::max(highest, v / mean);
+    }
+  }
+  svg.text(kMargin, top + 16, section.heading + ", in units of the strategy's mean rank", 15,
+           "start", "bold");
+  svg.text(kMargin, top + 34,
+           "Dashed line: perfect balance (1.0). The tallest bar is the strategy's imbalance.", 11,
+           "start", "normal", "#555");
+  top += 46;
+  const double step = nice_step(highest, 4);
+  const double high = std::ceil(highest / step - 1e-9) * step;
+  const size_t columns = std::max<size_t>(1, std::min<size_t>(4, section.series.size()));
+  const double panel_width =
+      (kWidth - 2 * kMargin - static_cast<double>(columns - 1) * kGap) / static_cast<double>(columns);
+  const double panel_height = 170;
+  for (size_t i = 0; i < section.series.size(); ++i) {
+    const RankSeries& r = section.series[i];
+    const auto ranks = static_cast<int64_t>(r.values.size());
+    const double mean = mean_of(r);
+    double most = 0;
+    for (const double v : r.values) most = std::max(most, std::isfinite(v) ? v : 0.0);
+    const double x = kMargin + static_cast<double>(i % columns) * (panel_width + kGap);
+    const double y = top + static_cast<double>(i / columns) * (panel_height + kGap);
+    char heading[160];
+    std::snprintf(heading, sizeof heading, "%s: imbalance %.3f", r.strategy.c_str(),
+                  mean > 0 ? most / mean : 1.0);
+    svg.text(x + 40, y + 12, heading, 12, "start", "bold", colours.of(r.strategy));
+    const Frame frame{x + 40, y + 22, panel_width - 44, panel_height - 42, 0.0, high};
+    draw_y_axis(svg, frame, step, "");
+    if (ranks == 0 || mean <= 0) continue;
+    const double slot = frame.width / static_cast<double>(ranks);
+    const double gap = ranks <= 16 ? slot * 0.2 : (ranks <= 64 ? slot * 0.1 : 0.0);
+    for (int64_t rank = 0; rank < ranks; ++rank) {
+      const double raw = r.values[static_cast<size_t>(rank)];
+      const double value = (std::isfinite(raw) ? raw : 0.0) / mean;
+      const double bar_top = frame.y(value);
+      char tip[160];
+      std::snprintf(tip, sizeof tip, "rank %lld: %.4g %s, %.3f x mean",
+                    static_cast<long long>(rank), std::isfinite(raw) ? raw : 0.0,
+                    section.unit.c_str(), value);
+      svg.rect(frame.left + static_cast<double>(rank) * slot + gap / 2, bar_top, slot - gap,
+               frame.top + frame.height - bar_top, colours.of(r.strategy), "none", tip);
+    }
+    svg.line(frame.left, frame.y(1.0), frame.left + frame.width, frame.y(1.0), "#222", 1, "4,3");
+    svg.text(frame.left + frame.width / 2, frame.top + frame.height + 13,
+             "ranks 0-" + std::to_string(ranks - 1), 10, "middle", "normal", "#555");
+  }
+  const size_t rows = (section.series.size() + columns - 1) / columns;
+  return top + static_cast<double>(rows) * (panel_height + kGap);
+}
+
 }  // namespace
+
+std::string render_rank_bars_svg(std::string_view title, std::string_view subtitle,
+                                 std::span<const RankSection> sections) {
+  Svg svg;
+  Colours colours;
+  for (const RankSection& section : sections) {
+    for (const RankSeries& series : section.series) colours.add(series.strategy);
+  }
+  svg.text(kMargin, 32, title, 20, "start", "bold");
+  double top = 40;
+  if (!subtitle.empty()) {
+    svg.text(kMargin, 56, subtitle, 12, "start", "normal", "#555");
+    top = 64;
+  }
+  top = draw_legend(svg, colours, top);
+  for (const RankSection& section : sections) top = draw_rank_section(svg, section, colours, top) + 10;
+  return svg.finish(top + kMargin);
+}
 
 std::string render_simulation_svg(std::span<const SimulationResult> batch,
                                   std::span<const SummaryRow> summary, std::string_view title) {

@@ -144,6 +144,28 @@ TEST(RunSizing, WithoutAdaptStepsTheFirstRoundMeasures) {
   EXPECT_TRUE(out["verified"].get<bool>());
 }
 
+TEST(RunSvg, WritesEveryStrategysPerRankTimeAndWork) {
+  const std::string path = ::testing::TempDir() + "sparsecp_run_cli_" +
+                           std::to_string(::getpid()) + "_ranks.svg";
+  const Job job = run_job(2, "--tokens 4096 --no-calibrate --svg " + path);
+  ASSERT_EQ(job.status, 0) << job.out << job.err;
+  std::string svg;
+  if (FILE* file = std::fopen(path.c_str(), "r")) {
+    char buffer[4096];
+    for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) svg.append(buffer, n);
+    std::fclose(file);
+  }
+  std::filesystem::remove(path);
+  EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  for (const char* text : {"sparsecp run: none, hybrid, spill on 2 ranks", "Selection CPU time per rank",
+                           "Causal (query, key) pairs", "none: imbalance", "hybrid: imbalance",
+                           "spill: imbalance", "rank 1: ", " kernels)"}) {
+    EXPECT_NE(svg.find(text), std::string::npos) << text;
+  }
+  EXPECT_NE(job.out.find("machine: "), std::string::npos) << job.out;
+}
+
 TEST(RunFlags, AnEmptyModeIsAnError) {
   for (const char* mode : {"\"\"", "\",\""}) {
     const Job job = run_job(1, std::string("--tokens 4096 --no-calibrate --mode ") + mode);

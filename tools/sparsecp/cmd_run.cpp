@@ -850,6 +850,7 @@ void run_ranks(const RunFlags& flags) {
       print_text(flags, job, summaries, pairs);
     }
     std::fflush(stdout);
+    if (!flags.svg.empty()) write_svg(flags, job, summaries);
   }
   if (!verified(summaries)) throw ExitStatus{1};
 }
@@ -941,6 +942,9 @@ const Registration registration("run", [](CLI::App& app) {
                 "Calibrate at start-up even when the cache holds a model for this shape, and "
                 "save nothing (the cache folder: $SPARSECP_CACHE_DIR, else "
                 "$XDG_CACHE_HOME/sparsecp, else ~/.cache/sparsecp)");
+  sub->add_option("--svg", flags->svg,
+                  "Also write an SVG chart: every strategy's per-rank selection CPU time "
+                  "(median over the rounds) and causal work, as bars in units of the mean");
   sub->add_flag("--overlap", flags->overlap,
                 "Also measure how much of the input exchange the owner's own Q projection hides");
   sub->add_flag("!--no-agreement-check", flags->check_agreement,

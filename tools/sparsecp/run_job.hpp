@@ -47,6 +47,7 @@ struct RunFlags {
   int64_t concurrent_selections = 0;  // ranks selecting at a time (0: all; run_once)
   bool json = false;
   bool check_agreement = true;
+  std::string svg;  // --svg FILE: per-rank selection time and work of every strategy
 };
 
 struct CostModelChoice {

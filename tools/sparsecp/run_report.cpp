@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "calibration.hpp"
+#include "sparsecp/io/output_set.hpp"
+#include "sparsecp/io/report_svg.hpp"
+#include "sparsecp/kernels/isa.hpp"
 #include "sparsecp/planning/strategy.hpp"
 
 namespace sparsecp::cli {
@@ -81,6 +86,8 @@ void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary
   out["verified"] = verified(summaries);
   out["load_average"] = job.load_average;
   out["cores"] = job.cores;
+  out["machine"] = {{"cpu", machine_name()},
+                    {"isa", kernel_isa_name(resolve_kernel_isa(KernelIsa::kAuto))}};
   out["concurrent_selections"] = flags.concurrent_selections;
   out["cp"] = job.cp;
   out["batch"] = job.batch.describe();
@@ -231,6 +238,9 @@ void print_header(const RunFlags& flags, const Job& job, const std::vector<Summa
       static_cast<long long>(job.cp), job.batch.describe().c_str(), job.lengths.size(),
       static_cast<long long>(job.model.local * job.cp), static_cast<long long>(job.model.local),
       static_cast<long long>(flags.ratio));
+  std::printf("machine: %s, %s kernels, %lld cores\n", machine_name().c_str(),
+              kernel_isa_name(resolve_kernel_isa(KernelIsa::kAuto)),
+              static_cast<long long>(job.cores));
   std::printf(
       "model: %s, bank %lld keys; bf16 qr/Wq_b/keys, fp32 weights/RoPE; seed %llu; %d "
       "selection thread(s) per rank\n",
@@ -352,6 +362,41 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
   print_header(flags, job, summaries);
   print_side_by_side(summaries);
   print_footer(job, summaries, pairs);
+}
+
+void write_svg(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
+  const size_t rounds = summaries.front().runs->repeats.size();
+  RankSection time{"Selection CPU time per rank (median over " + std::to_string(rounds) +
+                       " rounds)",
+                   "ms CPU", {}};
+  RankSection work{"Causal (query, key) pairs each rank selects", "pairs", {}};
+  std::string names;
+  for (const Summary& s : summaries) {
+    RankSeries t{std::string(s.runs->strategy->name()), {}};
+    RankSeries w{t.strategy, {}};
+    for (const RankFigures& f : s.ranks) {
+      t.values.push_back(f.select_cpu * 1e3);
+      w.values.push_back(static_cast<double>(f.work));
+    }
+    names += (names.empty() ? "" : ", ") + t.strategy;
+    time.series.push_back(std::move(t));
+    work.series.push_back(std::move(w));
+  }
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  char subtitle[512];
+  std::snprintf(subtitle, sizeof subtitle,
+                "%s: %zu documents, %lld tokens; %s; %s (%s kernels), %s; sparsecp run --svg",
+                job.batch.describe().c_str(), job.lengths.size(),
+                static_cast<long long>(job.model.local * job.cp), flags.model.describe().c_str(),
+                machine_name().c_str(), kernel_isa_name(resolve_kernel_isa(KernelIsa::kAuto)), date);
+  const std::string title = "sparsecp run: " + names + " on " + std::to_string(job.cp) + " ranks";
+  const std::vector<RankSection> sections = {time, work};
+  OutputSet output;  // whole or absent (io/output_set.hpp)
+  output.add_text(flags.svg, render_rank_bars_svg(title, subtitle, sections), "--svg");
+  output.commit();
+  std::fprintf(stderr, "wrote %s\n", flags.svg.c_str());
 }
 
 }  // namespace sparsecp::cli

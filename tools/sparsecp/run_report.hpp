@@ -16,5 +16,9 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
                 const std::vector<Comparison>& pairs);
 void print_json(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries,
                 const std::vector<Comparison>& pairs);
+// --svg FILE: every strategy's per-rank median selection CPU time and causal work as bars
+// (io/report_svg.hpp), whole or absent (io/output_set.hpp); the subtitle names the batch,
+// the machine (CPU model, kernel ISA) and the date.
+void write_svg(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries);
 
 }  // namespace sparsecp::cli

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sparsecp/planning/simulate.hpp"
 
@@ -26,5 +27,22 @@ namespace sparsecp {
 // sections 2 and 3 (skipped when empty). `title` heads the document.
 std::string render_simulation_svg(std::span<const SimulationResult> batch,
                                   std::span<const SummaryRow> summary, std::string_view title);
+
+// Per-rank values of several strategies on one batch, measured or planned (`sparsecp run
+// --svg FILE`: each rank's selection CPU time and its causal work). One section per
+// quantity, one panel per strategy, bars in units of that strategy's mean rank value with
+// the perfect-balance line at 1.0, the tallest bar (the imbalance) in the panel's heading,
+// and the absolute value of each bar in its tooltip. Non-finite values are drawn as 0.
+struct RankSeries {
+  std::string strategy;
+  std::vector<double> values;  // one per rank
+};
+struct RankSection {
+  std::string heading;  // e.g. "Selection CPU time per rank (median over 6 rounds)"
+  std::string unit;     // of the values, for tooltips: "ms", "pairs"
+  std::vector<RankSeries> series;
+};
+std::string render_rank_bars_svg(std::string_view title, std::string_view subtitle,
+                                 std::span<const RankSection> sections);
 
 }  // namespace sparsecp
