@@ -325,8 +325,8 @@ def handle_semantics(rank: int, size: int, seed: int) -> dict[str, Any]:
 def rl_replay(rank: int, size: int, seed: int) -> dict[str, Any]:
     """RL: record the rollout's selections (no grad), run another step on another batch, then
     replay the rollout in a training forward and backward whose activations differ (the other
-    batch: the rollout's choice is kept); ranks replay one after another in reverse rank order,
-    and only odd ranks replay a second time (a collective would hang)."""
+    batch: the rollout's choice is kept); ranks start replaying one after another in reverse
+    rank order (each replayed call's agreement waits for the others), then replay again."""
     model = Model(seed)
     rollout_batch, other_batch = make_batch(seed + 1, rank, size), make_batch(seed + 2, rank, size)
     counts, replay = new_counts(), sct.SelectionReplay()
@@ -339,12 +339,11 @@ def rl_replay(rank: int, size: int, seed: int) -> dict[str, Any]:
         with replay.replay():  # the training forward and backward
             loss, training_topk = forward(model, other_batch, dist.group.WORLD, "plain", replayed_counts)
             loss.backward()
-        if rank % 2:
-            with replay.replay():
-                _, again = forward(model, other_batch, dist.group.WORLD, "plain", replayed_counts)
+        with replay.replay():
+            _, again = forward(model, other_batch, dist.group.WORLD, "plain", replayed_counts)
     return {"rollout": [t.numpy() for t in rollout_topk], "training": [t.numpy() for t in training_topk],
             "other": [t.numpy() for t in other_topk], "counts": replayed_counts, "calls": replay.calls(),
-            "nbytes": replay.nbytes, "again": [t.numpy() for t in again] if rank % 2 else None}
+            "nbytes": replay.nbytes, "again": [t.numpy() for t in again]}
 
 
 def invalid_while_recording(rank: int, size: int, seed: int) -> str:
@@ -359,3 +358,140 @@ def invalid_while_recording(rank: int, size: int, seed: int) -> str:
     except ValueError as error:
         return f"{type(error).__name__}: {error}; recorded {replay.recorded}"
     return "no error"
+
+
+def _early_stop_layers(model: Model, batch: Batch, group: Any) -> tuple[Any, Any]:
+    """Two checkpointable layer functions for the early-stop test (issue 30 item 2), each
+    returning (next hidden, a loss or Index Q, ids [rows, 8]):
+
+    * ``local``: selects with ``select_indices`` on this rank's own rows (no collective) and
+      returns its loss on the ids (computed inside: the recompute's ids reach the backward);
+    * ``overlapped``: the overlapped handles, with the owner's differentiable projection run
+      while the rows travel, after everything else it saves: its last saved tensor comes
+      between the launch and ``launch_result``, so torch's checkpoint early stop ends its
+      recompute there."""
+    ratio = RATIOS[0]
+    compressed = batch.compressed[ratio][0]
+    local_rows = batch.hidden.shape[1]
+    rank = dist.get_rank(group)
+    segments, start, position, keys = [], rank * local_rows, 0, 0  # this rank's rows, per document piece
+    for length in LENGTHS:
+        first, last = max(start, position), min(start + local_rows, position + length)
+        if first < last:
+            end = last - position
+            segments.append((first - start, last - start, keys, keys + end // ratio, end % ratio))
+        keys += length // ratio
+        position += length
+
+    def local(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer = model.layers[0]
+        q = layer.q_b(layer.q_a(x)).view(-1, HEADS, HEAD_DIM)
+        key, weights = layer.key_proj(compressed)[0], layer.weights_proj(x)[0].detach()
+        ids = sct.select_indices(q.detach(), key.detach(), weights, segments, ratio, 8)
+        # The loss on the ids inside the region: its backward reads the recomputed ids.
+        return x + torch.tanh(layer.out(x)), scores_at(q, key, ids), ids
+
+    def scores_at(q: torch.Tensor, key: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        picked = key[ids.clamp_min(0)]  # [rows, 8, HEAD_DIM]: the ids decide which keys' scores count
+        return (torch.einsum("rhd,rkd->rk", q, picked) * (ids >= 0)).sum()
+
+    def overlapped(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer = model.layers[1]
+        qr, weights = layer.q_a(x), layer.weights_proj(x).detach()
+        y = x + torch.tanh(layer.out(x))
+        key = layer.key_proj(compressed)[0].detach()
+        selector = sct.IndexerSelector(layer.q_b.weight.detach(), key, ratio, 8, head_dim=HEAD_DIM,
+                                       rope_dim=ROPE_DIM, threads=1)
+        exchange = sct.launch_indexer_inputs(qr.detach(), weights, (batch.cos, batch.sin), LENGTHS, ratio, "spill",
+                                             group)
+        q = layer.q_b(qr).view(-1, HEADS, HEAD_DIM)  # the owner's projection while the rows travel: saved last
+        worker = exchange.wait()
+        selected = selector(worker.qr, worker.weights, (worker.cos, worker.sin), exchange.route.segments)[0]
+        return y, q, exchange.launch_result(selected).wait()
+
+    return local, overlapped
+
+
+def early_stop_rl(rank: int, size: int, seed: int, early_stop: bool) -> dict[str, Any]:
+    """RL replay around checkpointed layers (``context_fn=selection_replay_contexts``) under
+    torch's checkpoint early stop: the overlapped layer's recompute (backward runs it first)
+    stops between its launch and its ``launch_result``; the layer recomputed next must still
+    replay the rollout's ids. Returns the checkpointed run's gradients and ids and those of
+    the same replay without checkpointing."""
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    model, group = Model(seed), dist.group.WORLD
+    rollout_batch, training_batch = make_batch(seed + 1, rank, size), make_batch(seed + 2, rank, size)
+    rollout = sct.SelectionReplay()
+
+    def run(batch: Batch, checkpointed: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        local, overlapped = _early_stop_layers(model, batch, group)
+        x, total, all_ids = model.embed(batch.hidden), 0, []
+        for index, (layer, function) in enumerate(zip(model.layers, (local, overlapped))):
+            if checkpointed:
+                x, out, ids = checkpoint(function, x, use_reentrant=False, context_fn=sct.selection_replay_contexts)
+            else:
+                x, out, ids = function(x)
+            if index == 0:
+                total = total + out
+            else:  # the overlapped layer's loss outside its region (its last saved tensor stays before the ids)
+                key = layer.key_proj(batch.compressed[RATIOS[0]][0])[0]
+                picked = key[ids.clamp_min(0)]
+                total = total + (torch.einsum("rhd,rkd->rk", out, picked) * (ids >= 0)).sum()
+            all_ids.append(ids)
+        return total + x.square().mean(), all_ids
+
+    with torch.no_grad(), rollout.record():
+        _, rollout_ids = run(rollout_batch, checkpointed=False)
+    with set_checkpoint_early_stop(early_stop), rollout.replay():
+        loss, training_ids = run(training_batch, checkpointed=True)
+        loss.backward()
+    grads = {name: p.grad.clone().numpy() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    with rollout.replay():
+        loss, _ = run(training_batch, checkpointed=False)
+        loss.backward()
+    reference = {name: p.grad.clone().numpy() for name, p in model.named_parameters() if p.grad is not None}
+    with torch.no_grad():
+        _, fresh_ids = run(training_batch, checkpointed=False)  # no replay: the training batch's own choice
+    return {"calls": rollout.calls(), "grads": grads, "reference": reference,
+            "rollout ids": [t.numpy() for t in rollout_ids], "training ids": [t.numpy() for t in training_ids],
+            "fresh ids": [t.numpy() for t in fresh_ids]}
+
+
+def one_rank_replay_mismatch(rank: int, size: int, seed: int, case: str) -> tuple[str, str] | None:
+    """Record two balanced selections on every rank, then replay them with one rank (the last)
+    differing (``case``): its lengths, its mode, a call past the end of its recording, or
+    another batch's ``routes=``. Returns (type, text) of the error this rank raised, or None."""
+    model, batch = Model(seed), make_batch(seed + 1, rank, size)
+    layer, group = model.layers[0], dist.group.WORLD
+    x = model.embed(batch.hidden).detach()
+    odd = rank == size - 1
+    qr, weights = layer.q_a(x).detach(), layer.weights_proj(x).detach()
+    compressed = batch.compressed[layer.ratio][0]
+    selector = sct.IndexerSelector(layer.q_b.weight.detach(), layer.key_proj(compressed)[0].detach(), layer.ratio,
+                                   TOPK, head_dim=HEAD_DIM, rope_dim=ROPE_DIM, threads=1)
+
+    def select(lengths: tuple[int, ...] = LENGTHS, mode: str = "spill", **extra: Any) -> torch.Tensor:
+        return sct.balanced_indexer_select(qr, weights, (batch.cos, batch.sin), selector, lengths, layer.ratio, mode,
+                                           group, **extra)
+
+    full, short = sct.SelectionReplay(), sct.SelectionReplay()
+    with full.record():
+        select()
+        select()
+    with short.record():
+        select()
+    other = (LENGTHS[0] - 4, LENGTHS[1] + 4, *LENGTHS[2:])
+    stale = sct.prebuild(other, size, rank, [layer.ratio], "spill")
+    second: dict[str, Any] = {"lengths": lambda: select(other if odd else LENGTHS),
+                              "mode": lambda: select(mode="greedy" if odd else "spill"),
+                              "routes": lambda: select(routes=stale if odd else None),
+                              "past the end": select}
+    try:
+        with (short if odd and case == "past the end" else full).replay():
+            select()
+            second[case]()
+    except (RuntimeError, ValueError) as error:
+        return type(error).__name__, str(error)
+    return None

@@ -111,7 +111,9 @@ def test_invalid_input_on_one_rank_raises_everywhere(size):
     odd = size - 1
     assert errors[odd] == ("ValueError", "Indexer balance requires batch one and equal contiguous source query shards")
     for rank in range(odd):
-        assert errors[rank] == ("ValueError", f"Indexer input exchange aborted: rank {odd} rejected its inputs")
+        assert errors[rank] == ("ValueError", f"Indexer input exchange aborted: rank {odd} rejected its inputs: "
+                                              "Indexer balance requires batch one and equal contiguous source query "
+                                              "shards")
     errors = pool.run(rank_tasks.mismatched, "bad_mode", "overlapped", timeout=60)
     assert all(e is not None and e[0] == "ValueError" for e in errors)
     assert "indexer_load_balance must be 'none', 'zigzag', 'greedy' or 'hybrid'" in errors[odd][1]
@@ -125,7 +127,8 @@ def test_selector_failure_and_topk_mismatch_raise_everywhere(size):
     errors = pool.run(rank_tasks.mismatched, "selector", "select", timeout=60)
     assert errors[odd] == ("RuntimeError", "selector failed on purpose")
     for rank in range(odd):
-        assert errors[rank] == ("ValueError", f"Indexer result exchange aborted: rank {odd} rejected its inputs")
+        assert errors[rank] == ("ValueError", f"Indexer result exchange aborted: rank {odd} rejected its inputs: "
+                                              "RuntimeError: selector failed on purpose")
     errors = pool.run(rank_tasks.mismatched, "topk", "overlapped", timeout=60)
     for error in errors:
         assert error is not None and error[0] == "ValueError" and "topk differs" in error[1], error

@@ -1,6 +1,7 @@
 """Selection record and replay (sparsecp.torch.SelectionReplay, selection_replay_contexts):
-activation recompute and RL replay return the recorded ids with no planning, no collective and
-no selection work, bit for bit, and a replay of a different call raises naming the difference.
+activation recompute and RL replay return the recorded ids with no planning, no all-to-all and
+no selection work, bit for bit (one 3-value agreement per replayed call), and a replay of a
+different call raises naming the difference, on every rank.
 
 The multi-rank tests run the two-layer indexer model of replay_model.py on 4 gloo ranks; the
 others run the selection ops in this process."""
@@ -13,8 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import rank_tasks  # noqa: E402
 import replay_model  # noqa: E402
-from multirank import pool_of, results_or_raise  # noqa: E402
+from multirank import RankError, pool_of, results_or_raise  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 import sparsecp.torch as sct  # noqa: E402
@@ -58,8 +60,11 @@ def test_recompute_replays_every_selection_bit_for_bit():
     for variant in ("context_fn", "reentrant", "selective"):
         for rank in range(SIZE):
             got, want = runs[variant][rank], plain[rank]
-            for key in ("collectives", "selector calls", "selector rows"):
+            for key in ("selector calls", "selector rows"):
                 assert got["counts"][key] == want["counts"][key], (variant, rank, key, got["counts"])
+            # The recompute's only collectives: one 3-value agreement per replayed call (layer 0's
+            # balanced_indexer_select, layer 1's launch and launch_result), never an all-to-all.
+            assert got["counts"]["collectives"] == want["counts"]["collectives"] + 3, (variant, rank, got["counts"])
             # The overlapped layer's recompute hands the selector zero rows (its code calls it).
             assert got["counts"]["empty selector calls"] == 1, (variant, rank, got["counts"])
             assert got["forward counts"]["collectives"] == want["counts"]["collectives"], (variant, rank)
@@ -90,13 +95,17 @@ def test_a_replay_of_another_call_raises_naming_the_difference():
                                          "recording: the recording has balanced_indexer_select here"), errors
         assert errors["past the end"] == ("Selection replay: call 2 (balanced_indexer_select) is past the end of "
                                           "the recording (1 calls recorded)"), errors
-        assert errors["collectives"] == "0", errors
+        # Each failed replayed call: its agreement and the reason's all-reduce (6 calls, the
+        # last past the end after one replayed call that agreed): no all-to-all.
+        assert errors["collectives"] == "13", errors
 
 
-def test_rl_rollout_recording_replays_in_training_with_no_collective():
+def test_rl_rollout_recording_replays_in_training_with_only_its_agreements():
     """Recorded in a no-grad rollout, replayed after another step in the training forward and
-    backward on other activations (another batch): the rollout's ids, no collective (ranks replay
-    at different times, odd ranks twice, which would hang on any collective), no selector call."""
+    backward on other activations (another batch): the rollout's ids, no selector call and no
+    all-to-all; each replayed call agrees with the other ranks (one 3-value all-reduce: a
+    mismatch on one rank raises on every rank), so ranks that start replaying at different
+    times wait for each other."""
     seed = SEED + 303
     print(f"seed {seed}")
     results = results_or_raise(pool_of(SIZE).run(replay_model.rl_replay, seed, timeout=120))
@@ -104,13 +113,57 @@ def test_rl_rollout_recording_replays_in_training_with_no_collective():
         assert result["calls"] == ("balanced_indexer_select", "launch_indexer_inputs")
         assert result["nbytes"] == 2 * LOCAL * replay_model.TOPK * 4  # int32 [local, topk] per layer
         counts = result["counts"]
-        assert counts["collectives"] == 0 and counts["selector calls"] == 0, counts
+        assert counts["collectives"] == 2 * 3 and counts["selector calls"] == 0, counts  # 3 calls, twice
         for layer in range(2):
             assert np.array_equal(result["training"][layer], result["rollout"][layer]), (rank, layer)
-            if rank % 2:
-                assert np.array_equal(result["again"][layer], result["rollout"][layer]), (rank, layer)
+            assert np.array_equal(result["again"][layer], result["rollout"][layer]), (rank, layer)
     # The other batch selects other ids (rows that see more than top-k keys): the replay did not select.
     assert any(not np.array_equal(r["other"][layer], r["rollout"][layer]) for r in results for layer in range(2))
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_rl_replay_under_checkpoint_early_stop_keeps_the_rollout_ids(early_stop):
+    """Issue 30 item 2: with torch's default checkpoint early stop, the overlapped layer's
+    recompute ended between its launch and launch_result, a process-wide window count stayed
+    at 1, and the layer recomputed next selected anew on the training activations instead of
+    replaying the rollout's ids (its gradients differed)."""
+    seed = SEED + 309
+    print(f"seed {seed}")
+    results = results_or_raise(pool_of(2).run(replay_model.early_stop_rl, seed, early_stop, timeout=120))
+    for rank, result in enumerate(results):
+        assert result["calls"] == ("select_indices", "launch_indexer_inputs")
+        for layer in range(2):
+            assert np.array_equal(result["training ids"][layer], result["rollout ids"][layer]), (rank, layer)
+        assert set(result["grads"]) == set(result["reference"])
+        for name, grad in result["reference"].items():
+            assert np.array_equal(result["grads"][name], grad), (rank, name)
+    # The training batch chooses other ids: a recompute that selected anew would be seen.
+    assert any(not np.array_equal(r["fresh ids"][0], r["rollout ids"][0]) for r in results)
+
+
+@pytest.mark.parametrize("case", ["lengths", "mode", "past the end", "routes"])
+def test_a_replay_mismatch_on_one_rank_raises_on_every_rank(case):
+    """Issue 30 item 3: a replayed call made no collective, so one that differed on one rank
+    raised there alone and the others blocked in their next collective until the group's
+    timeout. Now every replayed call agrees (one 3-value all-reduce): every rank raises, the
+    odd rank its own error, the others naming it and its reason."""
+    seed = SEED + 310
+    print(f"seed {seed}")
+    pool = pool_of(SIZE)
+    errors = pool.run(replay_model.one_rank_replay_mismatch, seed, case, timeout=60)
+    odd = SIZE - 1
+    assert all(error is not None and not isinstance(error, RankError) for error in errors), errors
+    own = errors[odd]
+    expected = {"lengths": "differs from its recording: lengths: document 0",
+                "mode": "differs from its recording: mode spill recorded, greedy now",
+                "past the end": "is past the end of the recording (1 calls recorded)",
+                "routes": "prebuilt for other inputs"}[case]
+    assert expected in own[1], own
+    for rank in range(odd):
+        assert errors[rank][0] == "ValueError", errors[rank]
+        assert errors[rank][1].startswith(f"Selection replay aborted: rank {odd} rejected its inputs: "), errors[rank]
+        assert expected in errors[rank][1], errors[rank]
+    assert all(results_or_raise(pool.run(rank_tasks.still_works)))
 
 
 def test_overlapped_handles_in_a_recording_and_a_replay():

@@ -53,7 +53,9 @@ def test_dispatch_errors(size):
                                              "sequence dispatch owner length does not match the bank's physical layout")
             else:
                 assert result["one_bad"] == ("ValueError",
-                                             f"Sequence dispatch aborted: rank {size - 1} rejected its inputs")
+                                             f"Sequence dispatch aborted: rank {size - 1} rejected its inputs: "
+                                             "sequence dispatch owner length does not match the bank's physical "
+                                             "layout")
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -19,8 +19,9 @@ with autograd (``sliding_window_route``, ``document_prefix_route``,
 For activation recompute and RL: ``selection_replay_contexts`` (the ``context_fn`` of
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``) and ``SelectionReplay``
 (``record()`` / ``replay()``): every selection entry point records its int32 result in the
-first forward and returns it in the recompute with no planning, no collective and no
-selection work (``4 * topk`` bytes per owned row and call retained).
+first forward and returns it in the recompute with no planning, no data movement and no
+selection work (one 3-value agreement per replayed call, so a mismatch raises on every
+rank; ``4 * topk`` bytes per owned row and call retained).
 
 Layout: ``indexer_balance.py`` (the seed's module: its names only), ``_plans.py`` (the
 plan and route cache behind it, option shims, ``RowTuple``), ``_exchange.py`` (the row

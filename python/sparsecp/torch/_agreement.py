@@ -12,7 +12,8 @@ moves (the protocol of sparsecp's C++ exchange, ``transport/exchange.cpp`` ``agr
   differs (document lengths, CP size, ratio, mode, options, widths, dtypes, topk);
 * otherwise, when some rank's inputs were invalid, that rank raises its own error (the
   seed's text and type) and every other rank raises ``ValueError("<what> aborted: rank r
-  rejected its inputs")``.
+  rejected its inputs: <its reason>")``: the reason (its error's text, at most
+  ``REASON_BYTES`` bytes of UTF-8) travels in one more all-reduce, made only then.
 
 So a bad input on one rank raises on every rank instead of leaving its peers blocked in
 an all-to-all. The tensor lives where the group's backend can reduce it: a CPU tensor
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from .. import _core
 
 _MASK = (1 << 64) - 1
+REASON_BYTES = 512  # the most bytes of an invalid rank's error text its peers report
 _REDUCE_OPS = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
 
 
@@ -106,6 +108,23 @@ def agree(group: Any, device: torch.device, error: BaseException | None,
             raise ValueError(f"{mismatch}; this rank also rejected its inputs: {error}") from error
         raise ValueError(mismatch)
     if first_invalid < size:
+        reason = _reason(group, device, error if rank == first_invalid else None)
         if error is not None:
             raise error
-        raise ValueError(f"{what} aborted: rank {first_invalid} rejected its inputs")
+        raise ValueError(f"{what} aborted: rank {first_invalid} rejected its inputs: {reason}")
+
+
+def _reason(group: Any, device: torch.device, error: BaseException | None) -> str:
+    """Collective (every rank, only when some rank was invalid): the first invalid rank's
+    error text, as ``type: text`` for other than ValueError, truncated to REASON_BYTES."""
+    text = b""
+    if error is not None:
+        message = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+        text = message.encode("utf-8", "replace")[:REASON_BYTES]
+    values = torch.zeros(REASON_BYTES, dtype=torch.int64)
+    if text:
+        values[:len(text)] = torch.tensor(list(text), dtype=torch.int64)
+    values = values.to(device)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+    data = bytes(value for value in values.tolist() if value)
+    return data.decode("utf-8", "replace")

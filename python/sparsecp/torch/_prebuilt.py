@@ -621,8 +621,15 @@ def _prebuilt_checks(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: 
     capacity = getattr(routes, "capacity", None)
     if capacity is not None:
         settings += (("fixed capacity", int(capacity)),)
-    fingerprint = layer.fingerprint(settings) if layer is not None else unusable_fingerprint(mode)
-    if layer is None:
+    if layer is not None:
+        fingerprint = layer.fingerprint(settings)
+    else:
+        # This rank rejected its routes: fingerprint what the call itself says (the routes
+        # play no part in it), so that peers agreeing on the call report this rank's reason,
+        # not a difference made up from an empty fingerprint.
+        called, _ = capture(lambda: planning_inputs(lengths, size, ratio, mode, block_size, zigzag_min_length,
+                                                    params))
+        fingerprint = called.fingerprint() if called is not None else unusable_fingerprint(mode)
         for name, value in settings:
             fingerprint.add(name, value)
     agree(group, device, error, fingerprint, "Indexer input exchange")

@@ -5,7 +5,7 @@ Selection is discrete and runs without grad, so replaying its integer result is 
 returned while its ``record()`` context was active (``balanced_indexer_select``,
 ``launch_indexer_inputs`` with its handles, ``packed_indexer_select``, ``select_indices``);
 inside its ``replay()`` context the same calls return the recorded ids with no planning, no
-collective and no selection work. ``selection_replay_contexts`` is the pair of them that
+data movement and no selection work. ``selection_replay_contexts`` is the pair of them that
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=...)`` expects.
 
 What a replayed call does, by entry point:
@@ -24,6 +24,14 @@ Retained: one int32 copy of each call's returned ids, nothing else (no worker in
 expanded worker Q, no route): ``4 * topk`` bytes per row this rank owns per selection call,
 e.g. 4096 rows (32K tokens over CP 8) at top-512: 8 MiB per layer (``SelectionReplay.nbytes``).
 
+Every rank, as outside a replay: a replayed call of an entry point that communicates
+(``balanced_indexer_select``, ``launch_indexer_inputs`` and its handle's ``launch_result``)
+makes one agreement with the group's ranks (a 3-value all-reduce, no all-to-all): a replay
+that fails on one rank (another batch, a call past the end of its recording, another batch's
+``routes=``, another selector topk) raises on every rank, the others naming that rank and
+its reason, instead of leaving them blocked in their next collective. ``select_indices`` and
+``packed_indexer_select`` take no group and make none (a mismatch raises where it is made).
+
 A replayed call must be the recorded one: the entry point, document lengths, ratio, mode
 and options, rank and group size, and the shapes, dtypes and device of the tensors (for
 ``select_indices`` / ``packed_indexer_select`` also the segments and topk) are compared, and
@@ -34,7 +42,12 @@ recording did not, or the other way round). ``SelectionReplay(check_inputs=True)
 compares a checksum of each call's query inputs (for recompute; see the class). Calls a
 recorded call makes itself (the selector's ``select_indices``), and
 selection calls between an overlapped launch and its ``launch_result`` (the worker's
-selector), belong to that call and are neither recorded nor replayed on their own.
+selector), belong to that call and are neither recorded nor replayed on their own. That
+window belongs to the session that launched and to the handle: it closes at
+``launch_result``, when the handle is dropped (torch's checkpoint early stop ending a
+recompute between launch and ``launch_result``, an exception caught around the layer), or
+when its session exits; it is never inherited by a later call. (A handle the caller still
+holds keeps its window open until its ``launch_result`` or until it is dropped.)
 
 Nesting: the innermost active ``record()`` / ``replay()`` takes a call; a recording inside a
 replay records what the replay returns (RL replay around checkpointed layers). Sessions are
@@ -52,6 +65,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
@@ -69,10 +83,13 @@ if TYPE_CHECKING:
 __all__ = ["SelectionReplay", "selection_replay_contexts"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # Entry points a worker's selector calls: inside an open overlapped exchange they belong to it.
 _WORKER_KINDS = ("select_indices", "packed_indexer_select")
 _LAUNCH = "launch_indexer_inputs"
+# Entry points that communicate on a group: a replay of them agrees with the group's ranks.
+_COLLECTIVE_KINDS = ("balanced_indexer_select", _LAUNCH)
 
 
 class Call(NamedTuple):
@@ -95,14 +112,19 @@ class _Entry:
 
 
 class _State:
-    """Process-wide: the active sessions (innermost last), how many recorded calls are executing
-    (their own nested calls pass through), and how many overlapped exchanges are open."""
+    """Process-wide: the active sessions (innermost last) and how many recorded calls are
+    executing (their own nested calls pass through). Open overlapped exchanges belong to the
+    session that made them (``_Session.windows``), never to the process."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.sessions: list[_Session] = []
         self.executing = 0
-        self.windows = 0
+
+
+def _window_open() -> bool:
+    """An overlapped exchange of an active session is open (its selector is running)."""
+    return any(len(session.windows) for session in _STATE.sessions)
 
 
 _STATE = _State()
@@ -179,6 +201,10 @@ class _Session:
     def __init__(self, replay: SelectionReplay, replaying: bool) -> None:
         self.replay, self.replaying = replay, replaying
         self.cursor = 0
+        # The overlapped exchanges this session opened and that are still open: held weakly,
+        # so a handle dropped before its launch_result (checkpoint early stop, an exception
+        # caught around the layer) closes its window; the session's exit closes the rest.
+        self.windows: weakref.WeakSet[_Window] = weakref.WeakSet()
 
     def __enter__(self) -> SelectionReplay:
         with _STATE.lock:
@@ -190,6 +216,7 @@ class _Session:
             if not self.replaying:
                 self.replay.clear()
             self.cursor = 0
+            self.windows.clear()
             _STATE.sessions.append(self)
         return self.replay
 
@@ -197,8 +224,9 @@ class _Session:
         with _STATE.lock:
             if self in _STATE.sessions:
                 _STATE.sessions.remove(self)
-            if not _STATE.sessions:
-                _STATE.windows = 0
+            for window in list(self.windows):  # left open (an early stop ended the recompute)
+                window.open = False
+            self.windows.clear()
         if not self.replaying:
             self.replay._recorded = kind is None
 
@@ -286,7 +314,7 @@ def replayable(kind: str) -> Callable[[F], F]:
 
         @functools.wraps(function)
         def entry_point(*args: Any, **kwargs: Any) -> Any:
-            if not _STATE.sessions or _STATE.executing or (kind in _WORKER_KINDS and _STATE.windows):
+            if not _STATE.sessions or _STATE.executing or (kind in _WORKER_KINDS and _window_open()):
                 return function(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -317,15 +345,14 @@ def _resolve(sessions: list[_Session], kind: str, call: Call, execute: Callable[
         return execute()
     session = sessions[-1]
     if session.replaying:
-        entry = session.next_entry(call)
-        if kind in (_LAUNCH, "balanced_indexer_select") and arguments.get("routes") is not None:
-            _check_routes(call, arguments)  # invalid routes raise as outside a replay
-        if session.replay.check_inputs:
-            _compare_checksums(session.cursor, kind, entry, _checksum(kind, arguments))
+        if kind in _COLLECTIVE_KINDS:  # the every-rank promise: one tiny agreement per replayed call
+            entry = _agreed(arguments["group"], arguments["query_residual"], "Selection replay",
+                            lambda: _replayed_entry(session, kind, call, arguments), ("replayed call", session.cursor))
+        else:
+            entry = _replayed_entry(session, kind, call, arguments)
         if kind == _LAUNCH:
-            return _ReplayedInputExchange(entry, arguments, call, top)
-        if entry.ids is None:
-            raise RuntimeError(f"Selection replay: call {session.cursor} ({kind}) has no recorded result")
+            return _ReplayedInputExchange(entry, arguments, call, session if top else None)
+        assert entry.ids is not None
         with _hidden():
             return entry.ids.clone()
     entry = session.add_entry(call)
@@ -333,10 +360,46 @@ def _resolve(sessions: list[_Session], kind: str, call: Call, execute: Callable[
         entry.checksum = _checksum(kind, arguments)
     result = _resolve(sessions[:-1], kind, call, execute, arguments, top=False)
     if kind == _LAUNCH:
-        return _RecordingExchange(result, entry, top)
+        return _RecordingExchange(result, entry, session if top else None)
     with _hidden():
         entry.ids = result.detach().clone()
     return result
+
+
+def _replayed_entry(session: _Session, kind: str, call: Call, arguments: dict[str, Any]) -> _Entry:
+    """The recorded entry of a replayed call, after every local check of it: the call is the
+    recorded one, its ``routes=`` are its own, its inputs' checksum (``check_inputs``), and a
+    selector's ``topk`` (``balanced_indexer_select``) is the recorded ids'."""
+    entry = session.next_entry(call)
+    if kind in _COLLECTIVE_KINDS and arguments.get("routes") is not None:
+        _check_routes(call, arguments)  # invalid routes raise as outside a replay
+    if session.replay.check_inputs:
+        _compare_checksums(session.cursor, kind, entry, _checksum(kind, arguments))
+    if kind != _LAUNCH:
+        if entry.ids is None:
+            raise RuntimeError(f"Selection replay: call {session.cursor} ({kind}) has no recorded result")
+        topk = getattr(arguments.get("selector"), "topk", None)
+        if isinstance(topk, int) and not isinstance(topk, bool) and topk != entry.ids.shape[-1]:
+            raise ValueError(f"Selection replay: call {session.cursor} ({kind}): the selector's topk {topk} "
+                             f"differs from the recording's {entry.ids.shape[-1]}")
+    return entry
+
+
+def _agreed(group: Any, tensor: Any, what: str, check: Callable[[], T], setting: tuple[str, int]) -> T:
+    """``check()`` on this rank, then one agreement (a 3-value all-reduce) with every rank of
+    ``group``: a replayed call that fails on one rank (another batch, a call past the end,
+    routes of another batch) raises on every rank instead of leaving its peers in their next
+    collective; ranks at different replay positions raise too. Hidden from SAC like the
+    recorded call's own collectives."""
+    from ._agreement import agree, capture, control_device
+    from ._plans import empty_fingerprint
+
+    result, error = capture(check)
+    with _hidden():
+        hint = tensor.device if isinstance(tensor, torch.Tensor) else None
+        agree(group, control_device(group, hint), error, empty_fingerprint().add(*setting), what,
+              invalid_first=True)
+    return cast(T, result)
 
 
 def _check_routes(call: Call, arguments: dict[str, Any]) -> None:
@@ -377,19 +440,23 @@ def _compare_checksums(index: int, kind: str, entry: _Entry, now: tuple[tuple[st
 
 class _Window:
     """An overlapped exchange open between its launch and its launch_result: selection calls
-    then are its worker's selector."""
+    then are its worker's selector. Owned by the handle returned to the caller and registered
+    (weakly) with the session the launch ran in (``session`` None: an inner handle, no window)."""
 
-    def __init__(self, top: bool) -> None:
-        self.open = top
-        if top:
+    def __init__(self, session: _Session | None) -> None:
+        self.open = session is not None
+        self._session = weakref.ref(session) if session is not None else None
+        if session is not None:
             with _STATE.lock:
-                _STATE.windows += 1
+                session.windows.add(self)
 
     def close(self) -> None:
         if self.open:
             self.open = False
-            with _STATE.lock:
-                _STATE.windows = max(0, _STATE.windows - 1)
+            session = self._session() if self._session is not None else None
+            if session is not None:
+                with _STATE.lock:
+                    session.windows.discard(self)
 
 
 class _RecordingExchange:
@@ -398,8 +465,8 @@ class _RecordingExchange:
 
     replayed = False
 
-    def __init__(self, inner: Any, entry: _Entry, top: bool) -> None:
-        self._inner, self._entry, self._window = inner, entry, _Window(top)
+    def __init__(self, inner: Any, entry: _Entry, session: _Session | None) -> None:
+        self._inner, self._entry, self._window = inner, entry, _Window(session)
         self.replayed = bool(getattr(inner, "replayed", False))
 
     def __getattr__(self, name: str) -> Any:  # route, owner_queries, group, consumed, ...
@@ -447,7 +514,7 @@ class _ReplayedInputExchange:
 
     replayed = True
 
-    def __init__(self, entry: _Entry, arguments: dict[str, Any], call: Call, top: bool) -> None:
+    def __init__(self, entry: _Entry, arguments: dict[str, Any], call: Call, session: _Session | None) -> None:
         fields = dict(call.fields)
         self._entry = entry
         self.route = _empty_route(fields["group size"] or 1)
@@ -455,7 +522,7 @@ class _ReplayedInputExchange:
         self.owner_queries = int(arguments["query_residual"].shape[1])
         inputs = (arguments["query_residual"], arguments["weights"], *arguments["embeddings"])
         self._empty = [(tensor.dtype, tensor.device, int(tensor.shape[-1])) for tensor in inputs]
-        self._window = _Window(top)
+        self._window = _Window(session)
         self.consumed = False
 
     def wait(self) -> WorkerInputs:
@@ -469,18 +536,26 @@ class _ReplayedInputExchange:
 
     def launch_result(self, selected: Any) -> _ReplayedRows:
         """Takes the selector's output on the zero rows ([0, topk]) or None; returns the handle
-        of the recorded ids."""
+        of the recorded ids. Collective, as outside a replay: one agreement, so that a result
+        refused on one rank raises on every rank."""
         self._window.close()
-        if selected is not None and (not isinstance(selected, torch.Tensor) or selected.ndim != 2
-                                     or selected.shape[0] != 0):
-            shape = tuple(selected.shape) if isinstance(selected, torch.Tensor) else type(selected).__name__
-            raise ValueError(f"Selection replay: a replayed exchange's worker has no rows, so launch_result takes "
-                             f"[0, topk] (or None), got {shape}")
-        ids = self._entry.ids
-        if ids is None:
-            raise RuntimeError("Selection replay: the recorded exchange's result was never waited for while recording")
-        if selected is not None and selected.shape[1] != ids.shape[1]:
-            raise ValueError(f"Selection replay: topk {selected.shape[1]} differs from the recording's {ids.shape[1]}")
+
+        def check() -> torch.Tensor:
+            if selected is not None and (not isinstance(selected, torch.Tensor) or selected.ndim != 2
+                                         or selected.shape[0] != 0):
+                shape = tuple(selected.shape) if isinstance(selected, torch.Tensor) else type(selected).__name__
+                raise ValueError(f"Selection replay: a replayed exchange's worker has no rows, so launch_result "
+                                 f"takes [0, topk] (or None), got {shape}")
+            ids = self._entry.ids
+            if ids is None:
+                raise RuntimeError("Selection replay: the recorded exchange's result was never waited for while "
+                                   "recording")
+            if selected is not None and selected.shape[1] != ids.shape[1]:
+                raise ValueError(f"Selection replay: topk {selected.shape[1]} differs from the recording's "
+                                 f"{ids.shape[1]}")
+            return ids
+
+        ids = _agreed(self.group, selected, "Selection replay result", check, ("replayed result", 0))
         with _hidden():
             return _ReplayedRows(ids.clone())
 
