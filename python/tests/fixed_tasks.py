@@ -303,6 +303,23 @@ def dropped_unwaited_launch(rank: int, size: int, mode: str, options: dict, seed
     return out
 
 
+def one_rank_rejects_its_routes(rank: int, size: int, mode: str, options: dict, seed: int) -> tuple[str, str] | None:
+    """The last rank passes another batch's prebuilt routes: it raises its own error, and its
+    peers name it and its reason (they reported a difference made up from an empty
+    fingerprint: "rank 1 has 0 documents ... CP size 1 ... mode 'none'")."""
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    case = make_case(rank, size, seed, lengths=lengths)
+    given = lengths[::-1] if rank == size - 1 else lengths
+    routes = sct.prebuild(given, size, rank, [RATIO], mode, **options)
+    try:
+        sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, mode, group,
+                                    routes=routes, **options)
+    except ValueError as error:
+        return type(error).__name__, str(error)
+    return None
+
+
 def replay_with_routes(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:
     """Record the fixed-capacity path (both entry points), replay it: the recorded ids, no
     collective; a replay given another batch's routes raises as outside a replay."""

@@ -156,13 +156,7 @@ def test_compiled_step_fullgraph_equals_eager_on_two_gloo_ranks():
 def _training_loop_snippets(*titles: str) -> list[str]:
     import readme_snippets
 
-    text = readme_snippets.section("In a training loop")
-    blocks = []
-    for title in titles:
-        start = text.index("\n### " + title)
-        end = text.find("\n### ", start + 1)
-        blocks += readme_snippets.code_blocks(text[start:end if end >= 0 else len(text)], "python")
-    return blocks
+    return readme_snippets.training_snippets(*titles)  # docs/guide/training.md
 
 
 def test_readme_prebuilt_and_compile_snippets_run_on_two_ranks():
@@ -212,6 +206,15 @@ def test_a_dropped_unwaited_fixed_launch_leaves_the_next_one_working():
         assert result["errors"] == [] and result["skipped"] == 2
         assert result["next_equal_0"] and result["next_equal_1"]
         assert result["after_abort_equal"] and result["after_result_abort_equal"]
+
+
+def test_peers_of_a_rank_rejecting_its_routes_report_its_reason():
+    """Issue 30 item 6: the peers named a made-up difference, not the rank and its reason."""
+    errors = pool_of(3).run(fixed_tasks.one_rank_rejects_its_routes, "spill", {}, 29)
+    reason = "routes were prebuilt for other inputs than this call's (they differ in lengths)"
+    assert errors[2] == ("ValueError", reason), errors
+    for rank in range(2):
+        assert errors[rank] == ("ValueError", f"Indexer input exchange aborted: rank 2 rejected its inputs: {reason}")
 
 
 def test_a_replay_of_the_fixed_path_moves_nothing_and_checks_its_routes():
