@@ -380,6 +380,15 @@ apply_fault() {  # apply_fault SPEC
   echo "cluster: fault $kind on node $node${arg:+ ($arg)} applied at $at s" >&2
 }
 # --- run -----------------------------------------------------------------------------------
+# A person at a terminal sees the job's progress: mpirun hands ranks a pipe for stderr, so
+# say it with SPARSECP_PROGRESS (tools/sparsecp/progress.hpp); nothing changes when piped.
+progress_env=()
+if [ -t 2 ]; then
+  export SPARSECP_PROGRESS=${SPARSECP_PROGRESS:-1}
+  echo "cluster: nodes ready; starting the job ($*)" >&2
+fi
+if [ -n "${SPARSECP_PROGRESS:-}" ]; then progress_env=(-x SPARSECP_PROGRESS); fi
+job_started=$SECONDS
 set -m  # the job gets its own process group, so cleanup can signal all of it
 if ((torch)); then
   master=$(node_addr 0)
@@ -423,7 +432,7 @@ else
     --mca pml ob1 --mca btl self,vader,tcp \
     --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
     --mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 5 \
-    "$@" &
+    "${progress_env[@]}" "$@" &
   job_pid=$!
 fi
 set +m
@@ -442,6 +451,7 @@ fi
 status=0
 wait "$job_pid" 2>/dev/null || status=$?  # (a job killed by --timeout is reported below)
 job_pid=
+if [ -t 2 ]; then echo "cluster: the job ended after $((SECONDS - job_started)) s (exit status $status)" >&2; fi
 # What crossed the links (MPI's or gloo's data plus the launcher's own small traffic).
 for ((i = 0; i < nodes; i++)); do
   stats=/sys/class/net/eth0/statistics

@@ -166,6 +166,36 @@ TEST(RunSvg, WritesEveryStrategysPerRankTimeAndWork) {
   EXPECT_NE(job.out.find("machine: "), std::string::npos) << job.out;
 }
 
+// The other long commands: progress on stderr at a terminal (SPARSECP_PROGRESS=1 stands
+// for it), none when piped or with --json.
+TEST(LongCommandsProgress, CalibrateBenchAndSimulateSayWhatTheyAreDoing) {
+  using sparsecp::testing::run_tool;
+  const char* calibrate =
+      "calibrate --heads 2 --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 --max-residual 0 "
+      "--out -";
+  const char* bench =
+      "bench select --doc-length 512 --heads 2 --head-dim 16 --rope-dim 8 --q-rank 12 --topk 9 "
+      "--sgemm-size 64 --repeats 2";
+  const char* simulate = "simulate --cp 4,8 --tokens 65536 --seed 1-2";
+  const struct {
+    const char* arguments;
+    const char* line;
+  } commands[] = {{calibrate, "sparsecp calibrate [   0 s] timing the selection at"},
+                  {bench, "sparsecp bench select ["},
+                  {simulate, "batches"}};
+  for (const auto& command : commands) {
+    const auto shown = run_tool(command.arguments, "SPARSECP_PROGRESS=1");
+    EXPECT_EQ(shown.status, 0) << command.arguments << shown.err;
+    EXPECT_NE(shown.err.find(command.line), std::string::npos) << command.arguments << shown.err;
+    const auto piped = run_tool(command.arguments);
+    EXPECT_EQ(piped.status, 0) << command.arguments << piped.err;
+    EXPECT_EQ(piped.err.find(command.line), std::string::npos) << command.arguments << piped.err;
+    const auto json = run_tool(std::string(command.arguments) + " --json", "SPARSECP_PROGRESS=1");
+    EXPECT_EQ(json.status, 0) << command.arguments << json.err;
+    EXPECT_EQ(json.err.find(command.line), std::string::npos) << command.arguments << json.err;
+  }
+}
+
 TEST(RunFlags, AnEmptyModeIsAnError) {
   for (const char* mode : {"\"\"", "\",\""}) {
     const Job job = run_job(1, std::string("--tokens 4096 --no-calibrate --mode ") + mode);

@@ -42,9 +42,22 @@ void BenchRunFlags::validate() const {
                  "--sgemm-size must be within [1, 65536], got ", sgemm_size);
 }
 
-void time_interleaved(std::vector<TimedPath>& paths, int64_t repeats) {
+void time_interleaved(std::vector<TimedPath>& paths, int64_t repeats, const Progress* progress) {
+  const double started = wall_seconds();
   for (int64_t i = 0; i < repeats; ++i) {
-    for (TimedPath& path : paths) {
+    for (size_t p = 0; p < paths.size(); ++p) {
+      TimedPath& path = paths[p];
+      if (progress != nullptr) {
+        // Time left: the repeats done so far predict the rest.
+        const double done = static_cast<double>(i) + static_cast<double>(p) /
+                                                         static_cast<double>(paths.size());
+        const double left =
+            done > 0 ? (wall_seconds() - started) * (static_cast<double>(repeats) - done) / done
+                     : 0;
+        progress->tick("repeat %lld of %lld: %s%s%s", static_cast<long long>(i + 1),
+                       static_cast<long long>(repeats), path.name.c_str(),
+                       done > 0 ? "; about " : "", done > 0 ? (human_seconds(left) + " left").c_str() : "");
+      }
       const double start = wall_seconds();
       path.run();
       path.seconds.push_back(wall_seconds() - start);

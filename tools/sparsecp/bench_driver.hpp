@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "progress.hpp"
 #include "sparsecp/kernels/select.hpp"
 #include "timing.hpp"
 
@@ -48,7 +49,10 @@ struct TimedPath {
 };
 
 // Runs every path `repeats` times, interleaved (see above).
-void time_interleaved(std::vector<TimedPath>& paths, int64_t repeats);
+// Runs every path once per repeat, interleaved, recording wall times; `progress` (may be
+// null) reports each repeat and the time left, at most once a second.
+void time_interleaved(std::vector<TimedPath>& paths, int64_t repeats,
+                      const Progress* progress = nullptr);
 
 // A square N x N x N sgemm, as a TimedPath; its rate is sgemm_gflops(path, n).
 TimedPath sgemm_path(int64_t n);

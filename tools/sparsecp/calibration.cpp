@@ -131,7 +131,7 @@ std::string model_note(const CalibrationSettings& settings) {
 
 }  // namespace
 
-CpuCalibration calibrate_cpu(const CalibrationSettings& settings) {
+CpuCalibration calibrate_cpu(const CalibrationSettings& settings, const Progress* progress) {
   CalibrationSettings checked = settings;
   checked.grid.topk = settings.model.topk;
   checked.grid.heap_term = true;  // sparsecp's kernel keeps a running top-k per row
@@ -140,10 +140,21 @@ CpuCalibration calibrate_cpu(const CalibrationSettings& settings) {
   const ModelFlags& m = checked.model;
   const SelectConfig config = m.select_config(checked.grid.ratio, checked.threads);
   openblas_set_num_threads(std::max(checked.threads, 1));
-  CalibrationInputs in = make_inputs(checked, calibration_points(checked.grid));
+  const std::vector<CalibrationPoint> grid_points = calibration_points(checked.grid);
+  CalibrationInputs in = make_inputs(checked, grid_points);
   const ProjectionWeights projection(MatrixView::bf16(in.wq_b.data(), m.q_rank, in.width));
   const int64_t half = m.rope_dim / 2;
+  // One warm-up call, then every point --repeats times (calibrate_cost_model).
+  const int64_t calls = static_cast<int64_t>(grid_points.size()) * checked.grid.repeats + 1;
+  int64_t call = 0;
   const auto measure = [&](const CalibrationPoint& point) {
+    ++call;
+    if (progress != nullptr) {
+      progress->tick("timing the selection: call %lld of about %lld (%lld rows, about %lld "
+                     "visible keys each)",
+                     static_cast<long long>(call), static_cast<long long>(calls),
+                     static_cast<long long>(point.rows), static_cast<long long>(point.target));
+    }
     const int64_t rows = point.rows;
     const double start = thread_cpu_seconds();
     select_worker_rows(

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "model_flags.hpp"
+#include "progress.hpp"
 #include "sparsecp/planning/calibration.hpp"
 
 namespace sparsecp::cli {
@@ -36,7 +37,9 @@ struct CpuCalibration {
   double seconds_taken = 0;  // wall time of the whole calibration
 };
 
-CpuCalibration calibrate_cpu(const CalibrationSettings& settings);
+// `progress` (may be null) says which point is being timed, at most once a second.
+CpuCalibration calibrate_cpu(const CalibrationSettings& settings,
+                             const Progress* progress = nullptr);
 
 // The CPU's model name from /proc/cpuinfo ("unknown CPU" when unreadable).
 std::string machine_name();

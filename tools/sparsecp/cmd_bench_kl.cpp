@@ -301,7 +301,8 @@ void run_bench_kl(const BenchKlCommand& c) {
     paths.push_back({"fused bf16" + suffix,
                      [&] { r.bf16->loss = indexer_kl_loss(in16, r.options, r.bf16->spans()); }});
   }
-  time_interleaved(paths, c.repeat);
+  const Progress progress("sparsecp bench kl", c.json);
+  time_interleaved(paths, c.repeat, &progress);
   const double sgemm = sgemm_gflops(paths[0], c.sgemm_size);
   const int threads = c.threads > 0 ? c.threads : omp_get_max_threads();
 

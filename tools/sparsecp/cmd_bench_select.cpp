@@ -408,7 +408,8 @@ void run_bench(const BenchSelectFlags& c) {
   const std::vector<KernelIsa> isas = bench_isas(c.isa);
   BenchPaths bench(c, p, isas);
   bench.add_paths();
-  time_interleaved(bench.paths, c.repeat);
+  const Progress progress("sparsecp bench select", c.json);
+  time_interleaved(bench.paths, c.repeat, &progress);
   const double proj_flops = 2.0 * static_cast<double>(p.rows) *
                             static_cast<double>(c.model.q_rank) * static_cast<double>(p.width);
   const nlohmann::ordered_json out = bench_json(bench, proj_flops);

@@ -10,6 +10,7 @@
 #include "batch_input.hpp"
 #include "calibration.hpp"
 #include "command.hpp"
+#include "progress.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/cost_model_file.hpp"
 #include "sparsecp/io/output_set.hpp"
@@ -75,7 +76,12 @@ void print_json(const CpuCalibration& calibration, const std::string& out) {
 
 void run_calibrate(CalibrateFlags& flags) {
   flags.settings.grid.visible = parse_integer_list(flags.visible, "--visible", false);
-  const CpuCalibration fit = calibrate_cpu(flags.settings);
+  // Progress on a terminal only (progress.hpp): the points, then the fit.
+  const Progress progress("sparsecp calibrate", flags.json);
+  progress.say("timing the selection at %zu visible-key counts, %d repeats each ...",
+               flags.settings.grid.visible.size(), flags.settings.grid.repeats);
+  const CpuCalibration fit = calibrate_cpu(flags.settings, &progress);
+  progress.say("fitted in %s", human_seconds(fit.seconds_taken).c_str());
   if (flags.out != "-") {
     OutputSet output;  // whole or absent (io/output_set.hpp)
     output.add_text(flags.out, format_cost_model(fit.fit.model), "--out");

@@ -108,7 +108,7 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
       CalibrationSettings attempt = settings;
       attempt.grid.repeats = repeats;
       try {
-        fit = calibrate_cpu(attempt);
+        fit = calibrate_cpu(attempt, &progress);
         break;
       } catch (const InvalidInputError& error) {
         if (std::string_view(error.what()).find("fit refused") == std::string_view::npos) throw;

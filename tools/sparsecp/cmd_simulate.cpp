@@ -14,6 +14,7 @@
 #include "batch_input.hpp"
 #include "command.hpp"
 #include "model_flags.hpp"
+#include "progress.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/io/output_set.hpp"
 #include "sparsecp/io/report_svg.hpp"
@@ -147,7 +148,8 @@ void run_simulate(const SimulateCommand& command) {
   spec.params.ranks_per_node = command.ranks_per_node;
   spec.clock = [] { return wall_seconds() * 1e3; };
 
-  const ProgressBar progress(isatty(STDERR_FILENO) == 1);
+  // A bar on a terminal only, never with --json or --csv (progress.hpp).
+  const ProgressBar progress(progress_wanted() && !command.json && !command.csv);
   const std::vector<SimulationResult> results =
       run_sweep(spec, [&](int64_t done, int64_t total) { progress(done, total); });
   // Some strategies may reject a batch (reported in their rows); if every one rejected
