@@ -61,8 +61,8 @@ def _whole_bank(state: ContextParallelState, entries: torch.Tensor, layout: Comp
     widest = int(counts.max())
     if widest == 0:
         return entries
-    padded = entries.new_zeros((widest, entries.shape[1]))
-    padded = torch.cat([entries, padded[:widest - len(entries)]]) if len(entries) < widest else entries
+    padding = entries.new_zeros((widest - len(entries), entries.shape[1]))
+    padded = torch.cat([entries, padding])  # always through cat: the same graph on every rank
     gathered = sequence_gather(padded.contiguous(), 0, state.group)
     index = np.concatenate([np.arange(q * widest, q * widest + c) for q, c in enumerate(counts)])
     state.stats.dispatch_bytes += (state.size - 1) * padded.numel() * padded.element_size()
@@ -92,7 +92,8 @@ def _select(attn: Any, state: ContextParallelState, batch: BatchLayout, layout: 
         state.stats.replays += 1
     else:
         assert bank is not None
-        weights = indexer.scorer.weights_proj(hidden).float() * indexer.scorer.weights_scaling
+        with torch.no_grad():  # selection only: a recompute, which replays, must save the same tensors
+            weights = indexer.scorer.weights_proj(hidden).float() * indexer.scorer.weights_scaling
         if state.selector == "fused":
             selector: Any = FusedSelector(indexer, bank, state.rope_dim)
         else:
@@ -199,6 +200,9 @@ def _indexer_kl(attn: Any, state: ContextParallelState, batch: BatchLayout, layo
     scorer = indexer.scorer
     merge = scorer.weights_proj(hidden.detach()) * (scorer.weights_scaling * scorer.softmax_scale)
     total = batch.boundaries[-1]
+    if bank_block.shape[0] == 0:  # no row of this rank sees a key: a zero loss, still connected to
+        # the gathered bank so that this rank's backward runs the same collectives as its peers'
+        return (index_q.sum() + merge.sum() + index_bank.sum()) * 0
     return indexer_kl_loss_any_topk(
         index_q, index_bank[None], merge, q.detach(), bank_block.detach()[None], ids[None],
         attn.sinks.detach(), attention_scale=attn.scaling, loss_coeff=state.kl_coeff * local / total,

@@ -30,14 +30,16 @@ def owned_entries(compressor: Any, block: torch.Tensor, layout: CompressionLayou
     Args:
         compressor: The model's module holding ``kv_proj``, ``gate_proj``, ``position_bias``,
             ``kv_norm`` and ``rotary_emb`` (a CSA or HCA compressor, or the indexer).
+            Its entries are float32 softmax-gated sums, as the model computes them.
         block: The gathered layer input rows ``[rows, hidden]`` of ``layout.compressor``.
         layout: The ratio's layout (which rows fill which slots; positions).
         head_dim: The entry width (the model's ``head_dim`` or ``index_head_dim``).
         rope: The model's ``apply_rotary_pos_emb``.
     """
-    entries, m = layout.slot_rows.shape[0], layout.ratio
-    if entries == 0:
-        return block.new_zeros((0, head_dim))
+    m = layout.ratio
+    # No early return for a rank that owns no entry: its empty result must stay connected to
+    # `block` (and so to the dispatch that gathered it), or its backward would skip a
+    # collective its peers run.
     kv = compressor.kv_proj(block)
     gate = compressor.gate_proj(block)
     rows = torch.from_numpy(layout.slot_rows).to(block.device)

@@ -232,11 +232,13 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
 
 
 def _check_strategy(state: ContextParallelState, config: Any) -> None:
-    """The strategy and its options, checked here (on a one-document plan) rather than mid-forward."""
+    """The strategy's name and options, checked here (on a one-document plan whose shards fit any
+    block size) rather than in the first forward."""
     from ..torch import indexer_route
 
     ratio = int(config.compress_rates.get("compressed_sparse_attention", 4))
-    indexer_route((state.size * 2 * ratio,), state.size, state.rank, ratio, state.mode, state.block_size,
+    local = max(4096, 2 * int(state.block_size or 0))
+    indexer_route((state.size * local,), state.size, state.rank, ratio, state.mode, state.block_size,
                   state.zigzag_min_length, **state.strategy_params)
 
 
