@@ -116,6 +116,107 @@ def test_opcheck_select_rows(monkeypatch):
     torch.library.opcheck(torch.ops.sparsecp.select_rows, args)
 
 
+# Issue 30 item 5: the dense path (any device but CPU, or SPARSECP_TORCH_PATH=1) accepted what
+# the CPU path refuses; each case: (what to change, the text both paths give).
+_SELECT_ROWS_BAD = {
+    "keys past the bank": ({"key_begin": torch.full((12,), 6), "visible": torch.full((12,), 5)},
+                           "row 0 sees keys [6, 6 + 5), outside the bank of 10 keys"),
+    "visible 2^63 - 1": ({"visible": torch.full((12,), 2**63 - 1)}, "outside the bank of 10 keys"),
+    "negative begin": ({"key_begin": torch.full((12,), -1), "visible": torch.zeros(12, dtype=torch.int64)},
+                       "row 0 sees keys [-1, -1 + 0)"),
+    "float64 query": ({"query": "float64"}, "Indexer query must be float32 or bfloat16, got torch.float64"),
+    "float16 query": ({"query": "float16"}, "Indexer query must be float32 or bfloat16, got torch.float16"),
+    "int query": ({"query": "int32"}, "Indexer query must be float32 or bfloat16, got torch.int32"),
+    "topk 0": ({"topk": 0}, "Indexer topk must be a positive integer, got 0"),
+    "int32 visible": ({"visible": "int32"}, "Indexer select_rows visible must be int64 [12], got torch.int32"),
+    "short key_begin": ({"key_begin": torch.zeros(11, dtype=torch.int64)},
+                        "Indexer select_rows key_begin must be int64 [12], got torch.int64 (11,)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SELECT_ROWS_BAD))
+def test_select_rows_refuses_the_same_bad_inputs_on_every_path(case, monkeypatch):
+    changes, text = _SELECT_ROWS_BAD[case]
+    query, key, weights, key_begin, visible = _selection_inputs(5)
+    arguments = {"query": query, "key": key, "weights": weights, "key_begin": key_begin, "visible": visible,
+                 "topk": 6}
+    for name, value in changes.items():
+        arguments[name] = arguments[name].to(getattr(torch, value)) if isinstance(value, str) else value
+    for path in ("0", "1"):  # the CPU kernel, then the dense device path
+        monkeypatch.setenv("SPARSECP_TORCH_PATH", path)
+        with pytest.raises(ValueError) as raised:
+            torch.ops.sparsecp.select_rows(*arguments.values())
+        assert text in str(raised.value), (path, str(raised.value))
+
+
+@pytest.mark.parametrize("path", ["0", "1"])
+def test_select_rows_records_and_replays_on_every_path(path, monkeypatch):
+    """Issue 30 item 5: select_rows was recorded and replayed on CPU only (it called
+    select_indices there), not on the dense path: RL with the compiled fixed path on a GPU
+    selected anew."""
+    monkeypatch.setenv("SPARSECP_TORCH_PATH", path)
+    query, key, weights, key_begin, visible = _selection_inputs(5)
+    replay = sct.SelectionReplay()
+    with replay.record():
+        recorded = torch.ops.sparsecp.select_rows(query, key, weights, key_begin, visible, 6)
+    assert replay.calls() == ("select_rows",)
+    fresh = torch.ops.sparsecp.select_rows(-query, key, weights, key_begin, visible, 6)
+    assert not torch.equal(fresh, recorded)
+    with replay.replay():  # other activations: the recorded ids
+        assert torch.equal(torch.ops.sparsecp.select_rows(-query, key, weights, key_begin, visible, 6), recorded)
+    with replay.replay(), pytest.raises(ValueError, match="topk 6 recorded, 5 now"):
+        torch.ops.sparsecp.select_rows(query, key, weights, key_begin, visible, 5)
+
+
+def test_select_indices_and_indexer_selector_compile_fullgraph_and_equal_eager():
+    """Issue 30 item 7: torch.compile(fullgraph=True) over a function calling the seed's
+    selection API (select_indices, IndexerSelector) stopped with "call to a callable object with
+    no traceable __call__"; now they go through custom ops, with segments given as the seed's
+    tuples, an IndexerRoute's segments or a numpy table. A replay inside the compiled function
+    returns the recording."""
+    generator = torch.Generator().manual_seed(31)
+    lengths, ratio, topk, heads, head_dim, q_rank = (40, 16, 8), 2, 6, 2, 8, 12
+    route = sct.indexer_route(lengths, 2, 1, ratio, "greedy", 8)
+    rows, keys = route.query_count, sum(n // ratio for n in lengths)
+    query = torch.randn(rows, heads, head_dim, generator=generator)
+    key = torch.randn(keys, head_dim, generator=generator)
+    weights = torch.rand(rows, heads, generator=generator)
+    qr, cos, sin = (torch.randn(1, rows, width, generator=generator) for width in (q_rank, 2, 2))
+    selector = sct.IndexerSelector(torch.randn(heads * head_dim, q_rank, generator=generator), key, ratio, topk,
+                                   head_dim=head_dim, rope_dim=4)
+    as_tuples = tuple(route.segments)
+    as_array = np.array(route.segments.array)  # a numpy table of its own (dynamo cannot trace views of C++ memory)
+
+    def layer(q: torch.Tensor, w: torch.Tensor, qr: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (sct.select_indices(q, key, w, route.segments, ratio, topk),
+                sct.select_indices(q, key, w, as_tuples, ratio, topk),
+                sct.select_indices(q, key, w, as_array, ratio, topk),
+                selector(qr, w[None], (cos, sin), route.segments))
+
+    compiled = torch.compile(layer, fullgraph=True)
+    eager = layer(query, weights, qr)
+    assert all(torch.equal(a, b) for a, b in zip(compiled(query, weights, qr), eager))
+    assert all(torch.equal(a, eager[0]) for a in eager[1:3])
+    replay = sct.SelectionReplay()
+    with replay.record():
+        recorded = layer(query, weights, qr)
+    with replay.replay():
+        replayed = compiled(-query, weights, qr)
+    assert all(torch.equal(a, b) for a, b in zip(replayed[:3], recorded[:3]))
+    assert not torch.equal(compiled(-query, weights, qr)[0], recorded[0])
+
+
+def test_opcheck_the_selection_ops():
+    query, key, weights, _, _ = _selection_inputs(7)
+    segments = [0, 6, 0, 4, 1, 6, 12, 4, 10, 0]
+    torch.library.opcheck(torch.ops.sparsecp.select_indices, (query, key, weights, segments, 2, 5, 1))
+    generator = torch.Generator().manual_seed(3)
+    qr, cos, sin = torch.randn(12, 6, generator=generator), torch.rand(12, 2), torch.rand(12, 2)
+    wq_b = torch.randn(16, 6, generator=generator)
+    torch.library.opcheck(torch.ops.sparsecp.select_worker_rows,
+                          (qr, weights, cos, sin, wq_b, key, segments, 2, 8, 4, 2, 5, True, 1))
+
+
 def _kl_args(dtype=torch.float32):
     generator = torch.Generator().manual_seed(2)
     rows, keys = 6, 8

@@ -267,11 +267,20 @@ class RowTuple(Sequence):
     array itself is ``.array`` (or ``numpy.asarray(field)``), without a copy.
     """
 
-    __slots__ = ("_array", "_hash")
+    __slots__ = ("_array", "_hash", "_flat")
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, flat: bool = False) -> None:
         self._array = array
         self._hash: int | None = None
+        # The values as one tuple of Python ints, made on construction when asked (segments:
+        # what torch.compile reads, since it cannot trace numpy views of C++ memory).
+        self._flat: tuple[int, ...] | None = tuple(array.reshape(-1).tolist()) if flat else None
+
+    def flat(self) -> tuple[int, ...]:
+        """Every value in row-major order, as Python ints."""
+        if self._flat is None:
+            self._flat = tuple(self._array.reshape(-1).tolist())
+        return self._flat
 
     @property
     def array(self) -> np.ndarray:

@@ -3,15 +3,17 @@
 Selection is discrete and runs without grad, so replaying its integer result is exact. A
 ``SelectionReplay`` records, in call order, what every sparsecp selection entry point
 returned while its ``record()`` context was active (``balanced_indexer_select``,
-``launch_indexer_inputs`` with its handles, ``packed_indexer_select``, ``select_indices``);
+``launch_indexer_inputs`` with its handles, ``packed_indexer_select``, ``select_indices``,
+``torch.ops.sparsecp.select_rows`` on every device: its ``key_begin`` / ``visible`` are
+compared by shape, dtype and device, not value, which would need a host read);
 inside its ``replay()`` context the same calls return the recorded ids with no planning, no
 data movement and no selection work. ``selection_replay_contexts`` is the pair of them that
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=...)`` expects.
 
 What a replayed call does, by entry point:
 
-* ``balanced_indexer_select``, ``packed_indexer_select``, ``select_indices``: return a copy of
-  the recorded ids; the selector is not called.
+* ``balanced_indexer_select``, ``packed_indexer_select``, ``select_indices``, ``select_rows``:
+  return a copy of the recorded ids; the selector is not called.
 * ``launch_indexer_inputs``: returns a handle with the same interface (``route``,
   ``owner_queries``, ``wait()``, ``launch_result()``) and ``replayed`` True. Nothing moves: its
   ``wait()`` gives the worker zero rows (``[1, 0, width]`` each, the owners' dtypes) and its
@@ -86,7 +88,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
 # Entry points a worker's selector calls: inside an open overlapped exchange they belong to it.
-_WORKER_KINDS = ("select_indices", "packed_indexer_select")
+_WORKER_KINDS = ("select_indices", "packed_indexer_select", "select_rows")
 _LAUNCH = "launch_indexer_inputs"
 # Entry points that communicate on a group: a replay of them agrees with the group's ranks.
 _COLLECTIVE_KINDS = ("balanced_indexer_select", _LAUNCH)
@@ -617,6 +619,10 @@ def describe(kind: str, arguments: dict[str, Any]) -> Call:
         for name, tensor in (("qr", arguments["query_residual"]), ("weights", arguments["weights"]), ("cos", cos),
                              ("sin", sin)):
             fields += _tensor_fields(name, tensor)
+    elif kind == "select_rows":  # the fixed path's op: rows' key ranges as device tensors
+        for name in ("query", "key", "weights", "key_begin", "visible"):
+            fields += _tensor_fields(name, arguments[name])
+        fields += [("topk", arguments["topk"])]
     else:
         for name in ("query", "key", "weights"):
             fields += _tensor_fields(name, arguments[name])

@@ -209,7 +209,7 @@ class IndexerRoute:
 
     def __init__(self, segments: Any, input_splits: Any, output_splits: Any, send_rows: Any, receive_rows: Any,
                  local_sources: Any, local_targets: Any, query_count: int) -> None:
-        fields = [RowTuple(int64_array(segments, width=5))]
+        fields = [RowTuple(int64_array(segments, width=5), flat=True)]
         fields += [RowTuple(int64_array(values)) for values in (input_splits, output_splits, send_rows,
                                                                 receive_rows, local_sources, local_targets)]
         set_field = object.__setattr__
@@ -232,7 +232,8 @@ class IndexerRoute:
     def _field(self, index: int) -> RowTuple:
         value = self._fields[index]
         if value is None:
-            value = self._fields[index] = RowTuple(getattr(self.core, _ROW_FIELDS[index]))
+            # segments with their flat tuple: a compiled selector reads it (select.flat_segments)
+            value = self._fields[index] = RowTuple(getattr(self.core, _ROW_FIELDS[index]), flat=index == 0)
         return value
 
     segments = property(lambda self: self._field(0), doc="(q_begin, q_end, key_begin, key_end, residual) per task")

@@ -9,6 +9,12 @@
   int32 [W, topk] (ascending ids, -1 padded; a row with ``visible`` 0 is all -1). CPU
   tensors run the fused C++ kernel; other devices a dense masked torch version (one
   [W, heads, K] score block: sized for the fixed buffers, capturable in a CUDA graph).
+  Every path makes the same checks (``select.check_select_rows``) and is recorded and
+  replayed alike (``SelectionReplay``: the op's kernel is the replayable call).
+* ``torch.ops.sparsecp.select_indices`` and ``torch.ops.sparsecp.select_worker_rows``:
+  what ``select_indices`` and ``IndexerSelector`` call while torch.compile traces (segments
+  as a flat ``int[]``), so a layer written against the seed's selection API compiles with
+  ``fullgraph=True``; their kernels are the eager functions (the same ids, replayed alike).
 * ``torch.ops.sparsecp.indexer_kl_loss(...)``: the indexer KL loss and its three
   gradients (``shared_compressed_indexer_kl_loss``' kernel), with a registered autograd
   formula (the backward scales the saved gradients) and a fake kernel.
@@ -26,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .select import _torch_path, select_indices
+from ._replay import replayable
+from .select import _select_indices, _torch_path, check_select_rows, select_indices, select_worker_rows
 
 __all__ = ["indexer_kl_loss", "select_rows"]
 
@@ -35,10 +42,14 @@ __all__ = ["indexer_kl_loss", "select_rows"]
 def select_rows(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, key_begin: torch.Tensor,
                 visible: torch.Tensor, topk: int) -> torch.Tensor:
     """Top-``topk`` ids of each row among its visible keys (see the module docstring)."""
-    rows = query.shape[0]
-    if key_begin.shape != (rows,) or visible.shape != (rows,):
-        raise ValueError(f"Indexer select_rows key_begin and visible must be [{rows}], got "
-                         f"{tuple(key_begin.shape)} and {tuple(visible.shape)}")
+    return _select_rows(query, key, weights, key_begin, visible, topk)
+
+
+@replayable("select_rows")  # record / replay on every device and path (sparsecp.torch.SelectionReplay)
+@torch.no_grad()
+def _select_rows(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, key_begin: torch.Tensor,
+                 visible: torch.Tensor, topk: int) -> torch.Tensor:
+    check_select_rows(query, key, weights, key_begin, visible, topk)  # one set of checks for every path
     if query.device.type == "cpu" and not _torch_path(query.device):
         begin, count = key_begin.numpy(), visible.numpy()
         seen = np.flatnonzero(count > 0)
@@ -46,6 +57,37 @@ def select_rows(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, k
         table = np.stack([seen, seen + 1, begin[seen], begin[seen] + count[seen], np.zeros_like(seen)], axis=1)
         return select_indices(query, key, weights, np.ascontiguousarray(table, dtype=np.int64), 1, topk)
     return _select_rows_dense(query, key, weights, key_begin, visible, topk)
+
+
+@torch.library.custom_op("sparsecp::select_indices", mutates_args=())
+def _select_indices_op(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, segments: list[int],
+                       ratio: int, topk: int, threads: int) -> torch.Tensor:
+    """``select_indices`` as traced by torch.compile: segments flat, 5 per segment."""
+    table = np.asarray(segments, dtype=np.int64).reshape(-1, 5)
+    return _select_indices(query, key, weights, table, ratio, topk, threads=threads)
+
+
+@_select_indices_op.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, segments: list[int], ratio: int, topk: int,
+      threads: int) -> torch.Tensor:
+    return query.new_empty((query.shape[0], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op("sparsecp::select_worker_rows", mutates_args=())
+def _select_worker_rows_op(qr: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           wq_b: torch.Tensor, key: torch.Tensor, segments: list[int], heads: int, head_dim: int,
+                           rope_dim: int, ratio: int, topk: int, out_in: bool, threads: int) -> torch.Tensor:
+    """``IndexerSelector``'s selection as traced by torch.compile (projection, RoPE, top-k)."""
+    table = np.asarray(segments, dtype=np.int64).reshape(-1, 5)
+    return select_worker_rows(qr, weights, cos, sin, wq_b, key, table, heads, head_dim, rope_dim, ratio, topk,
+                              out_in, threads)
+
+
+@_select_worker_rows_op.register_fake
+def _(qr: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wq_b: torch.Tensor,
+      key: torch.Tensor, segments: list[int], heads: int, head_dim: int, rope_dim: int, ratio: int, topk: int,
+      out_in: bool, threads: int) -> torch.Tensor:
+    return qr.new_empty((qr.shape[0], topk), dtype=torch.int32)
 
 
 @select_rows.register_fake

@@ -36,6 +36,7 @@ import torch
 
 from .. import _core
 from .._checks import integer, integer_table
+from ._plans import RowTuple
 from ._replay import replayable
 
 __all__ = [
@@ -103,6 +104,34 @@ def _check_selection(query: torch.Tensor, key: torch.Tensor, weights: torch.Tens
     return heads, head_dim
 
 
+def check_select_rows(query: Any, key: Any, weights: Any, key_begin: Any, visible: Any, topk: Any) -> None:
+    """``torch.ops.sparsecp.select_rows``' checks, one set for every device and path (the CPU
+    kernel's and the dense torch version's): ``select_indices``' dtype, device, shape and topk
+    rules, int64 ``key_begin`` / ``visible`` of [rows] on query's device, and every row's keys
+    inside the bank (``0 <= key_begin``, ``0 <= visible <= keys - key_begin``). The values are
+    read on the host (a sync on a GPU), except while a CUDA graph is being captured, where
+    nothing may be read (the fixed path's values come from ``prebuild``, checked there)."""
+    heads, head_dim = _check_selection(query, key, weights, topk)
+    _core.check_select_config(heads, head_dim, 1, topk)
+    rows = query.shape[0]
+    for tensor, name in ((key_begin, "key_begin"), (visible, "visible")):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int64 or tuple(tensor.shape) != (rows,):
+            described = (f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor)
+                         else type(tensor).__name__)
+            raise ValueError(f"Indexer select_rows {name} must be int64 [{rows}], got {described}")
+        if tensor.device != query.device:
+            raise ValueError(f"Indexer select_rows {name} is on {tensor.device}, query on {query.device}")
+    if query.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    keys = key.shape[0]
+    bad = (key_begin < 0) | (visible < 0) | (visible > keys - key_begin)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        begin, count = int(key_begin[row]), int(visible[row])
+        raise ValueError(f"Indexer select_rows row {row} sees keys [{begin}, {begin} + {count}), outside the bank of "
+                         f"{keys} keys")
+
+
 def kernel_arg(tensor: torch.Tensor) -> Any:
     """``tensor`` as a C++ kernel's array argument: nanobind's ndarray parameters take
     tensors through DLPack, without a copy (their stubs name numpy arrays)."""
@@ -113,11 +142,26 @@ def _contiguous(tensor: torch.Tensor) -> Any:
     return kernel_arg(tensor if tensor.is_contiguous() else tensor.contiguous())
 
 
-@replayable("select_indices")  # record / replay (sparsecp.torch.SelectionReplay)
-@torch.no_grad()
+def flat_segments(segments: Any) -> list[int]:
+    """Segments as one flat list of Python ints (a custom op's ``int[]`` argument): 5 per
+    segment. Traceable by torch.compile for tuples of 5-tuples and lists of them (the seed's
+    form), an ``IndexerRoute.segments`` (its flat tuple, made with the route) and numpy
+    tables."""
+    if isinstance(segments, RowTuple):  # IndexerRoute.segments
+        return list(segments.flat())
+    array = getattr(segments, "array", None)
+    if array is not None or isinstance(segments, np.ndarray):
+        return [int(value) for value in np.asarray(segments if array is None else array).reshape(-1).tolist()]
+    return [int(value) for segment in segments for value in segment]
+
+
 def select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, segments: Any, ratio: int,
                    topk: int, *, threads: int = 0) -> torch.Tensor:
     """Top-k compressed keys of every query row of packed segments.
+
+    Inside ``torch.compile`` (``fullgraph=True`` too) the call is the custom op
+    ``torch.ops.sparsecp.select_indices`` (segments as a flat ``int[]``, 5 per segment), whose
+    kernel is this function's eager path: the same ids, recorded and replayed alike.
 
     Args:
         query: Index Q, [rows, heads, head_dim] (or [rows, heads * head_dim]), float32 or
@@ -137,6 +181,16 @@ def select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor
     Raises:
         ValueError: wrong dtypes, devices or shapes, or invalid segments.
     """
+    if torch.compiler.is_compiling():
+        return torch.ops.sparsecp.select_indices(query, key, weights, flat_segments(segments), ratio, topk, threads)
+    return _select_indices(query, key, weights, segments, ratio, topk, threads=threads)
+
+
+@replayable("select_indices")  # record / replay (sparsecp.torch.SelectionReplay)
+@torch.no_grad()
+def _select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, segments: Any, ratio: int,
+                    topk: int, *, threads: int = 0) -> torch.Tensor:
+    """select_indices, eager (the custom op's kernel too)."""
     ratio, threads = integer("ratio", ratio, 1), integer("threads", threads, 0)
     heads, head_dim = _check_selection(query, key, weights, topk)
     _core.check_select_config(heads, head_dim, ratio, topk)  # before the output is allocated
@@ -407,23 +461,35 @@ class IndexerSelector:
             raise ValueError(f"Indexer query width {width} is not divisible by head_dim {self.head_dim}")
         self.heads = width // self.head_dim
 
-    @torch.no_grad()
     def __call__(self, query_residual: torch.Tensor, weights: torch.Tensor, position_embeddings: Sequence[torch.Tensor],
                  segments: Any) -> torch.Tensor:
         cos, sin = position_embeddings
         qr, w, c, s = (t[0] if t.ndim == 3 else t for t in (query_residual, weights, cos, sin))
-        if _torch_path(qr.device):
-            q = project_index_query(qr, self.wq_b, c, s, self.head_dim, self.rope_dim, self.weight_layout)
-            return select_indices(q, self.key, w, segments, self.ratio, self.topk).unsqueeze(0)
-        for tensor, name in ((qr, "qr"), (w, "weights"), (c, "cos"), (s, "sin"), (self.wq_b, "Wq_b"),
-                             (self.key, "key")):
-            _check_float(tensor, name)
-            if tensor.device != qr.device:
-                raise ValueError(f"Indexer {name} is on {tensor.device}, qr on {qr.device}")
-        out = torch.empty((qr.shape[0], self.topk), dtype=torch.int32)
-        _core.select_worker_rows(_contiguous(qr.detach()), _contiguous(w.detach()), _contiguous(c.detach()),
-                                 _contiguous(s.detach()), _contiguous(self.wq_b.detach()),
-                                 _contiguous(self.key.detach()), segment_array(segments), kernel_arg(out), self.heads,
-                                 self.head_dim, self.rope_dim, self.ratio, self.topk,
-                                 self.weight_layout == "out_in", self.threads)
-        return out.unsqueeze(0)
+        if torch.compiler.is_compiling():  # the custom op (traceable, fullgraph too): the eager path as its kernel
+            return torch.ops.sparsecp.select_worker_rows(
+                qr, w, c, s, self.wq_b, self.key, flat_segments(segments), self.heads, self.head_dim, self.rope_dim,
+                self.ratio, self.topk, self.weight_layout == "out_in", self.threads).unsqueeze(0)
+        return select_worker_rows(qr, w, c, s, self.wq_b, self.key, segments, self.heads, self.head_dim,
+                                  self.rope_dim, self.ratio, self.topk, self.weight_layout == "out_in",
+                                  self.threads).unsqueeze(0)
+
+
+@torch.no_grad()
+def select_worker_rows(qr: torch.Tensor, w: torch.Tensor, c: torch.Tensor, s: torch.Tensor, wq_b: torch.Tensor,
+                       key: torch.Tensor, segments: Any, heads: int, head_dim: int, rope_dim: int, ratio: int,
+                       topk: int, out_in: bool, threads: int) -> torch.Tensor:
+    """IndexerSelector's selection, eager (the custom op's kernel too): int32 [rows, topk]."""
+    layout = "out_in" if out_in else "in_out"
+    if _torch_path(qr.device):
+        q = project_index_query(qr, wq_b, c, s, head_dim, rope_dim, layout)
+        return select_indices(q, key, w, segments, ratio, topk)
+    for tensor, name in ((qr, "qr"), (w, "weights"), (c, "cos"), (s, "sin"), (wq_b, "Wq_b"), (key, "key")):
+        _check_float(tensor, name)
+        if tensor.device != qr.device:
+            raise ValueError(f"Indexer {name} is on {tensor.device}, qr on {qr.device}")
+    out = torch.empty((qr.shape[0], topk), dtype=torch.int32)
+    _core.select_worker_rows(_contiguous(qr.detach()), _contiguous(w.detach()), _contiguous(c.detach()),
+                             _contiguous(s.detach()), _contiguous(wq_b.detach()), _contiguous(key.detach()),
+                             segment_array(segments), kernel_arg(out), heads, head_dim, rope_dim, ratio, topk, out_in,
+                             threads)
+    return out
