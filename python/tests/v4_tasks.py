@@ -178,3 +178,80 @@ def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]]
     return differences
 
 
+
+
+def cp_runs(rank: int, size: int, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
+    return [cp_run(rank, size, lengths, mode, **options) for lengths, mode, options in runs]
+
+
+def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], coeff: float) -> float:
+    """The indexer KL of the per-document run, by the formula in plain torch (float64 loops):
+    per CSA layer and row t with selected ids S_t (the model's own indexer's), teacher p = the
+    main attention's per-head softmax over [scale * q . K[s] for s in S_t] + [sink], sink dropped,
+    summed over heads, L1-normalised; student = log_softmax over S_t of
+    sum_h w[h] * ReLU(qi[h] . Ki[s]); loss = coeff / S * sum_t sum_s p (log p - log_student)."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb as rope
+
+    model = copy.deepcopy(model)
+    inputs: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}
+    hooks = []
+    for index, layer in enumerate(model.model.layers):
+        attention = layer.self_attn
+        if attention.compressor is not None and hasattr(attention.compressor, "indexer"):
+            hooks.append(attention.register_forward_pre_hook(
+                lambda module, args, kwargs, index=index: inputs.__setitem__(
+                    index, (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0],
+                            kwargs["position_ids"], kwargs["position_embeddings"])), with_kwargs=True))
+    total, start = 0.0, 0
+    with torch.no_grad():
+        for length in lengths:
+            ids = input_ids[:, start:start + length]
+            start += length
+            inputs.clear()
+            model(input_ids=ids, use_cache=False)
+            for index, (hidden, position_ids, embeddings) in inputs.items():
+                attention = model.model.layers[index].self_attn
+                compressor, indexer = attention.compressor, attention.compressor.indexer
+                cos, sin = embeddings["compress"]
+                q_residual = attention.q_a_norm(attention.q_a_proj(hidden))
+                q = attention.q_b_proj(q_residual).view(1, length, -1, attention.head_dim).transpose(1, 2)
+                q = rope(attention.q_b_norm(q), cos, sin)[0]  # [H, S, D]
+                bank, _ = compressor(hidden, q_residual, position_ids, None, index)
+                selected = indexer(hidden, q_residual, position_ids, None, index)[0]  # [S, k]
+                index_keys = _index_bank(indexer, hidden, rope)  # [T, Di]
+                icos, isin = indexer.rotary_emb(hidden, position_ids=position_ids, layer_type="compress")
+                qi = indexer.q_b_proj(q_residual).view(1, length, -1, indexer.head_dim).transpose(1, 2)
+                qi = rope(qi, icos, isin).transpose(1, 2)[0]  # [S, Hi, Di]
+                w = indexer.scorer.weights_proj(hidden)[0] * indexer.scorer.weights_scaling \
+                    * indexer.scorer.softmax_scale
+                for t in range(length):
+                    chosen = [int(s) for s in selected[t].tolist() if s >= 0]
+                    if not chosen:
+                        continue
+                    keys = bank[0, 0, chosen]  # [n, D]
+                    logits = torch.cat([q[:, t] @ keys.T * attention.scaling, attention.sinks[:, None]], dim=1)
+                    mass = torch.softmax(logits, dim=1)[:, :-1].sum(0)
+                    p = mass / mass.sum().clamp_min(torch.finfo(torch.float32).tiny)
+                    scores = (w[t][:, None] * torch.relu(qi[t] @ index_keys[chosen].T)).sum(0)
+                    log_student = torch.log_softmax(scores, dim=0)
+                    total += float((p * (torch.log(p.clamp_min(torch.finfo(torch.float32).tiny)) - log_student)).sum())
+    for hook in hooks:
+        hook.remove()
+    return coeff * total / sum(lengths)
+
+
+def _index_bank(indexer: Any, hidden: torch.Tensor, rope: Any) -> torch.Tensor:
+    """The indexer's compressed keys of one document, as DeepseekV4Indexer.forward computes them."""
+    m, d = indexer.compress_rate, indexer.head_dim
+    windows = hidden.shape[1] // m
+    kv = indexer.kv_proj(hidden)[0, :windows * m].view(windows, m, 2 * d)
+    gate = indexer.gate_proj(hidden)[0, :windows * m].view(windows, m, 2 * d) + indexer.position_bias
+    slots_kv = torch.zeros((windows, 2 * m, d), dtype=kv.dtype)
+    slots_gate = torch.full((windows, 2 * m, d), float("-inf"), dtype=gate.dtype)
+    slots_kv[:, m:], slots_gate[:, m:] = kv[..., d:], gate[..., d:]
+    slots_kv[1:, :m], slots_gate[1:, :m] = kv[:-1, :, :d], gate[:-1, :, :d]
+    entries = indexer.kv_norm((slots_kv * slots_gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(1))
+    positions = (torch.arange(windows) * m)[None]
+    cos, sin = indexer.rotary_emb(entries[None], position_ids=positions, layer_type="compress")
+    return rope(entries[None, None], cos, sin)[0, 0]
