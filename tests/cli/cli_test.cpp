@@ -133,7 +133,7 @@ TEST(Cli, RouteJsonHasTheSeedFieldNames) {
   EXPECT_EQ(json["segments"], nlohmann::ordered_json::parse("[[0,4,0,7,0],[4,5,9,10,0]]"));
 }
 
-// README: `route` prints its figures beside the two lower bounds, as `plan` does.
+// docs/guide/cli.md: `route` prints its figures beside the two lower bounds, as `plan` does.
 TEST(Cli, RoutePrintsThePlanBesideItsLowerBounds) {
   const Outcome plan = run_tool("plan --lengths 5000,300,2699,1 --cp 4 --mode greedy --json");
   ASSERT_EQ(plan.status, 0) << plan.err;
