@@ -150,3 +150,33 @@ def test_float32_and_bfloat16_train(dtype: torch.dtype) -> None:
     assert float((logits - expected["logits"]).abs().max()) <= tolerance * float(expected["logits"].abs().max())
     for name, grad in results[0]["grads"].items():
         assert torch.isfinite(grad).all(), name
+
+
+@pytest.mark.parametrize(("case", "every_rank", "single"), [
+    ("not a model", "TypeError: context_parallel needs a transformers DeepseekV4ForCausalLM", None),
+    ("twice", "already context-parallel", None),
+    ("no lengths", "needs document_lengths=", None),
+    ("lengths do not sum", "document_lengths sum to 49", None),
+    ("lengths differ between ranks", "context-parallel ranks disagree on the batch", None),
+    ("wrong shard", "rank 1", "shard has 26 tokens"),
+    ("positions", "position_ids must restart at 0", None),
+    ("use_cache", "generation is out of scope", None),
+    ("labels", "shard_labels and causal_lm_loss", None),
+    ("shard_batch", "document_lengths sum to 48, but the sequence has 47 tokens", None),
+])
+def test_bad_input_raises_on_every_rank(case: str, every_rank: str, single: str | None) -> None:
+    errors = results_or_raise(pool_of(2).run(v4_tasks.bad_input, case, timeout=120))
+    for rank, error in enumerate(errors):
+        assert every_rank in error, f"rank {rank}: {error!r}"
+    if single is not None:
+        assert any(single in error for error in errors), errors
+
+
+def test_missing_transformers_names_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    monkeypatch.setitem(sys.modules, "transformers.models.deepseek_v4", None)
+    with pytest.raises(ImportError, match=r"needs transformers >= 5\.8 \(DeepseekV4ForCausalLM\)"):
+        cp_v4.context_parallel(torch.nn.Linear(2, 2))

@@ -255,3 +255,40 @@ def _index_bank(indexer: Any, hidden: torch.Tensor, rope: Any) -> torch.Tensor:
     positions = (torch.arange(windows) * m)[None]
     cos, sin = indexer.rotary_emb(entries[None], position_ids=positions, layer_type="compress")
     return rope(entries[None, None], cos, sin)[0, 0]
+
+
+def bad_input(rank: int, size: int, case: str) -> str:
+    """Runs one bad-input case on every rank; returns this rank's error text ('' if none)."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = tiny_model(torch.float64)
+    lengths = (13, 17, 11, 7)
+    input_ids = packed_ids(lengths)
+    try:
+        if case == "not a model":
+            cp_v4.context_parallel(torch.nn.Linear(2, 2))
+        cp_v4.context_parallel(model, None, "spill")
+        if case == "twice":
+            cp_v4.context_parallel(model, None, "spill")
+        ids, positions = cp_v4.shard_batch(input_ids, lengths)
+        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": positions, "document_lengths": lengths}
+        if case == "no lengths":
+            del kwargs["document_lengths"]
+        elif case == "lengths do not sum":
+            kwargs["document_lengths"] = (13, 17, 11, 8)
+        elif case == "lengths differ between ranks":
+            kwargs["document_lengths"] = lengths if rank else (13, 17, 7, 11)  # rank 0 alone: its positions fit both
+        elif case == "wrong shard":
+            kwargs["input_ids"] = ids if rank != 1 else input_ids[:, :ids.shape[1] + 2]
+        elif case == "positions":
+            kwargs["position_ids"] = positions + (rank == size - 1)
+        elif case == "use_cache":
+            kwargs["use_cache"] = True
+        elif case == "labels":
+            kwargs["labels"] = ids
+        elif case == "shard_batch":
+            cp_v4.shard_batch(input_ids[:, :-1], lengths)
+        model(**kwargs)
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return ""
