@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Train a small transformers DeepSeek-V4 under context parallelism, one strategy against another.
+
+Every step, each strategy (``--modes``, interleaved: none, zigzag, hybrid, spill by default)
+trains its own copy of the same randomly initialised ``DeepseekV4ForCausalLM`` on the same packed
+batch, split contiguously over ``--ranks`` gloo ranks with ``sparsecp.models.deepseek_v4``: the
+sliding-window halo and compressed-bank prefixes move between ranks, the CSA indexer's top-k
+selection is balanced by the strategy, the indexer trains on its KL loss, AdamW updates the
+replicated weights. The copies see the same data and must report the same losses (each equals
+the model run one document at a time); what differs is where the selection work runs.
+
+Batches: ``--tokens`` tokens per step packed from documents of sparsecp's long-tailed
+``lognormal`` generator (``sparsecp.generate_batch("lognormal", tokens, cp, seed)``: most
+documents short, a few as long as a whole shard or longer), one seed per step.
+
+Sizes (the defaults): hidden 256, 4 layers (sliding, CSA, HCA, CSA), 8 attention heads of 64,
+window 64, CSA ratio 4, HCA ratio 32, an indexer of 16 heads of 64 with top-k 64, 8 experts (2
+active) of width 128, 8192 tokens a step (2048 a rank). The indexer scores every visible
+compressed key of every row (``len / 4`` keys at the end of a document), so with documents of
+thousands of tokens it is a real part of the step, while the rest of the model (a 256-wide
+MoE transformer) stays small enough for a CPU: the regime the balancing is for.
+
+Per step and strategy it prints the loss (summed over ranks), the step time (slowest rank), and
+per rank the indexer's share of the step (owner-side indexer work, selection exchange and
+worker selection); at the end, medians per strategy: step time, the selection work's imbalance
+(max / mean of the ranks' selector seconds), the indexer's share, bytes each rank sent (halo,
+compressor rows, bank prefixes, Index K bank; selection exchange), and each rank's peak memory
+against one process running the whole batch (resident set growth during the steps).
+
+Usage::
+
+    python python/examples/train_deepseek_v4.py --ranks 4
+    python python/examples/train_deepseek_v4.py --ranks 4 --steps 5 --selector fused --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+MODE_OPTIONS: dict[str, dict[str, Any]] = {
+    "none": {}, "zigzag": {}, "greedy": {"block_size": 256}, "hybrid": {"block_size": 256, "zigzag_min_length": 1024},
+    "spill": {},
+}
+
+
+def model_config(args: argparse.Namespace) -> Any:
+    from transformers import DeepseekV4Config
+
+    return DeepseekV4Config(
+        vocab_size=512, hidden_size=args.hidden, moe_intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=1, head_dim=64, q_lora_rank=128, num_experts_per_tok=2,
+        n_routed_experts=8, n_shared_experts=1,
+        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                     "compressed_sparse_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 32},
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"], sliding_window=64, o_groups=2, o_lora_rank=64,
+        index_n_heads=args.index_heads, index_head_dim=64, index_topk=args.topk, hc_mult=2, hc_sinkhorn_iters=5,
+        max_position_embeddings=1 << 20, attn_implementation="eager", experts_implementation="eager")
+
+
+def build_models(args: argparse.Namespace) -> Any:
+    import torch
+    from transformers import DeepseekV4ForCausalLM
+
+    torch.manual_seed(args.seed)
+    model = DeepseekV4ForCausalLM(model_config(args))
+    with torch.no_grad():  # the model initialises sinks, position biases and the hash table to 0
+        generator = torch.Generator().manual_seed(args.seed)
+        for name, parameter in model.named_parameters():
+            if name.endswith(("sinks", "position_bias")):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("tid2eid"):
+                buffer.copy_(torch.randint(0, model.config.n_routed_experts, buffer.shape, generator=generator))
+    return model
+
+
+def batch(args: argparse.Namespace, step: int) -> tuple[tuple[int, ...], Any]:
+    import torch
+
+    import sparsecp
+
+    lengths = tuple(int(n) for n in sparsecp.generate_batch("lognormal", args.tokens, args.ranks, args.seed + step))
+    generator = torch.Generator().manual_seed(args.seed + step)
+    return lengths, torch.randint(0, 512, (1, sum(lengths)), generator=generator)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import sparsecp.torch as sparsecp_torch
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=600))
+    try:
+        base = build_models(args)
+        models, optimizers = {}, {}
+        for mode in args.modes:
+            model = copy.deepcopy(base)
+            cp_v4.context_parallel(model, None, mode, selector=args.selector, indexer_kl_coeff=args.kl,
+                                   **MODE_OPTIONS.get(mode, {}))
+            model.train()
+            models[mode] = model
+            optimizers[mode] = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        del base
+        resident = rss_bytes()
+        for step in range(args.steps):
+            lengths, input_ids = batch(args, step)
+            ids, positions = cp_v4.shard_batch(input_ids, lengths)
+            labels = cp_v4.shard_labels(input_ids, lengths)
+            for mode in args.modes:
+                model, optimizer = models[mode], optimizers[mode]
+                state = cp_v4.context_parallel_state(model)
+                assert state is not None
+                state.stats.reset()
+                state.clock.calls, state.clock.seconds = 0, 0.0
+                sparsecp_torch.reset_exchange_stats()
+                dist.barrier()
+                start = time.perf_counter()
+                optimizer.zero_grad(set_to_none=True)
+                out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+                loss = cp_v4.causal_lm_loss(out.logits, labels, lengths)
+                kl = cp_v4.indexer_kl_loss(model)
+                (loss + kl if kl is not None else loss).backward()
+                cp_v4.all_reduce_gradients(model)
+                optimizer.step()
+                seconds = time.perf_counter() - start
+                summed = torch.tensor([float(loss.detach()), float(kl.detach()) if kl is not None else 0.0])
+                dist.all_reduce(summed)
+                queue.put({"rank": rank, "step": step, "mode": mode, "seconds": seconds,
+                           "loss": float(summed[0]), "kl": float(summed[1]), "documents": len(lengths),
+                           "longest": max(lengths), "indexer_seconds": state.stats.indexer_seconds,
+                           "selector_seconds": state.clock.seconds,
+                           "dispatch_bytes": state.stats.dispatch_bytes,
+                           "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"]})
+        queue.put({"rank": rank, "peak_growth": peak_bytes() - resident})
+    except BaseException as error:
+        queue.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def single_process_peak(args: argparse.Namespace, queue: Any) -> None:
+    """One process, the whole batch, the same model and step (CP size 1)."""
+    run_rank(0, 1, free_port(), args, queue)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def spawn(target: Any, size: int, args: argparse.Namespace, report: Any) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    port = free_port()
+    if target is run_rank:
+        processes = [context.Process(target=run_rank, args=(rank, size, port, args, queue)) for rank in range(size)]
+    else:
+        processes = [context.Process(target=target, args=(args, queue))]
+    for process in processes:
+        process.start()
+    records: list[dict[str, Any]] = []
+    finished = 0
+    pending: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    while finished < len(processes):
+        record = queue.get(timeout=1800)
+        if "error" in record:
+            for process in processes:
+                process.kill()
+            raise SystemExit(f"rank {record['rank']} failed: {record['error']}")
+        records.append(record)
+        if "peak_growth" in record:
+            finished += 1
+            continue
+        key = (record["step"], record["mode"])
+        pending.setdefault(key, []).append(record)
+        if len(pending[key]) == size and report is not None:
+            report(sorted(pending.pop(key), key=lambda r: r["rank"]))
+    for process in processes:
+        process.join()
+    return records
+
+
+def print_step(ranks: list[dict[str, Any]]) -> None:
+    first = ranks[0]
+    shares = " ".join(f"{100 * r['indexer_seconds'] / r['seconds']:3.0f}%" for r in ranks)
+    print(f"step {first['step']}  {first['mode']:7s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
+          f"step {max(r['seconds'] for r in ranks):6.2f} s  indexer share per rank {shares}  "
+          f"({first['documents']} documents, longest {first['longest']})", flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    steps = [r for r in records if "step" in r]
+    result: dict[str, Any] = {"modes": {}}
+    for mode in args.modes:
+        mine = [r for r in steps if r["mode"] == mode]
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for r in mine:
+            by_step.setdefault(r["step"], []).append(r)
+        step_time = [max(r["seconds"] for r in rs) for rs in by_step.values()]
+        imbalance = [max(r["selector_seconds"] for r in rs) / max(1e-12, statistics.mean(
+            r["selector_seconds"] for r in rs)) for rs in by_step.values()]
+        share = [statistics.mean(r["indexer_seconds"] / r["seconds"] for r in rs) for rs in by_step.values()]
+        result["modes"][mode] = {
+            "step_seconds": median(step_time), "selection_imbalance": median(imbalance), "indexer_share": median(share),
+            "dispatch_bytes_per_rank": median([r["dispatch_bytes"] for r in mine]),
+            "selection_bytes_per_rank": median([r["selection_bytes"] for r in mine]),
+            "losses": [by_step[s][0]["loss"] for s in sorted(by_step)]}
+    result["peak_growth_per_rank"] = [r["peak_growth"] for r in sorted(
+        (r for r in records if "peak_growth" in r), key=lambda r: r["rank"])]
+    result["peak_growth_one_process"] = next((r["peak_growth"] for r in single if "peak_growth" in r), None)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=4, help="CP ranks (gloo on loopback)")
+    parser.add_argument("--modes", default="none,zigzag,hybrid,spill", help="strategies, interleaved every step")
+    parser.add_argument("--steps", type=int, default=5, help="training steps per strategy")
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens per packed batch")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--index-heads", type=int, default=16)
+    parser.add_argument("--topk", type=int, default=64)
+    parser.add_argument("--selector", choices=("model", "fused"), default="model",
+                        help="workers score with the model's torch math or sparsecp's fused CPU kernel")
+    parser.add_argument("--kl", type=float, default=0.01, help="indexer KL coefficient (the indexer's training signal)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-single", action="store_true", help="skip the one-process memory baseline")
+    parser.add_argument("--json", help="also write the summary as JSON to this file")
+    args = parser.parse_args()
+    args.modes = [m for m in args.modes.split(",") if m]
+    if args.ranks < 1 or args.tokens % args.ranks or not args.modes:
+        parser.error("--ranks must divide --tokens, and --modes name at least one strategy")
+    import torch
+
+    import sparsecp
+
+    print(f"# DeepSeek-V4 (transformers) under CP {args.ranks}: {args.tokens} tokens/step, lognormal documents, "
+          f"selector {args.selector}, modes {','.join(args.modes)}; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, kernel ISA {sparsecp.kernel_isa()}, torch {torch.__version__}", flush=True)
+    records = spawn(run_rank, args.ranks, args, print_step)
+    single: list[dict[str, Any]] = []
+    if not args.no_single:
+        one = copy.copy(args)
+        one.ranks, one.modes, one.steps = 1, args.modes[:1], min(args.steps, 2)
+        single = spawn(single_process_peak, 1, one, None)
+    result = summary(records, single, args)
+    print("\nmedians per strategy (step time: slowest rank; imbalance: max/mean of the ranks' selector seconds)")
+    print(f"{'mode':8s} {'step s':>8s} {'sel. imbalance':>15s} {'indexer share':>14s} {'KV bytes/rank':>14s} "
+          f"{'sel. bytes/rank':>16s}")
+    for mode, row in result["modes"].items():
+        print(f"{mode:8s} {row['step_seconds']:8.2f} {row['selection_imbalance']:15.2f} "
+              f"{100 * row['indexer_share']:13.0f}% {row['dispatch_bytes_per_rank']:14.0f} "
+              f"{row['selection_bytes_per_rank']:16.0f}")
+    losses = [row["losses"] for row in result["modes"].values()]
+    spread = max(abs(a - b) for run in losses for a, b in zip(run, losses[0])) if len(losses) > 1 else 0.0
+    print(f"losses per step agree across strategies to {spread:.2e}")
+    peaks = ", ".join(f"{p / 2**20:.0f}" for p in result["peak_growth_per_rank"])
+    one = result["peak_growth_one_process"]
+    print(f"peak memory growth per rank (MiB): {peaks}" + (f"; one process, whole batch: {one / 2**20:.0f} MiB"
+                                                           if one is not None else ""))
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(result, file, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
