@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from .indexer_balance import IndexerRoute
+    from ._route import IndexerRoute
 
 
 class ExchangeBytes(NamedTuple):

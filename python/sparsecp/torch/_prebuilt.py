@@ -56,7 +56,9 @@ from .._checks import integer
 from ._agreement import agree, capture, control_device, dtype_code
 from ._checks import INPUT_NAMES, check_inputs
 from ._exchange import _STATS, _STATS_LOCK, WorkerInputs, dtype_groups
+from ._overlapped import launch_on_route
 from ._plans import PlanningInputs, planned, planning_inputs, settings_fingerprint, unusable_fingerprint
+from ._route import IndexerRoute
 from ._worker_time import WorkerClock
 
 __all__ = ["FixedIndices", "PrebuiltLayer", "PrebuiltRoutes", "StagingBuffers", "fixed_capacity",
@@ -114,8 +116,6 @@ class PrebuiltLayer:
     def route(self) -> Any:
         """This rank's ``IndexerRoute`` (built from the arrays on first use, no planning)."""
         if self._route is None:
-            from .indexer_balance import IndexerRoute
-
             a = self.arrays
             self._route = IndexerRoute(a["segments"], a["input_splits"], a["output_splits"], a["send_rows"],
                                        a["receive_rows"], a["local_sources"], a["local_targets"], self.query_count)
@@ -239,7 +239,6 @@ def prebuild(lengths: Sequence[int], size: int, rank: int, ratios: Iterable[int]
     size, rank = integer("size", size, 1), integer("rank", rank, 0)
     if capacity is not None:
         capacity = integer("capacity", capacity, 1)
-    from .indexer_balance import IndexerRoute
 
     layers: dict[int, PrebuiltLayer] = {}
     for ratio in ratios:
@@ -286,9 +285,14 @@ def padding_bytes(routes: PrebuiltRoutes, input_row_bytes: int, topk: int, index
     """Bytes of padding this rank hands to peers per step at the routes' capacity, over
     every prebuilt ratio (one layer each): ``padding`` (slots to other ranks carrying no
     row, inputs and results) and ``payload`` (the rows that move)."""
+    if not isinstance(routes, PrebuiltRoutes):
+        raise TypeError(f"padding_bytes: routes must come from sparsecp.torch.prebuild, got {type(routes).__name__}")
     if routes.capacity is None:
         raise ValueError("padding_bytes needs routes prebuilt with a capacity")
-    row = input_row_bytes + topk * index_bytes
+    # Byte counts are whole and not negative (floats, bools and negatives named here; they
+    # gave negative or float counts).
+    row = integer("input_row_bytes", input_row_bytes, 0) + integer("topk", topk, 1) * integer("index_bytes",
+                                                                                              index_bytes, 1)
     slots = (routes.size - 1) * routes.capacity
     padding = sum((slots - layer.rows_moved) * row for layer in routes.layers.values())
     payload = sum(layer.rows_moved * row for layer in routes.layers.values())
@@ -644,9 +648,7 @@ def launch_prebuilt(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: A
     layer = _prebuilt_checks(inputs, lengths, ratio, mode, group, block_size, zigzag_min_length, params,
                              axes_text, routes)
     if layer.indices is None:
-        from .indexer_balance import _launch_on_route
-
-        return _launch_on_route(inputs, layer.route, group)
+        return launch_on_route(inputs, layer.route, group)
     staging = _staging_for(layer.indices, inputs, group, routes.size)
     staging.release()  # a dropped step's collectives, if any, end before the buffers are rewritten
     staging.load(layer.indices)

@@ -69,7 +69,7 @@ import inspect
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import torch
@@ -78,9 +78,7 @@ import torch.distributed as dist
 from .. import _lengths as lengths_tuple
 from ._exchange import WorkerInputs
 from ._plans import parameter_key
-
-if TYPE_CHECKING:
-    from .indexer_balance import IndexerRoute
+from ._route import IndexerRoute
 
 __all__ = ["SelectionReplay", "selection_replay_contexts"]
 
@@ -505,8 +503,6 @@ class _RecordingRows:
 
 @functools.lru_cache(maxsize=16)
 def _empty_route(size: int) -> IndexerRoute:
-    from .indexer_balance import IndexerRoute
-
     zeros = (0,) * size
     return IndexerRoute((), zeros, zeros, (), (), (), (), 0)
 

@@ -37,10 +37,9 @@ run straight through: launch the inputs, wait, select, launch the results, wait.
 """
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
-from dataclasses import FrozenInstanceError, dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,28 +48,22 @@ from .._checks import integer
 
 # The `X as X` imports: sparsecp's own names (and the seed's private exchange helpers) that
 # this module defined before; importable from here as they were (sparsecp.torch has them).
+# Below this module (no module imports one above it): _route (IndexerRoute), _overlapped
+# (IndexerInputExchange), _exchange, _checks, _prebuilt, _replay.
 from ._agreement import capture
-from ._checks import launch_checks, result_checks
-from ._exchange import (
-    DeviceRows,
-    WorkerInputs,
-    _device_rows,
-    _PendingRows,
-    launch_fields,
-    launch_rows,
-    to_owners,
-    to_workers,
-    unpack_fields,
-)
+from ._checks import launch_checks
 from ._exchange import ExchangeBytes as ExchangeBytes
+from ._exchange import _device_rows as _device_rows
 from ._exchange import _exchange_inputs as _exchange_inputs
 from ._exchange import _exchange_rows as _exchange_rows
+from ._exchange import _PendingRows as _PendingRows
 from ._exchange import exchange_stats as exchange_stats
 from ._exchange import expected_exchange_bytes as expected_exchange_bytes
 from ._exchange import reset_exchange_stats as reset_exchange_stats
+from ._overlapped import IndexerInputExchange, launch_on_route
+from ._overlapped import launch_on_route as _launch_on_route  # noqa: F401  (the name it had here)
 from ._plans import (
     PlanCached,
-    int64_array,
     is_sparsecp_strategy,
     mode_name,
     option,
@@ -82,7 +75,7 @@ from ._plans import (
 from ._plans import RowTuple as RowTuple
 from ._prebuilt import launch_prebuilt
 from ._replay import replayable
-from ._worker_time import WorkerClock
+from ._route import IndexerRoute
 
 __all__ = [
     "IndexerInputExchange",
@@ -185,97 +178,6 @@ def indexer_task_plan(lengths: tuple[int, ...], size: int, ratio: int, mode: str
                                           for rank in range(size)))
 
 
-_ROUTE_FIELDS = ("segments", "input_splits", "output_splits", "send_rows", "receive_rows", "local_sources",
-                 "local_targets", "query_count")
-_ROW_FIELDS = _ROUTE_FIELDS[:7]
-
-
-class IndexerRoute:
-    """Device-independent row ordering and matching variable collective splits.
-
-    The seed's frozen dataclass, field for field: ``segments`` ((q_begin, q_end,
-    key_begin, key_end, residual) per worker task), ``input_splits``, ``output_splits``,
-    ``send_rows``, ``receive_rows``, ``local_sources``, ``local_targets`` (each a
-    ``RowTuple``, equal to the seed's tuple) and ``query_count`` (int). ``core`` is the
-    C++ route (``sparsecp.Route``) when sparsecp built it; its fields are then wrapped on
-    first access, without copying.
-    """
-
-    __slots__ = ("core", "query_count", "_fields", "_hash")
-    core: _core.Route | None
-    query_count: int
-    _fields: list[RowTuple | None]
-    _hash: int | None
-
-    def __init__(self, segments: Any, input_splits: Any, output_splits: Any, send_rows: Any, receive_rows: Any,
-                 local_sources: Any, local_targets: Any, query_count: int) -> None:
-        fields = [RowTuple(int64_array(segments, width=5), flat=True)]
-        fields += [RowTuple(int64_array(values)) for values in (input_splits, output_splits, send_rows,
-                                                                receive_rows, local_sources, local_targets)]
-        set_field = object.__setattr__
-        set_field(self, "core", None)
-        set_field(self, "query_count", operator.index(query_count))
-        set_field(self, "_fields", fields)
-        set_field(self, "_hash", None)
-
-    @classmethod
-    def from_core(cls, route: _core.Route) -> IndexerRoute:
-        """Wrap a C++ route; its arrays are viewed (on first access), never copied."""
-        self = cls.__new__(cls)
-        set_field = object.__setattr__
-        set_field(self, "core", route)
-        set_field(self, "query_count", route.query_count)
-        set_field(self, "_fields", [None] * 7)
-        set_field(self, "_hash", None)
-        return self
-
-    def _field(self, index: int) -> RowTuple:
-        value = self._fields[index]
-        if value is None:
-            # segments with their flat tuple: a compiled selector reads it (select.flat_segments)
-            value = self._fields[index] = RowTuple(getattr(self.core, _ROW_FIELDS[index]), flat=index == 0)
-        return value
-
-    segments = property(lambda self: self._field(0), doc="(q_begin, q_end, key_begin, key_end, residual) per task")
-    input_splits = property(lambda self: self._field(1), doc="rows this owner sends to each peer")
-    output_splits = property(lambda self: self._field(2), doc="rows this worker receives from each owner")
-    send_rows = property(lambda self: self._field(3), doc="local owner rows, grouped by destination")
-    receive_rows = property(lambda self: self._field(4), doc="worker positions, grouped by source owner")
-    local_sources = property(lambda self: self._field(5), doc="local owner rows this rank selects itself")
-    local_targets = property(lambda self: self._field(6), doc="their worker positions")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to field '{name}'")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field '{name}'")
-
-    def __eq__(self, other: Any) -> bool:
-        if not isinstance(other, IndexerRoute):
-            return NotImplemented
-        return self is other or all(getattr(self, name) == getattr(other, name) for name in _ROUTE_FIELDS)
-
-    def __hash__(self) -> int:
-        # From cheap content summaries (sizes and sums), so that equal routes hash equally
-        # without hashing every byte: _device_rows' cache hashes each new route once.
-        value = self._hash
-        if value is None:
-            digest = tuple((len(array), int(array.sum())) for array in (getattr(self, name).array
-                                                                         for name in _ROW_FIELDS))
-            value = hash((self.query_count, digest))
-            object.__setattr__(self, "_hash", value)
-        return value
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _ROUTE_FIELDS)
-        return f"IndexerRoute({fields})"
-
-    @property
-    def owner_rows(self) -> int:
-        """Rows this rank owns: len(send_rows) + len(local_sources)."""
-        return len(self.send_rows) + len(self.local_sources)
-
-
 @PlanCached
 def indexer_route(lengths: tuple[int, ...], size: int, rank: int, ratio: int, mode: str,
                   block_size: int | None = None, zigzag_min_length: int | None = None,
@@ -360,72 +262,6 @@ def balanced_indexer_select(query_residual: torch.Tensor, weights: torch.Tensor,
     return exchange._launch_result(selected, failure).wait().unsqueeze(0)
 
 
-@dataclass
-class IndexerInputExchange:
-    """One balanced query dispatch with original routing and dtype groups."""
-
-    route: IndexerRoute
-    rows: DeviceRows
-    group: Any
-    owner_queries: int
-    transfers: tuple
-    fields: tuple
-    widths: tuple
-    consumed: bool = False
-    # Set per instance by wait(); not a dataclass field, so the seed's fields stay as they are.
-    _clock: ClassVar[WorkerClock | None] = None
-    # Inside a SelectionReplay's replay() the launch returns a handle that moves nothing and
-    # has this True (sparsecp.torch._replay): code may then skip the worker's selector.
-    replayed: ClassVar[bool] = False
-
-    @torch.no_grad()
-    def wait(self) -> WorkerInputs:
-        """Restore qr, weights and original RoPE after all input launches.
-
-        Returns:
-            (qr, weights, cos, sin), each [1, worker rows, width] in worker order
-            (``route.segments`` describes the rows), with the owners' dtypes.
-        """
-        if self.consumed:
-            raise RuntimeError("Indexer input exchange cannot be consumed twice")
-        self.consumed = True
-        merged = [transfer.wait() for transfer in self.transfers]
-        self.transfers = ()
-        inputs = WorkerInputs(*unpack_fields(merged, self.fields, self.widths))
-        self._clock = WorkerClock(inputs.qr.device)  # type: ignore[misc]
-        return inputs
-
-    @property
-    def selection_seconds(self) -> float | None:
-        """The worker's selection time: from ``wait()`` handing it its inputs to
-        ``launch_result()`` (device time on CUDA, CPU time elsewhere;
-        ``sparsecp.torch.step_cost_samples`` gathers every rank's for a cost-model refit).
-        None before ``launch_result()``."""
-        return self._clock.seconds if self._clock is not None else None
-
-    @torch.no_grad()
-    def launch_result(self, selected: torch.Tensor) -> _PendingRows:
-        """Return selection IDs while owner-side differentiable projections run.
-
-        Args:
-            selected: This worker's ids, [route.query_count, topk]. Collective: every rank
-                calls it, with the same topk and dtype (agreed before anything moves).
-
-        Returns:
-            A single-use handle whose wait() gives this rank's own rows' ids
-            [owner_queries, topk].
-        """
-        return self._launch_result(selected)
-
-    @torch.no_grad()
-    def _launch_result(self, selected: Any, failure: BaseException | None = None) -> _PendingRows:
-        """launch_result; ``failure``: this rank's selector error (every rank raises then)."""
-        if self._clock is not None:
-            self._clock.stop()  # before the checks' collective, which waits for the other ranks
-        result_checks(selected, self.route.query_count, self.group, self.rows.send_rows.device, failure)
-        return launch_rows(selected, to_owners(self.route, self.rows, self.owner_queries), self.group)
-
-
 @replayable("launch_indexer_inputs")  # record / replay (sparsecp.torch.SelectionReplay)
 @torch.no_grad()
 def launch_indexer_inputs(
@@ -470,12 +306,4 @@ def _launch_inputs(inputs: tuple, lengths: Any, ratio: int, mode: str, group: An
                                axes_text, routes)
     route = launch_checks(inputs, lengths, ratio, mode, group, block_size, zigzag_min_length, params, axes_text,
                           IndexerRoute.from_core)
-    return _launch_on_route(inputs, route, group)
-
-
-def _launch_on_route(inputs: tuple, route: IndexerRoute, group: Any) -> IndexerInputExchange:
-    """Launch every dtype group of the (checked, agreed) inputs along ``route``."""
-    rows = _device_rows(route, inputs[0].device)
-    transfers, fields = launch_fields(inputs, to_workers(route, rows), group)
-    return IndexerInputExchange(route, rows, group, inputs[0].shape[1], transfers, fields,
-                                tuple(value.shape[-1] for value in inputs))
+    return launch_on_route(inputs, route, group)

@@ -206,9 +206,7 @@ def shared_compressed_indexer_kl_loss(
     """
     tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
     _check_inputs(tensors, query_chunk_size, main_key_offset, threads)
-    if torch.compiler.is_compiling():  # traced: the custom op (ops.py), same kernel and gradients
-        from .ops import indexer_kl_loss
-
+    if torch.compiler.is_compiling():  # traced: the custom op (below), same kernel and gradients
         return indexer_kl_loss(*tensors, attention_scale=attention_scale, loss_coeff=loss_coeff,
                                query_chunk_size=query_chunk_size, main_key_offset=main_key_offset, threads=threads)
     return _SharedCompressedIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
@@ -268,3 +266,59 @@ def indexer_kl_loss_any_topk(
                                                  query_chunk_size=query_chunk_size, main_key_offset=main_key_offset)
     return _AnyTopkIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
                                        operator.index(main_key_offset), query_chunk_size, 0)
+
+
+# --------------------------------------------------------------------------------------
+# The loss as a torch.library custom op (torch.ops.sparsecp.indexer_kl_loss): what
+# torch.compile traces; sparsecp.torch.ops documents it with the selection ops.
+
+@torch.library.custom_op("sparsecp::indexer_kl_loss", mutates_args=())
+def _indexer_kl_loss(index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+                     attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
+                     sinks: torch.Tensor, attention_scale: float, loss_coeff: float, main_key_offset: int,
+                     query_chunk_size: int, threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor]:
+    """(loss, grad_index_query, grad_index_key, grad_merge_weight): this module's forward."""
+    tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
+    _check_inputs(tensors, query_chunk_size, main_key_offset, threads)
+    loss, grad_q, grad_k, grad_w = _loss_and_grads(tensors, attention_scale, loss_coeff, main_key_offset,
+                                                   query_chunk_size, threads)
+    return loss.clone(), grad_q, grad_k, grad_w  # clone: a fresh tensor, never an alias
+
+
+@_indexer_kl_loss.register_fake
+def _(index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor, attention_query: torch.Tensor,
+      compressed_key: torch.Tensor, topk_indices: torch.Tensor, sinks: torch.Tensor, attention_scale: float,
+      loss_coeff: float, main_key_offset: int, query_chunk_size: int,
+      threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    floats = (index_query, index_key, merge_weight, attention_query, compressed_key, sinks)
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in floats) else torch.float32
+    return (index_query.new_empty((), dtype=dtype), index_query.new_empty(index_query.shape, dtype=dtype),
+            index_key.new_empty(index_key.shape, dtype=dtype), merge_weight.new_empty(merge_weight.shape, dtype=dtype))
+
+
+def _kl_setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    _, grad_q, grad_k, grad_w = output
+    ctx.save_for_backward(grad_q, grad_k, grad_w)
+    ctx.dtypes = (inputs[0].dtype, inputs[1].dtype, inputs[2].dtype)
+    ctx.mark_non_differentiable(grad_q, grad_k, grad_w)
+
+
+def _kl_backward(ctx: Any, grad_loss: torch.Tensor, *unused: Any) -> tuple[torch.Tensor | None, ...]:
+    grads = tuple((grad * grad_loss.to(grad.dtype)).to(dtype) for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes))
+    return (*grads, None, None, None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("sparsecp::indexer_kl_loss", _kl_backward, setup_context=_kl_setup_context)
+
+
+def indexer_kl_loss(index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
+                    attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
+                    sinks: torch.Tensor, *, attention_scale: float, loss_coeff: float, query_chunk_size: int = 256,
+                    main_key_offset: int = 0, threads: int = 0) -> torch.Tensor:
+    """``shared_compressed_indexer_kl_loss`` through the custom op (same arguments,
+    results and gradients): traceable by torch.compile with ``fullgraph=True``."""
+    return torch.ops.sparsecp.indexer_kl_loss(index_query, index_key, merge_weight, attention_query,
+                                              compressed_key, topk_indices, sinks, float(attention_scale),
+                                              float(loss_coeff), operator.index(main_key_offset),
+                                              operator.index(query_chunk_size), operator.index(threads))[0]
