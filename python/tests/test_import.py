@@ -88,3 +88,66 @@ def test_type_stubs_match_the_extension(tmp_path):
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "_core.pyi").read_text() == open(installed).read()
+
+
+def _import_graph(root: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere in it: functions and TYPE_CHECKING
+    blocks too), from the source, as /work/shared/tools/import_circles.py reads it: a
+    package's own __init__ only hands names on to its children, so it is no edge."""
+    import ast
+    import pathlib
+
+    base = pathlib.Path(root).parent
+    found = {}
+    for path in pathlib.Path(root).rglob("*.py"):
+        name = ".".join(path.relative_to(base).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {module: set() for module in found}
+    for module, path in found.items():
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str | None] = []
+            if isinstance(node, ast.ImportFrom):
+                stem = node.module or ""
+                if node.level:
+                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    stem = ".".join(parts + ([stem] if stem else []))
+                targets = [next((c for c in (stem + "." + a.name, stem) if c in found), None) for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for target in targets:
+                if target in found and target != module and not module.startswith(target + "."):
+                    graph[module].add(target)
+    return graph
+
+
+def test_sparsecp_and_its_torch_package_import_in_layers():
+    """Issue 31 item 5: no import circle (sparsecp.torch had six: _exchange, indexer_balance,
+    _prebuilt and _replay among themselves, kl and ops): the route and exchange types at the
+    bottom, the exchange, replay and prebuilt paths above, the seed's names on top.
+    (sparsecp.models, issue 29's package, is left to its own test.)"""
+    import pathlib
+
+    import sparsecp
+
+    graph = _import_graph(str(pathlib.Path(sparsecp.__file__).parent))
+    graph = {m: {t for t in targets if not t.startswith("sparsecp.models")}
+             for m, targets in graph.items() if not m.startswith("sparsecp.models")}
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                circles.append(stack[stack.index(target):] + [module, target])
+            elif target not in state:
+                visit(target, stack + [module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert circles == []
+    below_the_seed = [m for m in graph if m.startswith("sparsecp.torch.") and m != "sparsecp.torch.indexer_balance"]
+    assert not [m for m in below_the_seed if "sparsecp.torch.indexer_balance" in graph[m]]

@@ -23,17 +23,18 @@ first forward and returns it in the recompute with no planning, no data movement
 selection work (one 3-value agreement per replayed call, so a mismatch raises on every
 rank; ``4 * topk`` bytes per owned row and call retained).
 
-Layout: ``indexer_balance.py`` (the seed's module: its names only), ``_plans.py`` (the
-plan and route cache behind it, option shims, ``RowTuple``), ``_exchange.py`` (the row
-exchange, byte counters), ``_checks.py`` (the exchange's input checks and agreement),
-``select.py`` (selection), ``calibrate.py`` (the cost model fitted to a selector's own
-times), ``sequence.py`` (KV routes and gathers), ``kl.py`` (the KL
-loss; ``_kl_torch.py`` its torch path), ``_agreement.py`` (cross-rank input agreement),
-``_replay.py`` (selection record and replay),
-``_prebuilt.py`` (routes planned at data time, ``prebuild``; the fixed-capacity exchange
-and its staging buffers), ``ops.py`` (the selection and KL loss as ``torch.library``
-custom ops), ``_compiled.py`` (the fixed exchange on functional collectives, for
-torch.compile).
+Layout, in layers (no module imports one above it; ``_route.py`` lists them):
+``indexer_balance.py`` (the seed's module: its names only) on top; below it
+``_overlapped.py`` (the overlapped handle, ``IndexerInputExchange``), ``_prebuilt.py``
+(routes planned at data time, ``prebuild``; the fixed-capacity exchange and its staging
+buffers), ``_replay.py`` (selection record and replay), ``ops.py`` (the selection as
+``torch.library`` custom ops), ``kl.py`` (the KL loss and its custom op; ``_kl_torch.py`` its
+torch path), ``_compiled.py`` (the fixed exchange on functional collectives, for
+torch.compile), ``sequence.py`` (KV routes and gathers); at the bottom ``_route.py``
+(``IndexerRoute``), ``_plans.py`` (the plan and route cache, option shims, ``RowTuple``),
+``_exchange.py`` (the row exchange, byte counters), ``_checks.py`` and ``_agreement.py``
+(input checks, cross-rank agreement), ``select.py`` (selection), ``calibrate.py`` (the cost
+model fitted to a selector's own times).
 """
 from __future__ import annotations
 
