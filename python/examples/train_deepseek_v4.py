@@ -57,9 +57,9 @@ def model_config(args: argparse.Namespace) -> Any:
     from transformers import DeepseekV4Config
 
     return DeepseekV4Config(
-        vocab_size=512, hidden_size=args.hidden, moe_intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=1, head_dim=64, q_lora_rank=128, num_experts_per_tok=2,
-        n_routed_experts=8, n_shared_experts=1,
+        vocab_size=512, hidden_size=args.hidden, moe_intermediate_size=args.hidden // 2, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=64, q_lora_rank=64, num_experts_per_tok=2,
+        n_routed_experts=4, n_shared_experts=1,
         layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
                      "compressed_sparse_attention"],
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 32},

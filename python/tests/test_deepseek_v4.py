@@ -180,3 +180,18 @@ def test_missing_transformers_names_the_version(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "transformers.models.deepseek_v4", None)
     with pytest.raises(ImportError, match=r"needs transformers >= 5\.8 \(DeepseekV4ForCausalLM\)"):
         cp_v4.context_parallel(torch.nn.Linear(2, 2))
+
+
+def test_readme_section_and_guide_page_run_on_two_ranks() -> None:
+    """The README's "A DeepSeek-V4 model from transformers" section and the blocks of
+    guide/deepseek-v4.md, as written, on 2 gloo ranks."""
+    import readme_snippets
+
+    readme = readme_snippets.deepseek_v4_readme_snippets()
+    guide = readme_snippets.code_blocks(readme_snippets.read("docs/guide/deepseek-v4.md"), "python")
+    assert len(readme) == 1 and len(guide) == 1
+    results = results_or_raise(pool_of(2).run(v4_tasks.run_doc_snippets, readme, guide, timeout=300))
+    for rank, result in enumerate(results):
+        assert result["logits"] == (1, 1012, 256), rank
+        # the guide's loop: 3 steps of one CSA layer, each selecting once and replaying in the recompute
+        assert result["indexer_grad"] and result["replays"] == 3 and result["selections"] == 3, (rank, result)

@@ -120,7 +120,7 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
 
     model = tiny_model(dtype, seed)
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     model.train()
     cp_v4.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
     state = cp_v4.context_parallel_state(model)
@@ -292,3 +292,21 @@ def bad_input(rank: int, size: int, case: str) -> str:
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
     return ""
+
+
+def run_doc_snippets(rank: int, size: int, readme: list[str], guide: list[str]) -> dict[str, Any]:
+    """The README's DeepSeek-V4 section, then the guide page's blocks, each in a fresh namespace."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    first: dict[str, Any] = {"__name__": "readme"}
+    for index, block in enumerate(readme):
+        exec(compile(block, f"README.md DeepSeek-V4 snippet {index + 1}", "exec"), first)  # noqa: S102
+    second: dict[str, Any] = {"__name__": "guide"}
+    for index, block in enumerate(guide):
+        exec(compile(block, f"docs/guide/deepseek-v4.md snippet {index + 1}", "exec"), second)  # noqa: S102
+    state = cp_v4.context_parallel_state(second["model"])
+    assert state is not None
+    indexer_grads = [p.grad for n, p in second["model"].named_parameters() if ".indexer." in n]
+    return {"logits": tuple(first["logits"].shape), "loss": float(first["loss"].detach()),
+            "indexer_grad": all(g is not None for g in indexer_grads),
+            "replays": state.stats.replays, "selections": state.stats.selections}

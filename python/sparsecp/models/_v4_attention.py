@@ -14,8 +14,9 @@ Per rank, every document isolated as if run alone (SYSTEM.md, "A real model"):
    built from the layer scores them against the whole Index K bank (all-gathered: workers score
    rows of any document) and returns int32 ids to the owners. In a recompute (activation
    checkpointing) the first forward's ids are replayed: no selection, no selection collective;
-6. attention with sinks over [window keys | compressed keys] (HCA: the causal prefix; CSA: the
-   selected ids), the conjugate RoPE on the output and the grouped output projection;
+6. attention with sinks over each row's own keys only (gathered: its window, then HCA's causal
+   prefix or CSA's selected ids; the model's eager path computes every pair and masks), the
+   conjugate RoPE on the output and the grouped output projection;
 7. optional indexer KL on the owner (``indexer_kl_loss_any_topk``): student = the indexer's own
    query, merge weights and Index K bank (gradients reach only indexer parameters: its inputs
    are detached), teacher = this attention's distribution over the selected keys plus its sink.
@@ -108,27 +109,30 @@ def _select(attn: Any, state: ContextParallelState, batch: BatchLayout, layout: 
     return ids, bank, (cos, sin)
 
 
-def _attention_mask(batch: BatchLayout, window_rows: int, compressed_rows: int, layout: CompressionLayout | None,
-                    ids: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive [local rows, window rows + compressed rows] mask: 0 where a row attends."""
-    local = batch.local
-    columns = torch.arange(window_rows, device=device)
+def _attended_keys(batch: BatchLayout, window_rows: int, compressed_rows: int, layout: CompressionLayout | None,
+                   ids: torch.Tensor | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per own row, the rows of ``[window block | bank block]`` it attends: ``(index, valid)``,
+    each ``[local rows, window + compressed columns]``. Window columns: the last ``window`` block
+    rows up to the row itself, valid from its document's start; compressed columns: CSA's selected
+    ids, or for HCA every bank-block row, valid on the row's causal document prefix. Attention then
+    reads only these keys (what the model's dense mask leaves), not the whole block."""
     begin, end = (torch.from_numpy(a).to(device) for a in batch.window_keys)
-    allowed = (columns[None, :] >= begin[:, None]) & (columns[None, :] < end[:, None])
+    columns = torch.arange(-batch.window + 1, 1, device=device)
+    index = end[:, None] - 1 + columns[None, :]
+    valid = index >= begin[:, None]
     if layout is not None:
         offset = layout.bank.global_start
         if ids is not None:  # CSA: the selected ids
-            seen = torch.zeros((local, compressed_rows + 1), dtype=torch.bool, device=device)
-            safe = torch.where(ids >= 0, ids - offset, torch.full_like(ids, compressed_rows))
-            seen.scatter_(1, safe, True)
-            seen = seen[:, :compressed_rows]
+            compressed = ids - offset
+            seen = ids >= 0
         else:  # HCA: the causal prefix of the row's document
             keys = torch.arange(offset, offset + compressed_rows, device=device)
             vb, ve = (torch.from_numpy(a).to(device) for a in (layout.visible_begin, layout.visible_end))
+            compressed = (keys - offset)[None, :].expand(batch.local, -1)
             seen = (keys[None, :] >= vb[:, None]) & (keys[None, :] < ve[:, None])
-        allowed = torch.cat([allowed, seen], dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill(~allowed, float("-inf"))
+        index = torch.cat([index, compressed + window_rows], dim=1)
+        valid = torch.cat([valid, seen], dim=1)
+    return torch.where(valid, index, torch.zeros_like(index)), valid
 
 
 def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: torch.Tensor,
@@ -165,16 +169,17 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
         if layout.overlap:
             ids, index_bank, index_rope = _select(attn, state, batch, layout, hidden_states, block, q_residual,
                                                   position_ids, rope)
-    mask = _attention_mask(batch, window.shape[0], compressed_rows, layout, ids, q.dtype, q.device)
-
-    logits = torch.matmul(q, keys.transpose(0, 1)) * attn.scaling + mask  # [1, heads, local, keys]
-    sinks = attn.sinks.reshape(1, -1, 1, 1).expand(1, -1, local, -1)
+    index, valid = _attended_keys(batch, window.shape[0], compressed_rows, layout, ids, q.device)
+    attended = keys[index]  # [local, columns, head_dim]
+    mask = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill(~valid, float("-inf"))
+    logits = torch.einsum("hld,lkd->hlk", q[0], attended) * attn.scaling + mask  # [heads, local, columns]
+    sinks = attn.sinks.reshape(-1, 1, 1).expand(-1, local, -1)
     combined = torch.cat([logits, sinks.to(logits.dtype)], dim=-1)
     combined = combined - combined.max(dim=-1, keepdim=True).values
     probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
     probs = torch.nn.functional.dropout(probs, p=attn.attention_dropout if attn.training else 0.0,
                                         training=attn.training).to(keys.dtype)
-    output = torch.matmul(probs, keys)  # [1, heads, local, head_dim]
+    output = torch.einsum("hlk,lkd->hld", probs, attended)[None]  # [1, heads, local, head_dim]
     output = rope(output, cos, -sin).transpose(1, 2)  # [1, local, heads, head_dim]
     grouped = attn.o_a_proj(output.reshape(1, local, attn.config.o_groups, -1)).flatten(2)
     result = attn.o_b_proj(grouped)
