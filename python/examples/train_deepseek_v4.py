@@ -13,12 +13,13 @@ Batches: ``--tokens`` tokens per step packed from documents of sparsecp's long-t
 ``lognormal`` generator (``sparsecp.generate_batch("lognormal", tokens, cp, seed)``: most
 documents short, a few as long as a whole shard or longer), one seed per step.
 
-Sizes (the defaults): hidden 256, 4 layers (sliding, CSA, HCA, CSA), 8 attention heads of 64,
-window 64, CSA ratio 4, HCA ratio 32, an indexer of 16 heads of 64 with top-k 64, 8 experts (2
-active) of width 128, 8192 tokens a step (2048 a rank). The indexer scores every visible
-compressed key of every row (``len / 4`` keys at the end of a document), so with documents of
-thousands of tokens it is a real part of the step, while the rest of the model (a 256-wide
-MoE transformer) stays small enough for a CPU: the regime the balancing is for.
+Sizes (the defaults): hidden 128, 4 layers (sliding, CSA, HCA, CSA), 4 attention heads of 64,
+window 64, CSA ratio 4, HCA ratio 32, an indexer of 32 heads of 64 (V4.1's head count, half its
+head width) with top-k 128, 4 experts (2 active) of width 64, 16384 tokens a step (4096 a rank).
+The indexer scores every visible compressed key of every row (``len / 4`` keys at the end of a
+document, each against 32 heads), so with documents of thousands of tokens it is a real part of
+the step, while the rest of the model (a 128-wide MoE transformer) stays small enough for a CPU:
+the regime the balancing is for.
 
 Per step and strategy it prints the loss (summed over ranks), the step time (slowest rank), and
 per rank the indexer's share of the step (owner-side indexer work, selection exchange and
@@ -249,10 +250,10 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=4, help="CP ranks (gloo on loopback)")
     parser.add_argument("--modes", default="none,zigzag,hybrid,spill", help="strategies, interleaved every step")
     parser.add_argument("--steps", type=int, default=5, help="training steps per strategy")
-    parser.add_argument("--tokens", type=int, default=8192, help="tokens per packed batch")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--index-heads", type=int, default=16)
-    parser.add_argument("--topk", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=16384, help="tokens per packed batch")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--index-heads", type=int, default=32)
+    parser.add_argument("--topk", type=int, default=128)
     parser.add_argument("--selector", choices=("model", "fused"), default="model",
                         help="workers score with the model's torch math or sparsecp's fused CPU kernel")
     parser.add_argument("--kl", type=float, default=0.01, help="indexer KL coefficient (the indexer's training signal)")

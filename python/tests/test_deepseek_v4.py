@@ -38,7 +38,7 @@ OPTIONS = {"none": {}, "zigzag": {}, "greedy": {"block_size": 4}, "hybrid": {"bl
            "spill": {}}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def oracle(lengths: tuple[int, ...], steps: int = 0) -> dict:
     return v4_tasks.per_document_oracle(v4_tasks.tiny_model(), v4_tasks.packed_ids(lengths), lengths, steps=steps)
 

@@ -142,7 +142,8 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
             total = total + kl_loss
         total.backward()
         cp_v4.all_reduce_gradients(model)
-        summed = torch.tensor([float(loss.detach()), float(kl_loss.detach()) if kl_loss is not None else 0.0], dtype=torch.float64)
+        kl_value = float(kl_loss.detach()) if kl_loss is not None else 0.0
+        summed = torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64)
         dist.all_reduce(summed)
         losses.append(float(summed[0]))
         if step == 0:

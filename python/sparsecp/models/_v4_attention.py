@@ -205,6 +205,7 @@ def _indexer_kl(attn: Any, state: ContextParallelState, batch: BatchLayout, layo
     scorer = indexer.scorer
     merge = scorer.weights_proj(hidden.detach()) * (scorer.weights_scaling * scorer.softmax_scale)
     total = batch.boundaries[-1]
+    assert state.kl_coeff is not None  # the caller computes the KL only when it is on
     if bank_block.shape[0] == 0:  # no row of this rank sees a key: a zero loss, still connected to
         # the gathered bank so that this rank's backward runs the same collectives as its peers'
         return (index_q.sum() + merge.sum() + index_bank.sum()) * 0

@@ -29,8 +29,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .. import _core
-from .. import compressed_document_offsets, compressed_owner_offsets, document_boundaries
+from .. import _core, compressed_document_offsets, compressed_owner_offsets, document_boundaries
 
 __all__ = ["BatchLayout", "CompressionLayout"]
 

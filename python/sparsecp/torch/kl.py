@@ -237,9 +237,10 @@ class _AnyTopkIndexerKlLoss(_SharedCompressedIndexerKlLoss):
                 sinks: torch.Tensor, attention_scale: float, loss_coeff: float, main_key_offset: int,
                 query_chunk_size: int, threads: int) -> torch.Tensor:
         tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
+        q, k, w, attention_query, compressed_key, topk, sinks = (t.detach() for t in tensors)
         loss, grad_q, grad_k, grad_w = kl_loss_and_grads_torch(
-            *(t.detach() for t in tensors), attention_scale, loss_coeff, main_key_offset, query_chunk_size,
-            seed_topk=False)
+            q, k, w, attention_query, compressed_key, topk, sinks, attention_scale, loss_coeff, main_key_offset,
+            query_chunk_size, seed_topk=False)
         ctx.save_for_backward(grad_q, grad_k, grad_w)
         ctx.dtypes = (index_query.dtype, index_key.dtype, merge_weight.dtype)
         return loss.to(grad_q.dtype)
