@@ -106,8 +106,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   spill.target_imbalance = in.ConsumeBool() ? 1.001 : pick_real(in, 1.0, 3.0);
   spill.max_received_fragments = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int64_t>(-1, 6);
   if (in.ConsumeBool()) {
-    spill.cost = CostModel::linear(pick_real(in, 0, 1e4), pick_real(in, 0, 100),
+    // Coefficients up to the largest double sometimes (issue 30: 1e308 gave inf/nan loads):
+    // a model is either refused or every load it gives is finite.
+    const double most = in.ConsumeBool() ? std::numeric_limits<double>::max() : 1e4;
+    spill.cost = CostModel::linear(pick_real(in, 0, most), pick_real(in, 0, 100),
                                    pick_real(in, 0, 100), pick_size(in, 600));
+    spill.cost.b = in.ConsumeBool() ? spill.cost.b : pick_real(in, 0, most);
     spill.cost.d = pick_real(in, 0, 100);  // the top-k admission term
   }
 
@@ -144,6 +148,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                             planned.rows_received[rank]);
     }
     EXPECT(planned.rows_moved == shed && shed == received && stats.rows_moved == shed);
+    EXPECT(std::isfinite(planned.target_load) && std::isfinite(planned.mean_load));
+    for (int64_t rank = 0; rank < cp; ++rank) {
+      EXPECT(std::isfinite(planned.load_before[rank]) && std::isfinite(planned.load_after[rank]));
+    }
   } catch (const Error&) {
     // A clear rejection of the inputs or options.
   }

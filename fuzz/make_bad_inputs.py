@@ -77,6 +77,11 @@ def main(out):
     write("negative.txt", "100 -4 8\n")
     write("huge.txt", "99999999999999999999999\n")
     write("sum64.txt", "4611686018427387904 4611686018427387904\n")
+    # Cost models whose coefficients would make a plan's cost inf or nan (issue 30).
+    write("huge_b.model", "# sparsecp cost model: per-row cost a + b * vis + c * min(topk, vis)\n"
+                          "a 0\nb 1e308\nc 0\ntopk 512\nunit pairs\n")
+    write("huge_d.model", "# sparsecp cost model: per-row cost a + b * vis + c * min(topk, vis)\n"
+                          "a 1\nb 1\nc 0\nd 1.7976931348623157e308\ntopk 512\nunit pairs\n")
 
 
 if __name__ == "__main__":

@@ -173,8 +173,9 @@ void bind_params(nb::module_& m) {
       .def_ro("quantum", &CostModel::quantum)
       .def_ro("unit", &CostModel::unit)
       .def_ro("note", &CostModel::note)
-      .def_prop_ro("id", [](const CostModel& model) { return cost_model_id(model); },
-                   "16 hex digits: a hash of the terms, unit and note (what reports print)")
+      .def_prop_ro(
+          "id", [](const CostModel& model) { return cost_model_id(model); },
+          "16 hex digits: a hash of the terms, unit and note (what reports print)")
       .def(
           "replace",
           [](const CostModel& model, Real a, Real b, Real c, Real d, Count topk, Count candidates,
@@ -295,11 +296,12 @@ void bind_params(nb::module_& m) {
           }
           const nb::object seconds = measure(point.target, point.rows, at->second);
           double value = 0;
-          SPARSECP_CHECK(nb::try_cast<double>(seconds, value) && !nb::isinstance<nb::bool_>(seconds),
-                         "calibrate: the timer must return seconds as a number, got ",
-                         nb::cast<std::string>(nb::repr(seconds)), " (",
-                         nb::cast<std::string>(nb::type_name(seconds.type())), ") at the point of ",
-                         point.target, " visible keys over ", point.rows, " rows");
+          SPARSECP_CHECK(
+              nb::try_cast<double>(seconds, value) && !nb::isinstance<nb::bool_>(seconds),
+              "calibrate: the timer must return seconds as a number, got ",
+              nb::cast<std::string>(nb::repr(seconds)), " (",
+              nb::cast<std::string>(nb::type_name(seconds.type())), ") at the point of ",
+              point.target, " visible keys over ", point.rows, " rows");
           return value;
         });
         nb::list points;

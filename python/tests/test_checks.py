@@ -116,7 +116,25 @@ TORCH_CASES = [
      r"boundaries\[1\]=32\.7: expected"),
     ("torch compressed_owner_offsets", lambda: sct.compressed_owner_offsets(BOUNDARIES, True, 32),
      r"ratio=True: expected"),
+    # Issue 30: padding_bytes returned negative or float byte counts for these.
+    ("padding_bytes negative row", lambda: sct.padding_bytes(_ROUTES(), -100, 8), r"input_row_bytes=-100: must be"),
+    ("padding_bytes float row", lambda: sct.padding_bytes(_ROUTES(), 10.5, 8), r"input_row_bytes=10\.5: expected"),
+    ("padding_bytes topk 0", lambda: sct.padding_bytes(_ROUTES(), 100, 0), r"topk=0: must be at least 1"),
+    ("padding_bytes index bytes", lambda: sct.padding_bytes(_ROUTES(), 100, 8, -4), r"index_bytes=-4: must be"),
+    ("padding_bytes float topk", lambda: sct.padding_bytes(_ROUTES(), 100, 8.0), r"topk=8\.0: expected"),
+    # Issue 30: a calibrate timer returning None gave "std::bad_cast".
+    ("calibrate timer None", lambda: sparsecp.calibrate_cost_model(lambda target, rows, segments: None, 4),
+     r"calibrate: the timer must return seconds as a number, got None \(NoneType\)"),
+    ("calibrate timer str", lambda: sparsecp.calibrate_cost_model(lambda target, rows, segments: "1", 4),
+     r"got '1' \(str\)"),
+    ("refit NaN time", lambda: sparsecp.CostModelRefit(sparsecp.CostModel()).add_step([(1, 2, 3, float("nan"))]),
+     r"cost sample 0 must have a finite, positive time, got nan s"),
+    ("owner_cost huge", lambda: sparsecp.owner_cost(LENGTHS, 4, 4, 1e308, 1), r"coefficient a must be at most 1e\+200"),
 ]
+
+
+def _ROUTES():  # noqa: N802  (a constant made on use)
+    return sct.prebuild(LENGTHS, 4, 1, [4], "spill", capacity=16)
 
 
 @pytest.mark.parametrize("name,call,pattern", TORCH_CASES, ids=[case[0] for case in TORCH_CASES])

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "sparsecp/error.hpp"
 
@@ -19,6 +21,22 @@ std::string label(const std::string& path, std::string_view what) {
 
 [[noreturn]] void fail_errno(const std::string& label_text, const char* action, int error) {
   SPARSECP_FAIL(label_text, ": ", action, " failed: ", std::strerror(error));
+}
+
+// Where writing `path` puts the bytes: a symbolic link's final target (followed hop by
+// hop, relative targets against the link's folder), as a shell's `>` writes through a link.
+// Renaming the temporary onto the link itself would replace the link with a file.
+std::string through_links(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path current(path);
+  for (int hops = 0; hops < 40; ++hops) {
+    std::error_code error;
+    if (!fs::is_symlink(fs::symlink_status(current, error)) || error) return current.string();
+    const fs::path target = fs::read_symlink(current, error);
+    if (error) return current.string();
+    current = target.is_absolute() ? target : current.parent_path() / target;
+  }
+  SPARSECP_FAIL(path, ": too many levels of symbolic links");
 }
 
 std::string folder_of(const std::string& path) {
@@ -83,9 +101,10 @@ void OutputSet::add(const std::string& path, std::span<const std::byte> bytes,
   for (const Output& output : outputs_) {
     SPARSECP_CHECK(output.path != path, text, ": the same output path is given twice");
   }
-  Output output{.path = path, .temporary = {}, .what = std::string(what), .in_place = {}};
+  Output output{
+      .path = through_links(path), .temporary = {}, .what = std::string(what), .in_place = {}};
   struct stat status {};
-  if (::stat(path.c_str(), &status) == 0) {
+  if (::stat(output.path.c_str(), &status) == 0) {
     SPARSECP_CHECK(!S_ISDIR(status.st_mode), text, ": is a directory");
     if (!S_ISREG(status.st_mode)) {  // a device or FIFO: written in place at commit()
       output.in_place.assign(bytes.begin(), bytes.end());
@@ -93,8 +112,9 @@ void OutputSet::add(const std::string& path, std::span<const std::byte> bytes,
       return;
     }
   }
-  const std::string temporary = (folder_of(path) == "/" ? "" : folder_of(path)) + "/." +
-                                name_of(path) + ".tmp-" + std::to_string(::getpid()) + "-" +
+  const std::string& target = output.path;
+  const std::string temporary = (folder_of(target) == "/" ? "" : folder_of(target)) + "/." +
+                                name_of(target) + ".tmp-" + std::to_string(::getpid()) + "-" +
                                 std::to_string(next_temporary.fetch_add(1));
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) fail_errno(text, "creating a file in its folder", errno);

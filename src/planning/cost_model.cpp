@@ -106,6 +106,9 @@ void validate_cost_model(const CostModel& model) {
        {std::pair{"a", model.a}, {"b", model.b}, {"c", model.c}, {"d", model.d}}) {
     SPARSECP_CHECK(std::isfinite(value) && value >= 0, "cost model coefficient ", name,
                    " must be finite and non-negative, got ", value);
+    SPARSECP_CHECK(value <= kMaxCostModelCoefficient, "cost model coefficient ", name,
+                   " must be at most ", kMaxCostModelCoefficient,
+                   " (so that no batch's cost overflows), got ", value);
   }
   SPARSECP_CHECK(model.a + model.b + model.c + model.d > 0,
                  "cost model needs a positive coefficient (a, b, c and d are all 0)");

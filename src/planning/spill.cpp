@@ -386,6 +386,9 @@ void validate_owner_load(std::span<const double> owner_load, int64_t cp) {
   for (size_t r = 0; r < owner_load.size(); ++r) {
     SPARSECP_CHECK(std::isfinite(owner_load[r]) && owner_load[r] >= 0, "spill owner load of rank ",
                    r, " must be finite and non-negative, got ", owner_load[r]);
+    SPARSECP_CHECK(owner_load[r] <= kMaxCostModelCoefficient, "spill owner load of rank ", r,
+                   " must be at most ", kMaxCostModelCoefficient,
+                   " (so that no rank's load overflows), got ", owner_load[r]);
   }
 }
 

@@ -78,6 +78,32 @@ TEST_F(OutputSetTest, CommitPutsEveryFileInPlaceAndLeavesNoTemporary) {
   EXPECT_EQ(entries(dir_), (std::vector<std::string>{"a.txt", "b.txt"}));
 }
 
+TEST_F(OutputSetTest, ASymbolicLinkIsWrittenThroughNotReplaced) {
+  // Issue 30: `calibrate --out link` replaced the link with a file.
+  fs::create_directories(dir_ / "real");
+  write_text(dir_ / "real" / "model.txt", "old");
+  fs::create_symlink("real/model.txt", dir_ / "link");       // relative target
+  fs::create_symlink(dir_ / "link", dir_ / "link_to_link");  // a chain, absolute
+  fs::create_symlink("real/new.txt", dir_ / "dangling");     // target not there yet
+  OutputSet outputs;
+  outputs.add_text((dir_ / "link_to_link").string(), "new");
+  outputs.add_text((dir_ / "dangling").string(), "made");
+  outputs.commit();
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir_ / "link")));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir_ / "link_to_link")));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir_ / "dangling")));
+  EXPECT_EQ(read_text(dir_ / "real" / "model.txt"), "new");
+  EXPECT_EQ(read_text(dir_ / "real" / "new.txt"), "made");
+  EXPECT_EQ(entries(dir_ / "real"), (std::vector<std::string>{"model.txt", "new.txt"}));
+  fs::create_symlink("loop_b", dir_ / "loop_a");
+  fs::create_symlink("loop_a", dir_ / "loop_b");
+  OutputSet looping;
+  EXPECT_NE(error_of([&] {
+              looping.add_text((dir_ / "loop_a").string(), "x");
+            }).find("too many levels of symbolic links"),
+            std::string::npos);
+}
+
 TEST_F(OutputSetTest, AbandonedSetRemovesItsTemporaries) {
   write_text(dir_ / "a.txt", "old a");
   {

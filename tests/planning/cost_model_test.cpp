@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "sparsecp/error.hpp"
@@ -229,6 +230,30 @@ TEST(CostModel, ParseErrorsNameTheLine) {
   const CostModel model = parse_cost_model("\r\n# x\ntopk 3\r\nc 0\nb 1.5\na 0\n", "m");
   EXPECT_EQ(model.b, 1.5);
   EXPECT_EQ(model.topk, 3);
+}
+
+}  // namespace
+}  // namespace sparsecp
+
+namespace sparsecp {
+namespace {
+
+TEST(CostModel, CoefficientsThatCouldOverflowACostAreRefused) {
+  // Issue 30: a model file with 1e308 coefficients planned inf/nan loads and exited 0.
+  for (const double huge : {1e308, 1e201, std::numeric_limits<double>::max()}) {
+    CostModel model = CostModel::linear(0, huge, 0, 512);
+    EXPECT_THROW(validate_cost_model(model), InvalidInputError) << huge;
+    model = CostModel::linear(1, 1, 0, 512);
+    model.d = huge;
+    EXPECT_THROW(validate_cost_model(model), InvalidInputError) << huge;
+  }
+  // At the bound every cost of the largest batch stays finite.
+  const CostModel edge = CostModel::linear(kMaxCostModelCoefficient, kMaxCostModelCoefficient,
+                                           kMaxCostModelCoefficient, 512);
+  validate_cost_model(edge);
+  const int64_t rows = int64_t{1} << 31;  // about 2^60 pairs at ratio 1
+  EXPECT_TRUE(std::isfinite(edge.prefix(rows, 1)));
+  EXPECT_TRUE(std::isfinite(edge.range(rows / 2, rows, 1)));
 }
 
 }  // namespace

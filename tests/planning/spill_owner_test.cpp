@@ -428,7 +428,10 @@ TEST(SpillOwnerCommand, BadOwnerCostNamesTheValue) {
            {"1,x", "--owner-cost: 'x' is not a number"},
            {"-1,2", "--owner-cost: a must be finite and non-negative, got -1"},
            {"1,inf", "--owner-cost: c must be finite and non-negative, got inf"},
-           {"0,0", "--owner-cost: a and c are both 0"}}) {
+           {"0,0", "--owner-cost: a and c are both 0"},
+           // Issue 30: 1e308 gave inf/nan loads and exit 0.
+           {"1e308,1", "cost model coefficient a must be at most 1e+200"},
+           {"1,1e300", "cost model coefficient c must be at most 1e+200"}}) {
     const auto [status, out] =
         testing::run_shell(std::string(SPARSECP_CLI_PATH) +
                            " spill --lengths 4,4 --cp 2 --owner-cost=" + flag + " 2>&1");

@@ -391,6 +391,14 @@ TEST(CalibrateCommand, FitsAndSavesALoadableModel) {
                          "--cost-model " +
                          path + " --json");
   EXPECT_EQ(spill_status, 0) << spill_out;
+  // Issue 30: a model fitted for another top-k was used without a word; now it is named.
+  const auto [other_status, other_out] = testing::run_shell(
+      std::string(SPARSECP_CLI_PATH) +
+      " plan --lengths 5000,300,2699,1 --cp 4 --mode spill --topk 512 --cost-model " + path +
+      " 2>&1");
+  EXPECT_EQ(other_status, 2) << other_out;
+  EXPECT_THAT(other_out,
+              HasSubstr("the model was fitted for topk 4, this command selects --topk 512"));
   std::filesystem::remove(path);
 }
 

@@ -79,7 +79,8 @@ void StrategyFlags::add_to(CLI::App& command, const std::string& mode_help, bool
       ->capture_default_str();
 }
 
-StrategyParams StrategyFlags::params(int64_t ratio, const ModelFlags& model) const {
+StrategyParams StrategyFlags::params(int64_t ratio, const ModelFlags& model,
+                                     bool topk_given) const {
   // A seed mode checks its explicit options first, with the seed's texts and order (a
   // block under zigzag is misplaced before it is zero; hybrid's threshold 0 is not "an
   // explicit positive integer"); omitted options keep their friendly defaults.
@@ -101,6 +102,12 @@ StrategyParams StrategyFlags::params(int64_t ratio, const ModelFlags& model) con
     } catch (const Error& error) {
       throw InvalidInputError("--cost-model " + cost_model + ": " + error.what());
     }
+    // Its c term prices min(topk, visible keys): a model fitted for another top-k prices
+    // every row wrongly, so it is refused rather than used without a word.
+    SPARSECP_CHECK(!topk_given || params.cost_model->topk == model.topk, "--cost-model ",
+                   cost_model, ": the model was fitted for topk ", params.cost_model->topk,
+                   ", this command selects --topk ", model.topk, " (calibrate for topk ",
+                   model.topk, ", or pass --topk ", params.cost_model->topk, ")");
   } else {
     SPARSECP_CHECK(layer_kind.empty(), "--layer-kind ", layer_kind,
                    " needs --cost-model FILE (a file with a model per layer kind)");

@@ -37,8 +37,14 @@ struct StrategyFlags {
 
   // The parameters, validated; the cost model file is read here, and from a file with a
   // model per layer kind the one --layer-kind names, else the one for `ratio`. `model`
-  // supplies topk and the moved-row sizes (auto's bytes); without it, the defaults.
-  StrategyParams params(int64_t ratio, const ModelFlags& model = {}) const;
+  // supplies topk and the moved-row sizes (auto's bytes); a cost model fitted for another
+  // topk than its --topk is refused, naming both. Without `model` (a command with no
+  // --topk), the defaults, and a cost model of any topk.
+  StrategyParams params(int64_t ratio, const ModelFlags& model) const {
+    return params(ratio, model, true);
+  }
+  StrategyParams params(int64_t ratio) const { return params(ratio, ModelFlags{}, false); }
+  StrategyParams params(int64_t ratio, const ModelFlags& model, bool topk_given) const;
 
   // The strategy --mode names, or `fallback` when --mode was not given; a list is an
   // error here. For a seed mode, --block-size / --zigzag-min-length where the seed forbids

@@ -67,6 +67,11 @@ namespace sparsecp {
 
 // Largest width quantum a model accepts (keeps every closed-form sum in 64 bits).
 inline constexpr int64_t kMaxCostModelQuantum = int64_t{1} << 24;
+// The largest coefficient (and spill owner load) accepted: times the most rows, keys or
+// admissions a batch can hold (below 2^64 each), summed over every task, it stays far from
+// the largest double, so no plan's cost can become inf or NaN. 1e200 ns a pair is no
+// selector's cost; a file with 1e308 is a typo or an attack.
+inline constexpr double kMaxCostModelCoefficient = 1e200;
 
 struct CostModel {
   double a = 0;  // per selected row
@@ -123,7 +128,8 @@ struct CostModel {
   }
 };
 
-// Throws Error unless a, b, c, d are finite and non-negative, a + b + c + d > 0, topk >= 1,
+// Throws Error unless a, b, c, d are finite, non-negative and at most
+// kMaxCostModelCoefficient, a + b + c + d > 0, topk >= 1,
 // candidates >= 0 and quantum >= 1 (each error names the value).
 void validate_cost_model(const CostModel& model);
 
