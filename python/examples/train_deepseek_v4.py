@@ -96,6 +96,16 @@ def batch(args: argparse.Namespace, step: int) -> tuple[tuple[int, ...], Any]:
     return lengths, torch.randint(0, 512, (1, sum(lengths)), generator=generator)
 
 
+def cpu_model() -> str:
+    """The CPU's model name, family and model (lscpu's words), for the report's header."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in file)}
+    except OSError:
+        return platform.machine()
+    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as file:
         return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -118,20 +128,21 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
     try:
         base = build_models(args)
         models, optimizers = {}, {}
-        for mode in args.modes:
+        for variant in args.variants:
+            mode, _, selector = variant.partition("+")
             model = copy.deepcopy(base)
-            cp_v4.context_parallel(model, None, mode, selector=args.selector, indexer_kl_coeff=args.kl,
-                                   **MODE_OPTIONS.get(mode, {}))
+            cp_v4.context_parallel(model, None, mode, selector=selector or args.selectors[0],
+                                   indexer_kl_coeff=args.kl, **MODE_OPTIONS.get(mode, {}))
             model.train()
-            models[mode] = model
-            optimizers[mode] = torch.optim.AdamW(model.parameters(), lr=args.lr)
+            models[variant] = model
+            optimizers[variant] = torch.optim.AdamW(model.parameters(), lr=args.lr)
         del base
         resident = rss_bytes()
         for step in range(args.steps):
             lengths, input_ids = batch(args, step)
             ids, positions = cp_v4.shard_batch(input_ids, lengths)
             labels = cp_v4.shard_labels(input_ids, lengths)
-            for mode in args.modes:
+            for mode in args.variants:
                 model, optimizer = models[mode], optimizers[mode]
                 state = cp_v4.context_parallel_state(model)
                 assert state is not None
@@ -212,7 +223,7 @@ def spawn(target: Any, size: int, args: argparse.Namespace, report: Any) -> list
 def print_step(ranks: list[dict[str, Any]]) -> None:
     first = ranks[0]
     shares = " ".join(f"{100 * r['indexer_seconds'] / r['seconds']:3.0f}%" for r in ranks)
-    print(f"step {first['step']}  {first['mode']:7s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
+    print(f"step {first['step']}  {first['mode']:12s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
           f"step {max(r['seconds'] for r in ranks):6.2f} s  indexer share per rank {shares}  "
           f"({first['documents']} documents, longest {first['longest']})", flush=True)
 
@@ -224,7 +235,7 @@ def median(values: list[float]) -> float:
 def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     steps = [r for r in records if "step" in r]
     result: dict[str, Any] = {"modes": {}}
-    for mode in args.modes:
+    for mode in args.variants:
         mine = [r for r in steps if r["mode"] == mode]
         by_step: dict[int, list[dict[str, Any]]] = {}
         for r in mine:
@@ -233,8 +244,10 @@ def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: a
         imbalance = [max(r["selector_seconds"] for r in rs) / max(1e-12, statistics.mean(
             r["selector_seconds"] for r in rs)) for rs in by_step.values()]
         share = [statistics.mean(r["indexer_seconds"] / r["seconds"] for r in rs) for rs in by_step.values()]
+        slowest_selector = [max(r["selector_seconds"] for r in rs) for rs in by_step.values()]
         result["modes"][mode] = {
             "step_seconds": median(step_time), "selection_imbalance": median(imbalance), "indexer_share": median(share),
+            "slowest_selector_seconds": median(slowest_selector),
             "dispatch_bytes_per_rank": median([r["dispatch_bytes"] for r in mine]),
             "selection_bytes_per_rank": median([r["selection_bytes"] for r in mine]),
             "losses": [by_step[s][0]["loss"] for s in sorted(by_step)]}
@@ -254,8 +267,9 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--index-heads", type=int, default=32)
     parser.add_argument("--topk", type=int, default=128)
-    parser.add_argument("--selector", choices=("model", "fused"), default="model",
-                        help="workers score with the model's torch math or sparsecp's fused CPU kernel")
+    parser.add_argument("--selector", default="model",
+                        help="workers score with the model's torch math ('model') or sparsecp's fused CPU kernel "
+                             "('fused'); 'model,fused' runs every strategy with each, interleaved")
     parser.add_argument("--kl", type=float, default=0.01, help="indexer KL coefficient (the indexer's training signal)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
@@ -263,27 +277,32 @@ def main() -> int:
     parser.add_argument("--json", help="also write the summary as JSON to this file")
     args = parser.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
+    args.selectors = [s for s in args.selector.split(",") if s]
     if args.ranks < 1 or args.tokens % args.ranks or not args.modes:
         parser.error("--ranks must divide --tokens, and --modes name at least one strategy")
+    if not args.selectors or any(s not in ("model", "fused") for s in args.selectors):
+        parser.error(f"--selector takes 'model', 'fused' or both, got {args.selector!r}")
+    args.variants = [m if len(args.selectors) == 1 else f"{m}+{s}" for m in args.modes for s in args.selectors]
     import torch
 
     import sparsecp
 
     print(f"# DeepSeek-V4 (transformers) under CP {args.ranks}: {args.tokens} tokens/step, lognormal documents, "
-          f"selector {args.selector}, modes {','.join(args.modes)}; {platform.processor() or platform.machine()}, "
+          f"selector {args.selector}, modes {','.join(args.modes)}; {cpu_model()}, "
           f"{os.cpu_count()} cores, kernel ISA {sparsecp.kernel_isa()}, torch {torch.__version__}", flush=True)
     records = spawn(run_rank, args.ranks, args, print_step)
     single: list[dict[str, Any]] = []
     if not args.no_single:
         one = copy.copy(args)
-        one.ranks, one.modes, one.steps = 1, args.modes[:1], min(args.steps, 2)
+        one.ranks, one.modes, one.variants, one.steps = 1, args.modes[:1], args.variants[:1], min(args.steps, 2)
         single = spawn(single_process_peak, 1, one, None)
     result = summary(records, single, args)
     print("\nmedians per strategy (step time: slowest rank; imbalance: max/mean of the ranks' selector seconds)")
-    print(f"{'mode':8s} {'step s':>8s} {'sel. imbalance':>15s} {'indexer share':>14s} {'KV bytes/rank':>14s} "
-          f"{'sel. bytes/rank':>16s}")
+    print(f"{'mode':12s} {'step s':>8s} {'slowest sel. s':>15s} {'sel. imbalance':>15s} {'indexer share':>14s} "
+          f"{'KV bytes/rank':>14s} {'sel. bytes/rank':>16s}")
     for mode, row in result["modes"].items():
-        print(f"{mode:8s} {row['step_seconds']:8.2f} {row['selection_imbalance']:15.2f} "
+        print(f"{mode:12s} {row['step_seconds']:8.2f} {row['slowest_selector_seconds']:15.3f} "
+              f"{row['selection_imbalance']:15.2f} "
               f"{100 * row['indexer_share']:13.0f}% {row['dispatch_bytes_per_rank']:14.0f} "
               f"{row['selection_bytes_per_rank']:16.0f}")
     losses = [row["losses"] for row in result["modes"].values()]
