@@ -484,7 +484,14 @@ def one_rank_replay_mismatch(rank: int, size: int, seed: int, case: str) -> tupl
         select()
     other = (LENGTHS[0] - 4, LENGTHS[1] + 4, *LENGTHS[2:])
     stale = sct.prebuild(other, size, rank, [layer.ratio], "spill")
-    second: dict[str, Any] = {"lengths": lambda: select(other if odd else LENGTHS),
+    fewer = sct.IndexerSelector(layer.q_b.weight.detach(), layer.key_proj(compressed)[0].detach(), layer.ratio,
+                                TOPK // 2, head_dim=HEAD_DIM, rope_dim=ROPE_DIM, threads=1)
+
+    def other_topk() -> torch.Tensor:
+        return sct.balanced_indexer_select(qr, weights, (batch.cos, batch.sin), fewer if odd else selector, LENGTHS,
+                                           layer.ratio, "spill", group)
+
+    second: dict[str, Any] = {"lengths": lambda: select(other if odd else LENGTHS), "topk": other_topk,
                               "mode": lambda: select(mode="greedy" if odd else "spill"),
                               "routes": lambda: select(routes=stale if odd else None),
                               "past the end": select}
@@ -495,3 +502,32 @@ def one_rank_replay_mismatch(rank: int, size: int, seed: int, case: str) -> tupl
     except (RuntimeError, ValueError) as error:
         return type(error).__name__, str(error)
     return None
+
+
+def exception_inside_a_recording(rank: int, size: int, seed: int) -> tuple[str, ...]:
+    """Inside a record(), a layer launches the overlapped exchange and raises before its
+    launch_result; the loop catches it. The selection calls after it must still be recorded
+    (a process-wide window count left at 1 made them the dead exchange's selector: neither
+    recorded nor replayed). Returns the recorded calls."""
+    model, batch = Model(seed), make_batch(seed + 1, rank, size)
+    layer, group = model.layers[1], dist.group.WORLD
+    x = model.embed(batch.hidden).detach()
+    qr, weights = layer.q_a(x).detach(), layer.weights_proj(x).detach()
+    key = layer.key_proj(batch.compressed[layer.ratio][0])[0].detach()
+
+    def failing_layer() -> None:
+        exchange = sct.launch_indexer_inputs(qr, weights, (batch.cos, batch.sin), LENGTHS, layer.ratio, "spill",
+                                             group)
+        exchange.wait()
+        raise KeyError("a failure between the launch and launch_result")
+
+    replay = sct.SelectionReplay()
+    with torch.no_grad(), replay.record():
+        try:
+            failing_layer()
+        except KeyError:
+            pass
+        q = layer.q_b(qr)[0].view(-1, HEADS, HEAD_DIM)
+        rows = q.shape[0]  # one document of this rank's rows
+        sct.select_indices(q, key, weights[0], [(0, rows, 0, rows // layer.ratio, rows % layer.ratio)], layer.ratio, 8)
+    return replay.calls()
