@@ -21,7 +21,10 @@ The launch functions check and agree eagerly (one small all-reduce, a host read)
 return the ids as a copy. The buffers serve one step at a time: a launch while the previous
 launch on the same buffers is not finished (its result not waited for, and its handles
 still alive) raises on every rank, since it would overwrite rows still travelling or the
-index tensors and result rows that step still reads. The layers of a model share the
+index tensors and result rows that step still reads. A step given up (an exception while
+its rows travel, a batch skipped) ends when its handles are dropped or ``abort()``ed: the
+next launch first waits for the collectives it left in flight (every rank launched them),
+then reuses the buffers. The layers of a model share the
 buffers (the same group, capacity, owner rows and field layout, whatever their ratio):
 finish one layer's selection before the next one's launch. For CUDA
 graphs, capture the data movement itself: ``StagingBuffers.send_inputs`` /
