@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -89,6 +91,16 @@ TEST(RunVerdict, FewerThanSixRoundsClaimNoWinner) {
       EXPECT_FALSE(s["speedup_slowest_rank"]["outside_noise"].get<bool>()) << s["mode"];
     }
   }
+}
+
+TEST(RunVerdict, MaxRepeatsAloneLowersTheFloorBothContradictingIsAnError) {
+  const nlohmann::json out = parse(run_job(2, "--tokens 4096 --no-calibrate --max-repeats 3 --json"));
+  EXPECT_EQ(out["repeats"].get<int>(), 3);
+  EXPECT_TRUE(out["too_few_repeats"].get<bool>());
+  const Job both = run_job(1, "--tokens 4096 --no-calibrate --repeats 4 --max-repeats 3");
+  EXPECT_EQ(both.status, 2) << both.out << both.err;
+  EXPECT_NE((both.out + both.err).find("--max-repeats 3 is below --repeats 4"), std::string::npos)
+      << both.out << both.err;
 }
 
 TEST(RunVerdict, TheDefaultJobRunsTheSixRoundsAVerdictNeeds) {
@@ -194,6 +206,40 @@ TEST(LongCommandsProgress, CalibrateBenchAndSimulateSayWhatTheyAreDoing) {
     EXPECT_EQ(json.status, 0) << command.arguments << json.err;
     EXPECT_EQ(json.err.find(command.line), std::string::npos) << command.arguments << json.err;
   }
+}
+
+// The guide's command examples (docs/guide/cli.md, its first block) run as written, but
+// the `mpirun` one (the main job, minutes under the sanitizers: the tests above run it).
+TEST(GuideCommands, TheCliPagesExamplesRunAsWritten) {
+  const std::string page = std::string(SPARSECP_TEST_DATA_DIR) + "/../../docs/guide/cli.md";
+  std::ifstream file(page);
+  ASSERT_TRUE(file) << page;
+  std::string line, block;
+  bool inside = false;
+  while (std::getline(file, line)) {
+    if (line.rfind("```", 0) == 0) {
+      if (inside) break;
+      inside = true;
+      continue;
+    }
+    if (inside) block += line + "\n";
+  }
+  const std::string dir = ::testing::TempDir() + "sparsecp_guide_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  int ran = 0;
+  std::istringstream lines(block);
+  while (std::getline(lines, line)) {
+    const std::string tool = "build/release/sparsecp";
+    if (line.rfind(tool, 0) != 0) continue;  // the mpirun line
+    std::string command = line.substr(0, line.find("  #"));  // without the comment
+    command = std::string("cd ") + dir + " && OMP_NUM_THREADS=1 " + SPARSECP_CLI_PATH +
+              command.substr(tool.size()) +
+              (command.find('>') == std::string::npos ? " > /dev/null" : "");
+    EXPECT_EQ(run_shell(command).first, 0) << line;
+    ++ran;
+  }
+  std::filesystem::remove_all(dir);
+  EXPECT_GE(ran, 5) << block;
 }
 
 TEST(RunFlags, AnEmptyModeIsAnError) {

@@ -165,8 +165,11 @@ Job prepare(const RunFlags& flags, MpiCommunicator& comm) {
   on_every_rank(comm, "preparing the inputs", [&] {
     check_repeats(flags.repeats, "--repeats");
     check_repeats(flags.max_repeats, "--max-repeats");
-    SPARSECP_CHECK(flags.max_repeats >= flags.repeats, "--max-repeats ", flags.max_repeats,
-                   " is below --repeats ", flags.repeats);
+    // --max-repeats alone below the default --repeats lowers the floor (rounds_floor); both
+    // given and contradicting each other is an error.
+    SPARSECP_CHECK(flags.max_repeats >= flags.repeats || flags.repeats_option == nullptr ||
+                       flags.repeats_option->count() == 0,
+                   "--max-repeats ", flags.max_repeats, " is below --repeats ", flags.repeats);
     SPARSECP_CHECK(flags.time_budget >= 0, "--time-budget must be non-negative, got ",
                    flags.time_budget);
     SPARSECP_CHECK(flags.threads >= 1 && flags.threads <= 1024,
@@ -899,7 +902,7 @@ const Registration registration("run", [](CLI::App& app) {
                   "Selection threads per rank (OpenMP and OpenBLAS); CPU time is the thread's "
                   "when 1, the process's otherwise")
       ->capture_default_str();
-  sub->add_option("--repeats", flags->repeats,
+  flags->repeats_option = sub->add_option("--repeats", flags->repeats,
                   "Interleaved rounds of every strategy at least, whatever the --time-budget "
                   "(results must repeat exactly); fewer than 6 compare nothing: 6 is the fewest "
                   "whose min..max of per-round ratios is a 95% interval of their median")

@@ -4,6 +4,7 @@
 // run_report.cpp prints them.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -48,6 +49,7 @@ struct RunFlags {
   bool json = false;
   bool check_agreement = true;
   std::string svg;  // --svg FILE: per-rank selection time and work of every strategy
+  const CLI::Option* repeats_option = nullptr;  // whether --repeats was given
 };
 
 struct CostModelChoice {
