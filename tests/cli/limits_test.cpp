@@ -335,6 +335,9 @@ const BadInput kBadInputs[] = {
     {"BenchSeedFraction", "bench select --seed 1.5", "--seed: must be a non-negative integer"},
     {"RunModelSeedNegative", "run --lengths 8,8 --model-seed -3",
      "--model-seed: must be a non-negative integer, got '-3'"},
+    // An empty --mode must not fall back to the command's default strategies (issue 30).
+    {"PlanEmptyMode", "plan --lengths 8,8 --cp 2 --mode \"\"", "--mode: is empty: name a strategy"},
+    {"RunEmptyModeList", "run --lengths 8,8 --mode ,", "--mode: is empty: name a strategy"},
     {"DispatchSeedsHuge",
      "dispatch --kind swa --tokens 1024 --cp 4,8 --batches 9223372036854775807",
      "--batches must be within [1, 100000]"},
