@@ -146,6 +146,19 @@ TEST(RunSizing, ABatchYouGaveKeepsItsSize) {
   EXPECT_EQ(listed["tokens"].get<int64_t>(), 4096);
 }
 
+TEST(RunSizing, RanksThatWouldSizeDifferentlyAreRefusedFirst) {
+  // One rank may shrink the built-in batch, the other was given --tokens: they would plan
+  // different batches after the first round, so the agreement check refuses them at once.
+  const std::string rank = std::string(SPARSECP_CLI_PATH) + " run " + kSmall +
+                           " --no-calibrate --time-budget 0";
+  const std::string command = std::string("env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 ") +
+                              SPARSECP_MPIEXEC + " --allow-run-as-root --oversubscribe -np 1 " +
+                              rank + " : -np 1 " + rank + " --tokens 65536 2>&1 </dev/null";
+  const auto [status, out] = run_shell(command);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("scalable_batch differs"), std::string::npos) << out;
+}
+
 TEST(RunSizing, WithoutAdaptStepsTheFirstRoundMeasures) {
   const nlohmann::json out =
       parse(run_job(2, "--mode hybrid --no-calibrate --time-budget 0.001 --json"));

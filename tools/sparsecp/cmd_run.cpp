@@ -234,6 +234,7 @@ void agree(const RunFlags& flags, const Job& job, MpiCommunicator& comm) {
       .add("adapt", flags.adapt)
       .add("adapt_window", flags.adapt_window)
       .add_real("time_budget", flags.time_budget)
+      .add("scalable_batch", flags.batch.default_size() ? 1 : 0)  // size_to_budget may shrink it
       .add("calibrate", flags.calibrate ? 1 : 0)
       .add("overlap", flags.overlap ? 1 : 0)
       .add("concurrent_selections", flags.concurrent_selections);
