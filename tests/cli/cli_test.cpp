@@ -212,6 +212,13 @@ TEST(Cli, InvalidInputsGiveOneErrorLineAndStatusTwo) {
                     "Indexer balance rank must be inside its CP group");
   expect_user_error(run_tool("route --lengths 8 --cp 2 --mode zigzag"),
                     "exactly one of --rank R and --all-ranks");
+  // The seed's order in indexer_route (issue 30): the rank before the lengths, the lengths
+  // before the options.
+  expect_user_error(run_tool("route --lengths 5,0,3 --cp 4 --mode greedy --rank -1 --block-size 1"),
+                    "Indexer balance rank must be inside its CP group");
+  expect_user_error(run_tool("route --lengths 5,4 --cp 4 --mode zigzag --rank 1 --block-size 1000"),
+                    "Indexer balance needs positive document lengths/ratio and an equal contiguous "
+                    "CP partition");
   expect_user_error(run_tool("plan --lengths-file /nonexistent/file --cp 2"),
                     "cannot open lengths file");
   expect_user_error(run_tool("plan --lengths ' , ' --cp 2"), "no document lengths given");

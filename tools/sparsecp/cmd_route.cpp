@@ -190,8 +190,13 @@ void run_route(const RouteCommand& command) {
   SPARSECP_CHECK(command.rank.has_value() != command.all_ranks,
                  "route needs exactly one of --rank R and --all-ranks");
   SPARSECP_CHECK(command.all_ranks || command.repeat == 1, "--repeats requires --all-ranks");
+  // The seed's order (indexer_route): the rank before anything else, then the batch, then
+  // the options (the seed's texts for each).
+  SPARSECP_CHECK(!command.rank || (*command.rank >= 0 && *command.rank < command.cp),
+                 "Indexer balance rank must be inside its CP group");
   const std::vector<int64_t> lengths = command.batch.load(command.cp);
   checked_total(lengths);
+  validate_plan_inputs(lengths, command.cp, command.ratio, Mode::kNone, std::nullopt);
   const Strategy& strategy = command.strategy.strategy("zigzag");
   const StrategyParams params = command.strategy.params(command.ratio, command.model);
   if (command.all_ranks) {
