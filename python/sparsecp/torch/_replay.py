@@ -76,8 +76,9 @@ import torch
 import torch.distributed as dist
 
 from .. import _lengths as lengths_tuple
+from ._agreement import agree, capture, control_device
 from ._exchange import WorkerInputs
-from ._plans import parameter_key
+from ._plans import empty_fingerprint, parameter_key
 from ._route import IndexerRoute
 
 __all__ = ["SelectionReplay", "selection_replay_contexts"]
@@ -391,9 +392,6 @@ def _agreed(group: Any, tensor: Any, what: str, check: Callable[[], T], setting:
     routes of another batch) raises on every rank instead of leaving its peers in their next
     collective; ranks at different replay positions raise too. Hidden from SAC like the
     recorded call's own collectives."""
-    from ._agreement import agree, capture, control_device
-    from ._plans import empty_fingerprint
-
     result, error = capture(check)
     with _hidden():
         hint = tensor.device if isinstance(tensor, torch.Tensor) else None
