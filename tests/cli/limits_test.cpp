@@ -99,6 +99,10 @@ const std::string& data_dir() {
     write("binary.txt", binary);
     write("negative.txt", "100 -4 8\n");
     write("huge.txt", "99999999999999999999999\n");
+    // Cost models whose coefficients would make a cost inf or nan (issue 30).
+    write("huge_b.model", "a 0\nb 1e308\nc 0\ntopk 512\nunit pairs\n");
+    write("huge_d.model", "a 1\nb 1\nc 0\nd 1.7976931348623157e308\ntopk 512\nunit pairs\n");
+    write("topk4.model", "a 1\nb 1\nc 0\ntopk 4\nunit pairs\n");
     return path;
   }();
   // Removed when the test process ends.
@@ -405,6 +409,17 @@ const BadInput kBadInputs[] = {
      "exceeds the supported maximum 1024"},
     // spill: the shard beyond 2^62 rows (its row cap overflowed; UBSan) and the modes it
     // compares against, which would build 4.5e15 tasks.
+    // Issue 30: coefficients and owner costs that overflow a cost gave inf/nan loads and exit
+    // 0; a model fitted for another top-k was used without a word.
+    {"CostModelFileHugeB", "plan --lengths 8,8 --cp 2 --mode spill --cost-model $D/huge_b.model",
+     "cost model coefficient b must be at most 1e+200"},
+    {"CostModelFileHugeD", "simulate --cp 2 --tokens 1024 --seeds 1 --cost-model $D/huge_d.model",
+     "cost model coefficient d must be at most 1e+200"},
+    {"OwnerCostHuge", "spill --lengths 4,4 --cp 2 --owner-cost 1e308,1",
+     "cost model coefficient a must be at most 1e+200"},
+    {"CostModelOfAnotherTopk",
+     "route --lengths 8,8 --cp 2 --rank 0 --mode spill --topk 512 --cost-model $D/topk4.model",
+     "the model was fitted for topk 4, this command selects --topk 512"},
     {"SpillShardBeyond2To62",
      "spill --lengths 9223372036854775807 --cp 1 --ratio 9223372036854775807",
      "spill's comparison with hyper_parallel's mode greedy failed: Indexer greedy plan would "
