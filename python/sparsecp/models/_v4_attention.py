@@ -36,7 +36,7 @@ from ._v4_selector import FusedSelector, ModelSelector
 
 if TYPE_CHECKING:
     from ._v4_layout import BatchLayout, CompressionLayout
-    from .deepseek_v4 import ContextParallelState
+    from ._v4_state import ContextParallelState
 
 __all__ = ["cp_attention_forward"]
 

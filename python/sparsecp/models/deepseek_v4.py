@@ -40,16 +40,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from .. import document_boundaries
+from ._v4_attention import cp_attention_forward
 from ._v4_layout import BatchLayout
-from ._v4_selector import SelectorClock
+from ._v4_state import ContextParallelState, ContextParallelStats, lengths_key
 
 __all__ = [
     "ContextParallelState",
@@ -65,7 +65,6 @@ __all__ = [
 
 TRANSFORMERS_NEEDED = "5.8"
 _SELECTORS = ("model", "fused")
-_LAYOUTS_KEPT = 8
 
 
 def _modeling() -> Any:
@@ -82,78 +81,6 @@ def _modeling() -> Any:
                           f"(DeepseekV4ForCausalLM): {found}; pip install 'transformers>={TRANSFORMERS_NEEDED}' "
                           "or pip install 'sparsecp[models]'") from error
     return modeling_deepseek_v4
-
-
-@dataclass
-class ContextParallelStats:
-    """Counters since the last ``reset()`` (per rank)."""
-
-    forwards: int = 0
-    selections: int = 0        # balanced_indexer_select calls (each: one input and one result exchange)
-    replays: int = 0           # recomputed layers that replayed their recorded ids
-    selector_calls: int = 0    # worker selector calls
-    selector_seconds: float = 0.0
-    indexer_seconds: float = 0.0  # owner-side indexer work: rotary, Index K bank, selection (incl. exchange)
-    dispatch_bytes: int = 0    # bytes this rank sent for halos, compressor rows, bank prefixes, Index K bank
-
-    def reset(self) -> None:
-        for name, value in ContextParallelStats().__dict__.items():
-            setattr(self, name, value)
-
-
-@dataclass
-class ContextParallelState:
-    """What ``context_parallel`` attached to a model (``context_parallel_state(model)``)."""
-
-    group: Any
-    size: int
-    rank: int
-    mode: str
-    block_size: int | None
-    zigzag_min_length: int | None
-    strategy_params: dict[str, Any]
-    selector: str
-    kl_coeff: float | None
-    window: int
-    rope_dim: int
-    rope: Callable[..., torch.Tensor]
-    stats: ContextParallelStats = field(default_factory=ContextParallelStats)
-    clock: SelectorClock = field(default_factory=SelectorClock)
-    layouts: dict[tuple[int, ...], BatchLayout] = field(default_factory=dict)
-    recorded: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
-    kl_losses: list[torch.Tensor] = field(default_factory=list)
-
-    def layout(self, lengths: Any) -> BatchLayout:
-        """The batch's layout (made by the model's forward; layers only look it up)."""
-        key = _lengths_key(lengths)
-        if key not in self.layouts:
-            raise ValueError("sparsecp: a context-parallel DeepSeek-V4 layer ran for document_lengths its model's "
-                             "forward did not see; call the model, not its layers")
-        return self.layouts[key]
-
-    def prepare(self, lengths: tuple[int, ...]) -> BatchLayout:
-        if lengths not in self.layouts:
-            while len(self.layouts) >= _LAYOUTS_KEPT:
-                self.layouts.pop(next(iter(self.layouts)))
-            self.layouts[lengths] = BatchLayout(lengths, self.size, self.rank, self.window)
-        return self.layouts[lengths]
-
-
-def _lengths_key(lengths: Any) -> tuple[int, ...]:
-    if lengths is None:
-        raise ValueError("sparsecp: a context-parallel DeepSeek-V4 needs document_lengths=... (the lengths of the "
-                         "packed documents of the whole sequence, identical on every rank) in model(...)")
-    if isinstance(lengths, torch.Tensor):
-        lengths = lengths.tolist()
-    try:
-        values = tuple(int(v) for v in lengths)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"document_lengths must be a sequence of positive integers, got {lengths!r}") from error
-    if any(not isinstance(v, (int, np.integer)) and not float(v).is_integer() for v in lengths):
-        raise ValueError(f"document_lengths must be integers, got {lengths!r}")
-    if not values or min(values) < 1:
-        raise ValueError(f"document_lengths must be positive, got {values}")
-    return values
 
 
 def _group_shape(group: Any) -> tuple[int, int]:
@@ -217,8 +144,6 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), window=int(config.sliding_window),
         rope_dim=int(config.qk_rope_head_dim), rope=modeling.apply_rotary_pos_emb)
     _check_strategy(state, config)
-    from ._v4_attention import cp_attention_forward
-
     for layer in base.layers:
         attention = layer.self_attn
         attention.forward = functools.partial(cp_attention_forward, attention, state)
@@ -271,7 +196,7 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
         if kwargs.get("attention_mask") is not None:
             raise ValueError("attention_mask is not supported under context parallelism: documents are isolated by "
                              "document_lengths (pack without padding, or make the padding a document of its own)")
-        lengths = _lengths_key(kwargs.get("document_lengths"))
+        lengths = lengths_key(kwargs.get("document_lengths"))
         if tokens is None or tokens.ndim < 2 or tokens.shape[0] != 1:
             shape = None if tokens is None else tuple(tokens.shape)
             raise ValueError(f"a context-parallel DeepSeek-V4 takes one packed sequence, input_ids [1, S / cp]; "
@@ -334,7 +259,7 @@ def _state(model: Any) -> ContextParallelState:
 
 
 def _cp_shape(document_lengths: Any, tokens: int, group: Any) -> tuple[tuple[int, ...], int, int, int]:
-    lengths = _lengths_key(document_lengths)
+    lengths = lengths_key(document_lengths)
     size, rank = _group_shape(group)
     if sum(lengths) != tokens:
         raise ValueError(f"document_lengths sum to {sum(lengths)}, but the sequence has {tokens} tokens")
@@ -383,7 +308,7 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, document_lengths:
     """This rank's share of the mean next-token cross entropy over the whole packed sequence:
     the sum over its rows, divided by the batch's label count (``S - documents``), so the sum
     over ranks is the mean the unsharded model would report, and so are the summed gradients."""
-    lengths = _lengths_key(document_lengths)
+    lengths = lengths_key(document_lengths)
     count = sum(lengths) - len(lengths)
     flat = logits.reshape(-1, logits.shape[-1]).float() if logits.dtype == torch.bfloat16 else \
         logits.reshape(-1, logits.shape[-1])
