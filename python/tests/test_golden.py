@@ -125,6 +125,8 @@ PRECEDENCE = [
      "Indexer balance needs positive document lengths/ratio and an equal contiguous CP partition"),
     ("plan", ((3, 0, 5), 2, 4, "hybrid", 0, 1),
      "Indexer balance needs positive document lengths/ratio and an equal contiguous CP partition"),
+    ("plan", ((3, 5), 2, 4, "hybrid", 2**64, 1), "Indexer greedy block size 18446744073709551616 exceeds the local "
+     "query count 4"),
 ]
 
 

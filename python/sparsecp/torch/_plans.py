@@ -169,8 +169,16 @@ class Planned:
         """The C++ plan of every rank (the seed's validation and texts)."""
         if self._plan is None:
             i = self.inputs
-            self._plan = _core.plan_seed(self._batch(), i.size, i.ratio, mode_name(i.mode), option(i.block_size),
-                                         option(i.zigzag_min_length), i.extra_params())
+            try:
+                self._plan = _core.plan_seed(self._batch(), i.size, i.ratio, mode_name(i.mode),
+                                             option(i.block_size), option(i.zigzag_min_length), i.extra_params())
+            except ValueError as error:
+                block = i.block_size
+                if type(block) is int and block > _INT64_MAX:  # C++ saw it clamped: name the value given
+                    clamped = f"block size {_INT64_MAX} exceeds"
+                    if clamped in str(error):
+                        raise ValueError(str(error).replace(clamped, f"block size {block} exceeds")) from None
+                raise
         return self._plan
 
     def _batch(self) -> _core.PlanningFingerprint | tuple[int, ...]:
