@@ -195,3 +195,13 @@ def test_readme_section_and_guide_page_run_on_two_ranks() -> None:
         assert result["logits"] == (1, 1012, 256), rank
         # the guide's loop: 3 steps of one CSA layer, each selecting once and replaying in the recompute
         assert result["indexer_grad"] and result["replays"] == 3 and result["selections"] == 3, (rank, result)
+
+
+def test_recompute_replays_its_own_forwards_selection() -> None:
+    """Two forwards of equal lengths (different tokens) before one backward: each layer's
+    recompute replays the ids of the forward it belongs to, not the latest one."""
+    plain, recomputed = (results_or_raise(pool_of(2).run(v4_tasks.two_forwards_then_backward, checkpointing,
+                                                         timeout=300)) for checkpointing in (False, True))
+    for rank, (a, b) in enumerate(zip(plain, recomputed)):
+        for name, grad in a.items():
+            assert torch.equal(grad, b[name]), f"rank {rank}: {name} differs under recompute"

@@ -149,7 +149,7 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
         if step == 0:
             result = {"logits": out.logits[0].detach(), "loss": float(summed[0]), "kl": float(summed[1]),
                       "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-                      "ids": [recorded[1].clone() for _, recorded in sorted(state.recorded.items())],
+                      "ids": [state.last_ids(layer).clone() for layer in sorted(state.recorded)],
                       "selections": state.stats.selections, "replays": state.stats.replays,
                       "selector_calls": state.clock.calls}
         if optimizer is not None:
@@ -311,3 +311,24 @@ def run_doc_snippets(rank: int, size: int, readme: list[str], guide: list[str]) 
     return {"logits": tuple(first["logits"].shape), "loss": float(first["loss"].detach()),
             "indexer_grad": all(g is not None for g in indexer_grads),
             "replays": state.stats.replays, "selections": state.stats.selections}
+
+
+def two_forwards_then_backward(rank: int, size: int, checkpointing: bool) -> dict[str, torch.Tensor]:
+    """Gradient accumulation with both forwards before the backwards: two batches of the same
+    document lengths but different tokens; returns the summed gradients."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = tiny_model(torch.float64)
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    cp_v4.context_parallel(model, None, "spill")
+    lengths = (40, 24)  # rows see up to 10 keys and keep 3: the two batches select differently
+    losses = []
+    for seed in (3, 4):
+        input_ids = packed_ids(lengths, seed)
+        ids, positions = cp_v4.shard_batch(input_ids, lengths)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+        losses.append(cp_v4.causal_lm_loss(logits, cp_v4.shard_labels(input_ids, lengths), lengths))
+    (losses[0] + losses[1]).backward()
+    cp_v4.all_reduce_gradients(model)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}

@@ -72,7 +72,7 @@ def _whole_bank(state: ContextParallelState, entries: torch.Tensor, layout: Comp
 
 def _select(attn: Any, state: ContextParallelState, batch: BatchLayout, layout: CompressionLayout,
             hidden: torch.Tensor, block: torch.Tensor, q_residual: torch.Tensor, position_ids: torch.Tensor,
-            rope: Any) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+            rope: Any, forward: int) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
     """(ids [local rows, topk] int64, the whole Index K bank or None, the compress rotary)."""
     indexer = attn.compressor.indexer
     start = time.perf_counter()
@@ -83,13 +83,9 @@ def _select(attn: Any, state: ContextParallelState, batch: BatchLayout, layout: 
         with torch.set_grad_enabled(torch.is_grad_enabled() and state.kl_coeff is not None):
             entries = owned_entries(indexer, block.detach(), layout, indexer.head_dim, rope)
             bank = _whole_bank(state, entries, layout)
-    key = (batch.lengths, attn.layer_idx)
+    key = (forward, batch.lengths)
     if _in_recompute():
-        recorded = state.recorded.get(attn.layer_idx)
-        if recorded is None or recorded[0] != key:
-            raise RuntimeError(f"sparsecp: layer {attn.layer_idx} is recomputed for a batch whose selection was "
-                               "not recorded in its forward (run forward and backward of one batch in turn)")
-        ids = recorded[1]
+        ids = state.recorded_ids(attn.layer_idx, key)
         state.stats.replays += 1
     else:
         assert bank is not None
@@ -103,7 +99,7 @@ def _select(attn: Any, state: ContextParallelState, batch: BatchLayout, layout: 
             q_residual.detach(), weights.detach(), (cos, sin), state.clock.timed(selector), batch.lengths,
             layout.ratio, state.mode, state.group, state.block_size, state.zigzag_min_length,
             **state.strategy_params)[0].long()
-        state.recorded[attn.layer_idx] = (key, ids)
+        state.record_ids(attn.layer_idx, key, ids)
         state.stats.selections += 1
     state.stats.indexer_seconds += time.perf_counter() - start
     return ids, bank, (cos, sin)
@@ -168,7 +164,7 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
         keys = torch.cat([window, bank_block])
         if layout.overlap:
             ids, index_bank, index_rope = _select(attn, state, batch, layout, hidden_states, block, q_residual,
-                                                  position_ids, rope)
+                                                  position_ids, rope, kwargs.get("sparsecp_forward", 0))
     index, valid = _attended_keys(batch, window.shape[0], compressed_rows, layout, ids, q.device)
     attended = keys[index]  # [local, columns, head_dim]
     mask = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill(~valid, float("-inf"))

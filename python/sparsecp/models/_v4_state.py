@@ -14,6 +14,7 @@ from ._v4_selector import SelectorClock
 __all__ = ["ContextParallelState", "ContextParallelStats", "lengths_key"]
 
 _LAYOUTS_KEPT = 8
+_RECORDS_KEPT = 16
 
 
 @dataclass
@@ -50,7 +51,8 @@ class ContextParallelState:
     stats: ContextParallelStats = field(default_factory=ContextParallelStats)
     clock: SelectorClock = field(default_factory=SelectorClock)
     layouts: dict[tuple[int, ...], BatchLayout] = field(default_factory=dict)
-    recorded: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
+    recorded: dict[int, dict[Any, torch.Tensor]] = field(default_factory=dict)
+    forwards: int = 0  # numbers each model forward; its layers' records are keyed by it
     kl_losses: list[torch.Tensor] = field(default_factory=list)
 
     def layout(self, lengths: Any) -> BatchLayout:
@@ -60,6 +62,25 @@ class ContextParallelState:
             raise ValueError("sparsecp: a context-parallel DeepSeek-V4 layer ran for document_lengths its model's "
                              "forward did not see; call the model, not its layers")
         return self.layouts[key]
+
+    def record_ids(self, layer: int, key: Any, ids: torch.Tensor) -> None:
+        """Keep a layer's selection for its recompute (the last ``_RECORDS_KEPT`` forwards')."""
+        records = self.recorded.setdefault(layer, {})
+        while len(records) >= _RECORDS_KEPT:
+            records.pop(next(iter(records)))
+        records[key] = ids.to(torch.int32)
+
+    def recorded_ids(self, layer: int, key: Any) -> torch.Tensor:
+        """The selection a layer recorded in the forward that ``key`` (forward number, lengths) names."""
+        ids = self.recorded.get(layer, {}).get(key)
+        if ids is None:
+            raise RuntimeError(f"sparsecp: layer {layer} is recomputed for a forward whose selection it no longer "
+                               f"holds (it keeps the last {_RECORDS_KEPT} forwards'; run their backwards sooner)")
+        return ids.long()
+
+    def last_ids(self, layer: int) -> torch.Tensor:
+        """The ids a layer selected in the last forward ([local rows, topk] bank rows, -1 padded)."""
+        return next(reversed(self.recorded[layer].values())).long()
 
     def prepare(self, lengths: tuple[int, ...]) -> BatchLayout:
         if lengths not in self.layouts:

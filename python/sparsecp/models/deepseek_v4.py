@@ -232,8 +232,13 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
     elif error is not None:
         raise error
     state.stats.forwards += 1
+    state.forwards += 1
     state.kl_losses.clear()
     kwargs = dict(kwargs)
+    # Numbers this forward for its layers (transformers hands a checkpointed layer's recompute the
+    # same keyword arguments): a recompute replays the selection of its own forward, even when
+    # several forwards of equal lengths run before their backwards.
+    kwargs["sparsecp_forward"] = state.forwards
     kwargs["attention_mask"] = {"sparsecp": None}  # no [S, S] mask: the CP layers mask by document
     kwargs["use_cache"] = False
     return args, kwargs
