@@ -61,18 +61,24 @@ def packed_ids(lengths: tuple[int, ...], seed: int = 3) -> torch.Tensor:
     return torch.randint(0, VOCAB, (1, sum(lengths)), generator=generator)
 
 
-def _capture_indexer_ids(model: Any) -> tuple[list[list[torch.Tensor]], list[Any]]:
-    """Per CSA layer, the ids each indexer forward returned (one entry per document run)."""
+def _capture_indexer_ids(model: Any) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], list[Any]]:
+    """Per CSA layer, the ids each indexer forward returned and its scores [S, T] (one entry per
+    document run)."""
     captured: list[list[torch.Tensor]] = []
+    scores: list[list[torch.Tensor]] = []
     handles = []
     for layer in model.model.layers:
         compressor = layer.self_attn.compressor
         if compressor is not None and hasattr(compressor, "indexer"):
             store: list[torch.Tensor] = []
+            seen: list[torch.Tensor] = []
             captured.append(store)
+            scores.append(seen)
             handles.append(compressor.indexer.register_forward_hook(
                 lambda module, args, output, store=store: store.append(output[0].clone())))
-    return captured, handles
+            handles.append(compressor.indexer.scorer.register_forward_hook(
+                lambda module, args, output, seen=seen: seen.append(output[0].detach().clone())))
+    return captured, scores, handles
 
 
 def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...],
@@ -82,7 +88,7 @@ def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int,
     (steps > 0) the loss of each of ``steps`` AdamW steps."""
     model = copy.deepcopy(model)
     count = sum(lengths) - len(lengths)
-    captured, handles = _capture_indexer_ids(model)
+    captured, scores, handles = _capture_indexer_ids(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
     losses = []
     for step in range(max(steps, 1)):
@@ -104,7 +110,7 @@ def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int,
             first = {"logits": torch.cat(logits).detach(), "loss": total,
                      "grads": {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
                                for n, p in model.named_parameters()},
-                     "ids": [list(store) for store in captured]}
+                     "ids": [list(store) for store in captured], "scores": [list(seen) for seen in scores]}
     for handle in handles:
         handle.remove()
     first["losses"] = losses
@@ -159,8 +165,9 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
 
 
 def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]], lengths: tuple[int, ...],
-                size: int, rank: int, ratio: int) -> list[str]:
-    """Rows whose CP ids differ from the oracle's (as sets of document-local ids)."""
+                size: int, rank: int, ratio: int, scores: list[list[torch.Tensor]] | None = None) -> list[str]:
+    """Rows whose CP ids differ from the oracle's (as sets of document-local ids), each with the
+    model's scores of the ids the two disagree on (a gap of 0 is a tie the top-k had to break)."""
     from sparsecp import compressed_document_offsets, document_boundaries
 
     boundaries = list(document_boundaries(lengths))
@@ -175,7 +182,12 @@ def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]]
             got = sorted(int(i) - keys[d] for i in mine[row].tolist() if i >= 0)
             want = sorted(int(i) for i in theirs[d][position].tolist() if i >= 0)
             if got != want:
-                differences.append(f"layer {layer} document {d} position {position}: {got} != {want}")
+                gap = ""
+                if scores is not None:
+                    row_scores = scores[layer][d][position]
+                    disputed = sorted(set(got) ^ set(want))
+                    gap = " (model's scores " + ", ".join(f"{i}: {float(row_scores[i]):.9g}" for i in disputed) + ")"
+                differences.append(f"layer {layer} document {d} position {position}: {got} != {want}{gap}")
     return differences
 
 
