@@ -171,9 +171,10 @@ def owner_cost(lengths: Sequence[int], cp: int, ratio: int, a: float, c: float, 
 def _lengths(lengths: Sequence[int], name: str = "lengths") -> tuple[int, ...]:
     """Document lengths as a tuple of Python ints (bools, floats and strings raise, naming
     the entry: ``_checks``)."""
-    if type(lengths) is tuple and all(type(length) is int for length in lengths):
+    if (type(lengths) is tuple and all(type(length) is int for length in lengths)
+            and (not lengths or (min(lengths) >= -(1 << 63) and max(lengths) < 1 << 63))):
         return lengths
-    return integer_list(name, lengths)
+    return integer_list(name, lengths)  # names the entry (beyond 64 bits too: it never reaches C++)
 
 
 def sliding_window_route(boundaries: Sequence[int], local_length: int, size: int, rank: int,

@@ -49,6 +49,9 @@ PLANNING_CASES = [
     ("compressed_owner_offsets", lambda: sparsecp.compressed_owner_offsets(BOUNDARIES, 2, True),
      r"local_length=True: expected"),
     ("document_boundaries", lambda: sparsecp.document_boundaries([1, 2.5]), r"lengths\[1\]=2\.5: expected"),
+    # A tuple of ints beyond 64 bits reached C++ as a TypeError of nanobind's (issue 30's fuzz).
+    ("plan lengths tuple beyond 64 bits", lambda: sparsecp.plan((2**64, 8), 2, 4),
+     r"lengths\[0\]=18446744073709551616: must be a 64-bit integer"),
     ("generate_batch", lambda: sparsecp.generate_batch("lognormal", 1.5), r"tokens=1\.5: expected"),
 ]
 
@@ -112,6 +115,8 @@ TORCH_CASES = [
     ("indexer_task_plan size", lambda: sct.indexer_task_plan(tuple(LENGTHS), 4.0, 4, "zigzag"),
      r"size=4\.0: expected"),
     ("indexer_route rank", lambda: sct.indexer_route(tuple(LENGTHS), 4, True, 4, "zigzag"), r"rank=True: expected"),
+    ("indexer_task_plan lengths beyond 64 bits", lambda: sct.indexer_task_plan((2**64,), 1, 4, "greedy"),
+     r"lengths\[0\]=18446744073709551616: must be a 64-bit integer"),
     ("torch sliding_window_route", lambda: sct.sliding_window_route((0, 32.7, 128), 32, 4, 1, 8),
      r"boundaries\[1\]=32\.7: expected"),
     ("torch compressed_owner_offsets", lambda: sct.compressed_owner_offsets(BOUNDARIES, True, 32),
