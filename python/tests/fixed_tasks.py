@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from rank_tasks import HEAD_DIM, HEADS, RATIO, ROPE_DIM, batch_lengths, make_case
 
+import sparsecp
 import sparsecp.torch as sct
 from sparsecp.torch import IndexerSelector
 from sparsecp.torch.select import _project_torch
@@ -318,6 +319,32 @@ def one_rank_rejects_its_routes(rank: int, size: int, mode: str, options: dict, 
     except ValueError as error:
         return type(error).__name__, str(error)
     return None
+
+
+def cost_model_routes_pickle_and_replay(rank: int, size: int, seed: int) -> dict:
+    """Issue 30 item 1: routes prebuilt with a CostModel did not pickle (the README says they
+    pickle for data-loader workers), and an equal but distinct model failed the prebuilt and
+    replay checks ("differ in params"). Prebuild with one model, hand the routes over pickled,
+    run and record with an equal model made apart, replay with a third."""
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    case = make_case(rank, size, seed, lengths=lengths)
+
+    def model() -> Any:
+        return sparsecp.CostModel.linear(5.0, 1.0, 0.5, 32)
+
+    capacity = sct.fixed_capacity([lengths], size, [RATIO], "spill", cost_model=model())
+    routes = pickle.loads(pickle.dumps(sct.prebuild(lengths, size, rank, [RATIO], "spill", capacity=capacity,
+                                                    cost_model=model())))
+    select_args = (*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, "spill", group)
+    replay = sct.SelectionReplay()
+    with replay.record():
+        recorded = sct.balanced_indexer_select(*select_args, routes=routes, cost_model=model())
+    with replay.replay():
+        replayed = sct.balanced_indexer_select(*select_args, routes=routes, cost_model=model())
+    planned = sct.balanced_indexer_select(*select_args, cost_model=model())
+    return {"replay_equal": bool(torch.equal(recorded, replayed)),
+            "planned_equal": bool(torch.equal(recorded, planned))}
 
 
 def replay_with_routes(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:

@@ -318,6 +318,11 @@ def test_peers_of_a_rank_rejecting_its_routes_report_its_reason():
         assert errors[rank] == ("ValueError", f"Indexer input exchange aborted: rank 2 rejected its inputs: {reason}")
 
 
+def test_routes_prebuilt_with_a_cost_model_pickle_and_replay():
+    results = results_or_raise(pool_of(2).run(fixed_tasks.cost_model_routes_pickle_and_replay, 37))
+    assert all(result == {"replay_equal": True, "planned_equal": True} for result in results), results
+
+
 def test_a_replay_of_the_fixed_path_moves_nothing_and_checks_its_routes():
     """Replay + routes=: the recorded ids with no collective; another batch's routes raise
     in a replay as outside one (the replay ignored them)."""
