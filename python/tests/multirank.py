@@ -115,7 +115,8 @@ class RankPool:
                 missing = sorted(set(range(self.size)) - set(results))
                 self.kill()
                 answered = [str(results[r]) for r in sorted(results)]
-                raise RankTimeout(f"{getattr(function, '__name__', function)}: ranks {missing} of {self.size} did not finish within "
+                name = getattr(function, "__name__", function)  # a functools.partial has none
+                raise RankTimeout(f"{name}: ranks {missing} of {self.size} did not finish within "
                                   f"{timeout:.0f} s (hang); answered: {answered}") from None
             if got_id == task_id:
                 results[rank] = value
