@@ -96,13 +96,21 @@ def _arrays(tensors: tuple[torch.Tensor, ...]) -> _Arrays:
     return q, k, w, attention_query, compressed_key, topk, sinks
 
 
+def _seed_topk(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Whether the selection meets the seed's TopK512 rule (``min(512, K) <= TopK <= 512``)."""
+    topk_indices, compressed_key = tensors[5], tensors[4]
+    keys = compressed_key.shape[-2] if compressed_key.ndim == 3 else 0
+    return keys >= 1 and topk_indices.ndim == 3 and min(512, keys) <= topk_indices.shape[-1] <= 512
+
+
 def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, loss_coeff: float,
-                    main_key_offset: int, query_chunk_size: int,
-                    threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    main_key_offset: int, query_chunk_size: int, threads: int,
+                    seed_topk: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, grad_index_query, grad_index_key, grad_merge_weight) by the path the tensors
     take; loss float32 (float64 when any float input is float64), gradients float32 (float64
-    likewise), on the inputs' device."""
-    if _fused(tensors):
+    likewise), on the inputs' device. ``seed_topk`` False waives the seed's TopK512 rule: such
+    selections take the torch path (the fused kernel keeps the rule)."""
+    if _fused(tensors) and (seed_topk or _seed_topk(tensors)):
         query, key, weight = tensors[:3]
         grad_q = torch.empty(query.shape, dtype=torch.float32)
         grad_k = torch.empty(key.shape, dtype=torch.float32)
@@ -113,7 +121,7 @@ def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, l
     q, k, w, attention_query, compressed_key, topk, sinks = (t.detach() for t in tensors)
     loss, grad_q, grad_k, grad_w = kl_loss_and_grads_torch(
         q, k, w, attention_query, compressed_key, topk, sinks, attention_scale, loss_coeff, main_key_offset,
-        query_chunk_size)
+        query_chunk_size, seed_topk=seed_topk)
     return loss.to(grad_q.dtype), grad_q, grad_k, grad_w
 
 
@@ -124,10 +132,10 @@ class _SharedCompressedIndexerKlLoss(torch.autograd.Function):
     def forward(ctx: Any, index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
                 attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
                 sinks: torch.Tensor, attention_scale: float, loss_coeff: float, main_key_offset: int,
-                query_chunk_size: int, threads: int) -> torch.Tensor:
+                query_chunk_size: int, threads: int, seed_topk: bool = True) -> torch.Tensor:
         tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
         loss, grad_q, grad_k, grad_w = _loss_and_grads(tensors, attention_scale, loss_coeff, main_key_offset,
-                                                       query_chunk_size, threads)
+                                                       query_chunk_size, threads, seed_topk)
         ctx.save_for_backward(grad_q, grad_k, grad_w)
         ctx.dtypes = (index_query.dtype, index_key.dtype, merge_weight.dtype)
         return loss
@@ -146,7 +154,7 @@ class _SharedCompressedIndexerKlLoss(torch.autograd.Function):
                 grads.append(None)
             else:
                 grads.append((grad if unit else grad * grad_loss.to(grad.dtype)).to(dtype))
-        return (*grads, None, None, None, None, None, None, None, None, None)
+        return (*grads, *(None,) * (len(ctx.needs_input_grad) - 3))  # nothing for the ids, teacher, options
 
 
 def shared_compressed_indexer_kl_loss(
@@ -228,24 +236,6 @@ def indexer_kl_scratch_bytes(index_query: torch.Tensor, index_key: torch.Tensor,
     return _core.indexer_kl_scratch_bytes(*_arrays(tensors), main_key_offset, threads)
 
 
-class _AnyTopkIndexerKlLoss(_SharedCompressedIndexerKlLoss):
-    """The same loss and gradients on the torch path without the seed's TopK512 rule."""
-
-    @staticmethod
-    def forward(ctx: Any, index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
-                attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
-                sinks: torch.Tensor, attention_scale: float, loss_coeff: float, main_key_offset: int,
-                query_chunk_size: int, threads: int) -> torch.Tensor:
-        tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
-        q, k, w, attention_query, compressed_key, topk, sinks = (t.detach() for t in tensors)
-        loss, grad_q, grad_k, grad_w = kl_loss_and_grads_torch(
-            q, k, w, attention_query, compressed_key, topk, sinks, attention_scale, loss_coeff, main_key_offset,
-            query_chunk_size, seed_topk=False)
-        ctx.save_for_backward(grad_q, grad_k, grad_w)
-        ctx.dtypes = (index_query.dtype, index_key.dtype, merge_weight.dtype)
-        return loss.to(grad_q.dtype)
-
-
 def indexer_kl_loss_any_topk(
     index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
     attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
@@ -257,16 +247,12 @@ def indexer_kl_loss_any_topk(
     The seed's entry point keeps its TopK512 rule (``min(512, K) <= TopK <= 512``, its NPU
     op's limit). A model whose indexer keeps another number of ids per row (small test
     configurations, V4 variants) calls this instead: the same math, arguments and gradients;
-    selections the seed accepts take the seed's function (the fused kernel where it applies),
-    others the chunked torch path."""
+    selections the seed accepts take the fused kernel where it applies, others the chunked torch
+    path."""
     tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
     _check_inputs(tensors, query_chunk_size, main_key_offset, 0)
-    topk, keys = topk_indices.shape[-1], compressed_key.shape[-2] if compressed_key.ndim == 3 else 0
-    if keys >= 1 and min(512, keys) <= topk <= 512:
-        return shared_compressed_indexer_kl_loss(*tensors, attention_scale=attention_scale, loss_coeff=loss_coeff,
-                                                 query_chunk_size=query_chunk_size, main_key_offset=main_key_offset)
-    return _AnyTopkIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
-                                       operator.index(main_key_offset), query_chunk_size, 0)
+    return _SharedCompressedIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
+                                                operator.index(main_key_offset), query_chunk_size, 0, False)
 
 
 # --------------------------------------------------------------------------------------
