@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Train a small transformers DeepSeek-V4 under context parallelism, one strategy against another.
 
-Every step, each strategy (``--modes``, interleaved: none, zigzag, hybrid, spill by default)
+Every step, each strategy (``--modes``, interleaved: none, zigzag, hybrid, spill, and spill on
+a cost model calibrated on the worker selector first, by default)
 trains its own copy of the same randomly initialised ``DeepseekV4ForCausalLM`` on the same packed
 batch, split contiguously over ``--ranks`` gloo ranks with ``sparsecp.models.deepseek_v4``: the
 sliding-window halo and compressed-bank prefixes move between ranks, the CSA indexer's top-k
@@ -48,6 +49,7 @@ import sys
 import time
 from typing import Any
 
+CALIBRATED = "-calibrated"  # a mode name ending so plans on the selector's calibrated cost model
 MODE_OPTIONS: dict[str, dict[str, Any]] = {
     "none": {}, "zigzag": {}, "greedy": {"block_size": 256}, "hybrid": {"block_size": 256, "zigzag_min_length": 1024},
     "spill": {},
@@ -106,6 +108,38 @@ def cpu_model() -> str:
     return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 
 
+def calibrated_cost_model(model: Any, selector: str, args: argparse.Namespace, rank: int) -> Any:
+    """spill's cost model fitted to this worker selector's own times (``sparsecp.torch.calibrate``
+    on rank 0, over a random Index K bank of the batch's size), the same on every rank."""
+    import torch
+    import torch.distributed as dist
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb
+
+    import sparsecp.torch as sparsecp_torch
+    from sparsecp.models.deepseek_v4 import FusedSelector, ModelSelector
+
+    found: list[Any] = [None]
+    if rank == 0:
+        config = model.config
+        indexer = next(layer.self_attn.compressor.indexer for layer in model.model.layers
+                       if layer.self_attn.compressor is not None and hasattr(layer.self_attn.compressor, "indexer"))
+        keys = args.tokens // indexer.compress_rate
+        bank = torch.randn(keys, indexer.head_dim, generator=torch.Generator().manual_seed(args.seed))
+        worker = (FusedSelector(indexer, bank, config.qk_rope_head_dim) if selector == "fused"
+                  else ModelSelector(indexer, bank, apply_rotary_pos_emb))
+        visible = [v for v in (0, 64, 256, 512, 1024, 2048, 4096) if v <= keys]
+        fit = sparsecp_torch.calibrate(worker, q_rank=config.q_lora_rank, heads=indexer.num_heads, keys=keys,
+                                       ratio=indexer.compress_rate, topk=indexer.index_topk,
+                                       rope_dim=config.qk_rope_head_dim, rows=128, visible=visible,
+                                       dtype=torch.float32)
+        found[0] = fit.model
+        cost = fit.model
+        print(f"# calibrated the {selector} selector (rank 0): a {cost.a:.4g} + b {cost.b:.4g} * vis + c {cost.c:.4g} "
+              f"* min(topk, vis) {cost.unit} a row, rms residual {fit.rms_relative_residual:.3f}", flush=True)
+    dist.broadcast_object_list(found, src=0)
+    return found[0]
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as file:
         return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -128,11 +162,19 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
     try:
         base = build_models(args)
         models, optimizers = {}, {}
+        calibrated = {}
+        for selector in args.selectors:
+            if any(v.partition("+")[0].endswith(CALIBRATED) for v in args.variants):
+                calibrated[selector] = calibrated_cost_model(base, selector, args, rank)
         for variant in args.variants:
             mode, _, selector = variant.partition("+")
+            selector = selector or args.selectors[0]
+            options = dict(MODE_OPTIONS.get(mode.removesuffix(CALIBRATED), {}))
+            if mode.endswith(CALIBRATED):
+                options["cost_model"] = calibrated[selector]
             model = copy.deepcopy(base)
-            cp_v4.context_parallel(model, None, mode, selector=selector or args.selectors[0],
-                                   indexer_kl_coeff=args.kl, **MODE_OPTIONS.get(mode, {}))
+            cp_v4.context_parallel(model, None, mode.removesuffix(CALIBRATED), selector=selector,
+                                   indexer_kl_coeff=args.kl, **options)
             model.train()
             models[variant] = model
             optimizers[variant] = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -223,7 +265,7 @@ def spawn(target: Any, size: int, args: argparse.Namespace, report: Any) -> list
 def print_step(ranks: list[dict[str, Any]]) -> None:
     first = ranks[0]
     shares = " ".join(f"{100 * r['indexer_seconds'] / r['seconds']:3.0f}%" for r in ranks)
-    print(f"step {first['step']}  {first['mode']:12s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
+    print(f"step {first['step']}  {first['mode']:16s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
           f"step {max(r['seconds'] for r in ranks):6.2f} s  indexer share per rank {shares}  "
           f"({first['documents']} documents, longest {first['longest']})", flush=True)
 
@@ -261,7 +303,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=4, help="CP ranks (gloo on loopback)")
-    parser.add_argument("--modes", default="none,zigzag,hybrid,spill", help="strategies, interleaved every step")
+    parser.add_argument("--modes", default="none,zigzag,hybrid,spill,spill-calibrated",
+                        help="strategies, interleaved every step; NAME-calibrated plans NAME (spill, auto) on a cost "
+                             "model fitted to the worker selector's own times first (sparsecp.torch.calibrate)")
     parser.add_argument("--steps", type=int, default=5, help="training steps per strategy")
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per packed batch")
     parser.add_argument("--hidden", type=int, default=128)
@@ -298,10 +342,10 @@ def main() -> int:
         single = spawn(single_process_peak, 1, one, None)
     result = summary(records, single, args)
     print("\nmedians per strategy (step time: slowest rank; imbalance: max/mean of the ranks' selector seconds)")
-    print(f"{'mode':12s} {'step s':>8s} {'slowest sel. s':>15s} {'sel. imbalance':>15s} {'indexer share':>14s} "
+    print(f"{'mode':16s} {'step s':>8s} {'slowest sel. s':>15s} {'sel. imbalance':>15s} {'indexer share':>14s} "
           f"{'KV bytes/rank':>14s} {'sel. bytes/rank':>16s}")
     for mode, row in result["modes"].items():
-        print(f"{mode:12s} {row['step_seconds']:8.2f} {row['slowest_selector_seconds']:15.3f} "
+        print(f"{mode:16s} {row['step_seconds']:8.2f} {row['slowest_selector_seconds']:15.3f} "
               f"{row['selection_imbalance']:15.2f} "
               f"{100 * row['indexer_share']:13.0f}% {row['dispatch_bytes_per_rank']:14.0f} "
               f"{row['selection_bytes_per_rank']:16.0f}")

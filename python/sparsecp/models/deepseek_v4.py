@@ -33,6 +33,10 @@ Activation checkpointing (``model.gradient_checkpointing_enable()``, non-reentra
 transformers default) recomputes the layers without selecting again: each layer replays the ids
 of its first forward (no selector call, no selection collective).
 
+``ModelSelector`` and ``FusedSelector`` are the two worker selectors (``selector="model"`` /
+``"fused"``); build one over a layer's indexer to calibrate spill's cost model on it
+(``sparsecp.torch.calibrate``), then pass ``cost_model=`` to ``context_parallel``.
+
 transformers is an optional dependency (``pip install 'sparsecp[models]'``), imported when a
 function here is first called.
 """
@@ -49,11 +53,14 @@ import torch.distributed as dist
 from .. import document_boundaries
 from ._v4_attention import cp_attention_forward
 from ._v4_layout import BatchLayout
+from ._v4_selector import FusedSelector, ModelSelector
 from ._v4_state import ContextParallelState, ContextParallelStats, lengths_key
 
 __all__ = [
     "ContextParallelState",
     "ContextParallelStats",
+    "FusedSelector",
+    "ModelSelector",
     "all_reduce_gradients",
     "causal_lm_loss",
     "context_parallel",
