@@ -287,9 +287,14 @@ def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: a
             r["selector_seconds"] for r in rs)) for rs in by_step.values()]
         share = [statistics.mean(r["indexer_seconds"] / r["seconds"] for r in rs) for rs in by_step.values()]
         slowest_selector = [max(r["selector_seconds"] for r in rs) for rs in by_step.values()]
+        baseline = [r for r in steps if r["mode"] == args.variants[0]]
+        first_slowest = {s: max(r["selector_seconds"] for r in baseline if r["step"] == s) for s in by_step}
+        against_first = [max(r["selector_seconds"] for r in rs) / max(1e-12, first_slowest[s])
+                         for s, rs in by_step.items()]
         result["modes"][mode] = {
             "step_seconds": median(step_time), "selection_imbalance": median(imbalance), "indexer_share": median(share),
             "slowest_selector_seconds": median(slowest_selector),
+            "slowest_selector_vs_first": median(against_first),
             "dispatch_bytes_per_rank": median([r["dispatch_bytes"] for r in mine]),
             "selection_bytes_per_rank": median([r["selection_bytes"] for r in mine]),
             "losses": [by_step[s][0]["loss"] for s in sorted(by_step)]}
@@ -341,12 +346,14 @@ def main() -> int:
         one.ranks, one.modes, one.variants, one.steps = 1, args.modes[:1], args.variants[:1], min(args.steps, 2)
         single = spawn(single_process_peak, 1, one, None)
     result = summary(records, single, args)
-    print("\nmedians per strategy (step time: slowest rank; imbalance: max/mean of the ranks' selector seconds)")
-    print(f"{'mode':16s} {'step s':>8s} {'slowest sel. s':>15s} {'sel. imbalance':>15s} {'indexer share':>14s} "
-          f"{'KV bytes/rank':>14s} {'sel. bytes/rank':>16s}")
+    print("\nmedians per strategy over the steps (step: the slowest rank's wall time; selection: the selector's "
+          "CPU seconds, the slowest rank's, its ratio to the first strategy's in the same step, and max / mean over "
+          "the ranks)")
+    print(f"{'mode':16s} {'step s':>8s} {'slowest sel. s':>15s} {'vs ' + args.variants[0]:>10s} "
+          f"{'sel. imbalance':>15s} {'indexer share':>14s} {'KV bytes/rank':>14s} {'sel. bytes/rank':>16s}")
     for mode, row in result["modes"].items():
         print(f"{mode:16s} {row['step_seconds']:8.2f} {row['slowest_selector_seconds']:15.3f} "
-              f"{row['selection_imbalance']:15.2f} "
+              f"{row['slowest_selector_vs_first']:10.3f} {row['selection_imbalance']:15.2f} "
               f"{100 * row['indexer_share']:13.0f}% {row['dispatch_bytes_per_rank']:14.0f} "
               f"{row['selection_bytes_per_rank']:16.0f}")
     losses = [row["losses"] for row in result["modes"].values()]

@@ -32,7 +32,12 @@ _CHUNK_ROWS = 256
 
 
 class SelectorClock:
-    """Counts selector calls and the seconds spent in them (per rank)."""
+    """Counts selector calls and the CPU seconds of the calling thread spent in them (per rank).
+
+    CPU time, not wall time: with more ranks than cores (tests, the example on a laptop) a rank's
+    wall time counts the time its peers held the core, which makes balanced plans, whose ranks
+    all select at once, look slower than they are. For a CUDA selector this measures the host's
+    share only; time the device with events (``sparsecp.torch.calibrate`` does)."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -40,12 +45,12 @@ class SelectorClock:
 
     def timed(self, selector: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         def run(*args: Any) -> torch.Tensor:
-            start = time.perf_counter()
+            start = time.thread_time()
             try:
                 return selector(*args)
             finally:
                 self.calls += 1
-                self.seconds += time.perf_counter() - start
+                self.seconds += time.thread_time() - start
         return run
 
 
