@@ -370,8 +370,7 @@ double draw_versus_cp(Svg& svg, std::span<const SummaryRow> summary, const Colou
   return top + static_cast<double>(rows) * (panel_height + kGap);
 }
 
-double draw_rank_section(Svg& svg, const RankSection& section, const Colours& colours,
-                         double top) {
+double draw_rank_section(Svg& svg, const RankSection& section, const Colours& colours, double top) {
   double highest = 1.0;
   const auto mean_of = [](const RankSeries& series) {
     double total = 0;
@@ -394,8 +393,8 @@ double draw_rank_section(Svg& svg, const RankSection& section, const Colours& co
   const double step = nice_step(highest, 4);
   const double high = std::ceil(highest / step - 1e-9) * step;
   const size_t columns = std::max<size_t>(1, std::min<size_t>(4, section.series.size()));
-  const double panel_width =
-      (kWidth - 2 * kMargin - static_cast<double>(columns - 1) * kGap) / static_cast<double>(columns);
+  const double panel_width = (kWidth - 2 * kMargin - static_cast<double>(columns - 1) * kGap) /
+                             static_cast<double>(columns);
   const double panel_height = 170;
   for (size_t i = 0; i < section.series.size(); ++i) {
     const RankSeries& r = section.series[i];
@@ -449,7 +448,8 @@ std::string render_rank_bars_svg(std::string_view title, std::string_view subtit
     top = 64;
   }
   top = draw_legend(svg, colours, top);
-  for (const RankSection& section : sections) top = draw_rank_section(svg, section, colours, top) + 10;
+  for (const RankSection& section : sections)
+    top = draw_rank_section(svg, section, colours, top) + 10;
   return svg.finish(top + kMargin);
 }
 

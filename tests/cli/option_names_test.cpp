@@ -1,6 +1,7 @@
 // One name for one thing: every option of every command, as `--help` shows it, is in the
 // one table below, so a new option either reuses a name (and its meaning) or is added
-// here on purpose. The old spellings stay accepted but hidden (docs/guide/cli.md, "Options every command shares").
+// here on purpose. The old spellings stay accepted but hidden (docs/guide/cli.md, "Options every
+// command shares").
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -5,8 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "support/tool_runner.hpp"
@@ -94,7 +94,8 @@ TEST(RunVerdict, FewerThanSixRoundsClaimNoWinner) {
 }
 
 TEST(RunVerdict, MaxRepeatsAloneLowersTheFloorBothContradictingIsAnError) {
-  const nlohmann::json out = parse(run_job(2, "--tokens 4096 --no-calibrate --max-repeats 3 --json"));
+  const nlohmann::json out =
+      parse(run_job(2, "--tokens 4096 --no-calibrate --max-repeats 3 --json"));
   EXPECT_EQ(out["repeats"].get<int>(), 3);
   EXPECT_TRUE(out["too_few_repeats"].get<bool>());
   const Job both = run_job(1, "--tokens 4096 --no-calibrate --repeats 4 --max-repeats 3");
@@ -149,8 +150,8 @@ TEST(RunSizing, ABatchYouGaveKeepsItsSize) {
 TEST(RunSizing, RanksThatWouldSizeDifferentlyAreRefusedFirst) {
   // One rank may shrink the built-in batch, the other was given --tokens: they would plan
   // different batches after the first round, so the agreement check refuses them at once.
-  const std::string rank = std::string(SPARSECP_CLI_PATH) + " run " + kSmall +
-                           " --no-calibrate --time-budget 0";
+  const std::string rank =
+      std::string(SPARSECP_CLI_PATH) + " run " + kSmall + " --no-calibrate --time-budget 0";
   const std::string command = std::string("env ASAN_OPTIONS=detect_leaks=0 OMP_NUM_THREADS=1 ") +
                               SPARSECP_MPIEXEC + " --allow-run-as-root --oversubscribe -np 1 " +
                               rank + " : -np 1 " + rank + " --tokens 65536 2>&1 </dev/null";
@@ -170,8 +171,8 @@ TEST(RunSizing, WithoutAdaptStepsTheFirstRoundMeasures) {
 }
 
 TEST(RunSvg, WritesEveryStrategysPerRankTimeAndWork) {
-  const std::string path = ::testing::TempDir() + "sparsecp_run_cli_" +
-                           std::to_string(::getpid()) + "_ranks.svg";
+  const std::string path =
+      ::testing::TempDir() + "sparsecp_run_cli_" + std::to_string(::getpid()) + "_ranks.svg";
   const Job job = run_job(2, "--tokens 4096 --no-calibrate --svg " + path);
   ASSERT_EQ(job.status, 0) << job.out << job.err;
   std::string svg;
@@ -183,9 +184,10 @@ TEST(RunSvg, WritesEveryStrategysPerRankTimeAndWork) {
   std::filesystem::remove(path);
   EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
-  for (const char* text : {"sparsecp run: none, hybrid, spill on 2 ranks", "Selection CPU time per rank",
-                           "Causal (query, key) pairs", "none: imbalance", "hybrid: imbalance",
-                           "spill: imbalance", "rank 1: ", " kernels)"}) {
+  for (const char* text :
+       {"sparsecp run: none, hybrid, spill on 2 ranks", "Selection CPU time per rank",
+        "Causal (query, key) pairs", "none: imbalance", "hybrid: imbalance", "spill: imbalance",
+        "rank 1: ", " kernels)"}) {
     EXPECT_NE(svg.find(text), std::string::npos) << text;
   }
   EXPECT_NE(job.out.find("machine: "), std::string::npos) << job.out;
@@ -243,7 +245,7 @@ TEST(GuideCommands, TheCliPagesExamplesRunAsWritten) {
   std::istringstream lines(block);
   while (std::getline(lines, line)) {
     const std::string tool = "build/release/sparsecp";
-    if (line.rfind(tool, 0) != 0) continue;  // the mpirun line
+    if (line.rfind(tool, 0) != 0) continue;                  // the mpirun line
     std::string command = line.substr(0, line.find("  #"));  // without the comment
     command = std::string("cd ") + dir + " && OMP_NUM_THREADS=1 " + SPARSECP_CLI_PATH +
               command.substr(tool.size()) +

@@ -49,14 +49,15 @@ void time_interleaved(std::vector<TimedPath>& paths, int64_t repeats, const Prog
       TimedPath& path = paths[p];
       if (progress != nullptr) {
         // Time left: the repeats done so far predict the rest.
-        const double done = static_cast<double>(i) + static_cast<double>(p) /
-                                                         static_cast<double>(paths.size());
+        const double done =
+            static_cast<double>(i) + static_cast<double>(p) / static_cast<double>(paths.size());
         const double left =
             done > 0 ? (wall_seconds() - started) * (static_cast<double>(repeats) - done) / done
                      : 0;
         progress->tick("repeat %lld of %lld: %s%s%s", static_cast<long long>(i + 1),
                        static_cast<long long>(repeats), path.name.c_str(),
-                       done > 0 ? "; about " : "", done > 0 ? (human_seconds(left) + " left").c_str() : "");
+                       done > 0 ? "; about " : "",
+                       done > 0 ? (human_seconds(left) + " left").c_str() : "");
       }
       const double start = wall_seconds();
       path.run();

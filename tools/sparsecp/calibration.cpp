@@ -150,10 +150,11 @@ CpuCalibration calibrate_cpu(const CalibrationSettings& settings, const Progress
   const auto measure = [&](const CalibrationPoint& point) {
     ++call;
     if (progress != nullptr) {
-      progress->tick("timing the selection: call %lld of about %lld (%lld rows, about %lld "
-                     "visible keys each)",
-                     static_cast<long long>(call), static_cast<long long>(calls),
-                     static_cast<long long>(point.rows), static_cast<long long>(point.target));
+      progress->tick(
+          "timing the selection: call %lld of about %lld (%lld rows, about %lld "
+          "visible keys each)",
+          static_cast<long long>(call), static_cast<long long>(calls),
+          static_cast<long long>(point.rows), static_cast<long long>(point.target));
     }
     const int64_t rows = point.rows;
     const double start = thread_cpu_seconds();

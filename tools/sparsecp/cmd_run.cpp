@@ -113,9 +113,9 @@ CostModelChoice choose_cost_model(const RunFlags& flags, const StrategyParams& p
       } catch (const InvalidInputError& error) {
         if (std::string_view(error.what()).find("fit refused") == std::string_view::npos) throw;
         refused = error.what();
-        progress.say("the fit was refused (%s)%s", refused.c_str(),
-                     repeats == settings.grid.repeats ? "; calibrating again with more repeats ..."
-                                                      : "");
+        progress.say(
+            "the fit was refused (%s)%s", refused.c_str(),
+            repeats == settings.grid.repeats ? "; calibrating again with more repeats ..." : "");
       }
     }
     if (!fit) {
@@ -403,8 +403,8 @@ void rebuild_batch(const RunFlags& flags, Job& job, MpiCommunicator& comm, int64
 bool size_to_budget(const RunFlags& flags, Job& job, MpiCommunicator& comm, double elapsed,
                     double round, double other, const std::string& measured,
                     const Progress& progress) {
-  const std::vector<int64_t> shared = broadcast(
-      comm, {milliseconds(elapsed), milliseconds(round), milliseconds(other)}, 0);
+  const std::vector<int64_t> shared =
+      broadcast(comm, {milliseconds(elapsed), milliseconds(round), milliseconds(other)}, 0);
   elapsed = static_cast<double>(shared[0]) * 1e-3;
   round = static_cast<double>(shared[1]) * 1e-3;
   other = static_cast<double>(shared[2]) * 1e-3;
@@ -548,10 +548,10 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, Job& job, MpiCommunicat
       // The first rounds always; later ones at most one line a second (fast jobs).
       const auto say = round <= kRoundsForVerdict ? &Progress::say : &Progress::tick;
       (progress.*say)("round %lld%s: slowest rank's selection %s; the round took %s; %s %s left",
-                   static_cast<long long>(round),
-                   round <= floor ? (" of " + std::to_string(floor)).c_str() : "", times.c_str(),
-                   human_seconds(job.round_seconds).c_str(),
-                   round < floor ? "about" : "at most", human_seconds(left).c_str());
+                      static_cast<long long>(round),
+                      round <= floor ? (" of " + std::to_string(floor)).c_str() : "", times.c_str(),
+                      human_seconds(job.round_seconds).c_str(), round < floor ? "about" : "at most",
+                      human_seconds(left).c_str());
     }
     const bool next_fits = elapsed + job.round_seconds <= flags.time_budget;
     char text[200];
@@ -668,9 +668,9 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm, double starte
       // A round runs every strategy; this step ran some of them (none and spill/auto).
       const double round = step_seconds * static_cast<double>(job.strategies.size()) /
                            static_cast<double>(stepping.size());
-      const std::string measured =
-          "estimated from the first --adapt step, which ran " + std::to_string(stepping.size()) +
-          " of them in " + human_seconds(step_seconds);
+      const std::string measured = "estimated from the first --adapt step, which ran " +
+                                   std::to_string(stepping.size()) + " of them in " +
+                                   human_seconds(step_seconds);
       size_to_budget(flags, job, comm, wall_seconds() - started, round,
                      static_cast<double>(flags.adapt - 1) * without_none, measured, progress);
     }
@@ -819,7 +819,8 @@ void run_ranks(const RunFlags& flags) {
   // Progress on rank 0's terminal only (progress.hpp); the report is rank 0's too.
   const Progress progress =
       comm.rank() == 0 ? Progress("sparsecp run", flags.json) : Progress::off();
-  progress.say("%lld ranks; preparing the batch and the model", static_cast<long long>(comm.size()));
+  progress.say("%lld ranks; preparing the batch and the model",
+               static_cast<long long>(comm.size()));
   // The machine's load before the job adds its own (the report warns when it is high).
   double load = 0;
   const int64_t cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -903,11 +904,13 @@ const Registration registration("run", [](CLI::App& app) {
                   "Selection threads per rank (OpenMP and OpenBLAS); CPU time is the thread's "
                   "when 1, the process's otherwise")
       ->capture_default_str();
-  flags->repeats_option = sub->add_option("--repeats", flags->repeats,
-                  "Interleaved rounds of every strategy at least, whatever the --time-budget "
-                  "(results must repeat exactly); fewer than 6 compare nothing: 6 is the fewest "
-                  "whose min..max of per-round ratios is a 95% interval of their median")
-      ->capture_default_str();
+  flags->repeats_option =
+      sub->add_option(
+             "--repeats", flags->repeats,
+             "Interleaved rounds of every strategy at least, whatever the --time-budget "
+             "(results must repeat exactly); fewer than 6 compare nothing: 6 is the fewest "
+             "whose min..max of per-round ratios is a 95% interval of their median")
+          ->capture_default_str();
   sub->add_option("--max-repeats", flags->max_repeats,
                   "Rounds at most: more are added while any two strategies are within noise of "
                   "each other (the 95% interval of their per-round time ratio holds 1) and the "

@@ -53,7 +53,8 @@ inline CLI::Validator unsigned_64_bit() {
 
 // Old spellings of options, kept so that scripts keep working: CLI11 accepts every name
 // of an option, and HelpFormatter leaves these out of --help. One name per meaning across
-// commands (docs/guide/architecture.md "Vocabulary"; tests/cli/option_names_test.cpp holds the table).
+// commands (docs/guide/architecture.md "Vocabulary"; tests/cli/option_names_test.cpp holds the
+// table).
 inline std::set<std::string>& hidden_option_names() {
   static std::set<std::string> names;
   return names;

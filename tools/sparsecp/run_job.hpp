@@ -80,9 +80,9 @@ struct Job {
   // How the job fitted itself to the machine and the --time-budget (size_to_budget): the
   // first measured round's time, and what was scaled and why. Empty before it decides.
   std::string sizing;
-  bool scaled = false;              // the built-in batch was shrunk
-  int64_t requested_tokens = 0;     // the batch's tokens before any scaling
-  double round_seconds = 0;         // one round of every strategy, wall (latest measured)
+  bool scaled = false;           // the built-in batch was shrunk
+  int64_t requested_tokens = 0;  // the batch's tokens before any scaling
+  double round_seconds = 0;      // one round of every strategy, wall (latest measured)
   std::vector<int64_t> lengths;
   int64_t cp = 0;
   RunModel model;

@@ -366,9 +366,10 @@ void print_text(const RunFlags& flags, const Job& job, const std::vector<Summary
 
 void write_svg(const RunFlags& flags, const Job& job, const std::vector<Summary>& summaries) {
   const size_t rounds = summaries.front().runs->repeats.size();
-  RankSection time{"Selection CPU time per rank (median over " + std::to_string(rounds) +
-                       " rounds)",
-                   "ms CPU", {}};
+  RankSection time{
+      "Selection CPU time per rank (median over " + std::to_string(rounds) + " rounds)",
+      "ms CPU",
+      {}};
   RankSection work{"Causal (query, key) pairs each rank selects", "pairs", {}};
   std::string names;
   for (const Summary& s : summaries) {
@@ -390,7 +391,8 @@ void write_svg(const RunFlags& flags, const Job& job, const std::vector<Summary>
                 "%s: %zu documents, %lld tokens; %s; %s (%s kernels), %s; sparsecp run --svg",
                 job.batch.describe().c_str(), job.lengths.size(),
                 static_cast<long long>(job.model.local * job.cp), flags.model.describe().c_str(),
-                machine_name().c_str(), kernel_isa_name(resolve_kernel_isa(KernelIsa::kAuto)), date);
+                machine_name().c_str(), kernel_isa_name(resolve_kernel_isa(KernelIsa::kAuto)),
+                date);
   const std::string title = "sparsecp run: " + names + " on " + std::to_string(job.cp) + " ranks";
   const std::vector<RankSection> sections = {time, work};
   OutputSet output;  // whole or absent (io/output_set.hpp)
