@@ -10,8 +10,8 @@ the compressors' gate softmax (``softmax(dtype=torch.float32)``) and the indexer
 (``DeepseekV4IndexerScorer``: ``q.float()``). Those float32 results depend on how many rows a
 call holds (a shard of S / cp rows against a whole document), so the CP and per-document runs
 agree to float32 rounding, not to float64's: logits within 1e-6 of the largest logit, each
-gradient within 1e-4 of its tensor's largest entry (the worst seen: 3e-6, a hyper-connection
-bias summed over every token). The indexer's ids must be identical (same sets per row).
+gradient within 1e-4 of its tensor's largest entry (the worst seen: 2e-5, a hyper-connection
+scale summed over every token). The indexer's ids must be identical (same sets per row).
 """
 from __future__ import annotations
 
