@@ -92,7 +92,7 @@ def test_type_stubs_match_the_extension(tmp_path):
 
 def _import_graph(root: str) -> dict[str, set[str]]:
     """Module -> the package's modules it imports (anywhere in it: functions and TYPE_CHECKING
-    blocks too), from the source, as /work/shared/tools/import_circles.py reads it: a
+    blocks too), from the source, as ../shared/tools/import_circles.py (relative to the checkout) reads it: a
     package's own __init__ only hands names on to its children, so it is no edge."""
     import ast
     import pathlib
