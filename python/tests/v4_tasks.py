@@ -130,6 +130,7 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
     model.train()
     cp_v4.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
     state = cp_v4.context_parallel_state(model)
+    state.keep_last_ids = True  # the ids are compared with the oracle's
     input_ids = packed_ids(lengths)
     ids, positions = cp_v4.shard_batch(input_ids, lengths)
     labels = cp_v4.shard_labels(input_ids, lengths)

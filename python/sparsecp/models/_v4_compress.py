@@ -18,12 +18,12 @@ from typing import Any, Callable
 
 import torch
 
-from ._v4_layout import CompressionLayout
+from ._v4_layout import DeviceCompression
 
 __all__ = ["owned_entries"]
 
 
-def owned_entries(compressor: Any, block: torch.Tensor, layout: CompressionLayout, head_dim: int,
+def owned_entries(compressor: Any, block: torch.Tensor, tables: DeviceCompression, head_dim: int,
                   rope: Callable[..., torch.Tensor]) -> torch.Tensor:
     """This rank's compressed entries ``[owned entries, head_dim]``.
 
@@ -32,21 +32,21 @@ def owned_entries(compressor: Any, block: torch.Tensor, layout: CompressionLayou
             ``kv_norm`` and ``rotary_emb`` (a CSA or HCA compressor, or the indexer).
             Its entries are float32 softmax-gated sums, as the model computes them.
         block: The gathered layer input rows ``[rows, hidden]`` of ``layout.compressor``.
-        layout: The ratio's layout (which rows fill which slots; positions).
+        tables: The ratio's tables on the device (which rows fill which slots; positions).
         head_dim: The entry width (the model's ``head_dim`` or ``index_head_dim``).
         rope: The model's ``apply_rotary_pos_emb``.
     """
-    m = layout.ratio
+    m = tables.layout.ratio
     # No early return for a rank that owns no entry: its empty result must stay connected to
     # `block` (and so to the dispatch that gathered it), or its backward would skip a
     # collective its peers run.
     kv = compressor.kv_proj(block)
     gate = compressor.gate_proj(block)
-    rows = torch.from_numpy(layout.slot_rows).to(block.device)
+    rows = tables.slot_rows
     valid = rows >= 0
     safe = rows.clamp_min(0)
     bias = compressor.position_bias  # [m, width]
-    if layout.overlap:
+    if tables.layout.overlap:
         ca = valid[:, :m, None]
         ca_kv = kv[safe[:, :m], :head_dim].masked_fill(~ca, 0)
         ca_gate = (gate[safe[:, :m], :head_dim] + bias[:, :head_dim]).masked_fill(~ca, float("-inf"))
@@ -57,6 +57,6 @@ def owned_entries(compressor: Any, block: torch.Tensor, layout: CompressionLayou
         slot_kv, slot_gate = kv[safe], gate[safe] + bias
     weights = slot_gate.softmax(dim=1, dtype=torch.float32).to(slot_kv.dtype)
     compressed = compressor.kv_norm((slot_kv * weights).sum(dim=1))[None]  # [1, entries, head_dim]
-    positions = torch.from_numpy(layout.positions).to(block.device)[None]
+    positions = tables.positions
     cos, sin = compressor.rotary_emb(compressed, position_ids=positions, layer_type=compressor.rope_layer_type)
     return rope(compressed.unsqueeze(1), cos, sin)[0, 0]

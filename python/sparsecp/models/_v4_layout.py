@@ -26,22 +26,25 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, Callable
 
 import numpy as np
+import torch
 
-from .. import _core, compressed_document_offsets, compressed_owner_offsets, document_boundaries
+from .. import compressed_document_offsets, compressed_owner_offsets, document_boundaries
+from ._cp_rows import DeviceRowGather, RowGather, plan_row_gather
 
-__all__ = ["BatchLayout", "CompressionLayout"]
+__all__ = ["BatchLayout", "CompressionLayout", "DeviceCompression", "DeviceLayout"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CompressionLayout:
     """One compression ratio's routes and index tables for one rank (immutable).
 
     Attributes:
         ratio: Raw tokens per compressed entry (m).
         overlap: True for CSA's overlapped compressor (entry w reads windows w - 1 and w).
-        compressor: Raw-row route; its gathered block holds raw rows
+        compressor: Raw-row gather; its block holds raw rows
             ``[compressor.global_start, (rank + 1) * local)``.
         slot_rows: int64 [entries, slots]: the gathered block row feeding each slot of each
             owned entry (slots = 2m with overlap, Ca slots first, else m); -1 where the slot
@@ -49,21 +52,33 @@ class CompressionLayout:
         positions: int64 [entries]: each owned entry's RoPE position (w * m).
         owned: (first, end) bank rows this rank owns (``compressed_owner_offsets``).
         owners: Every rank's first owned bank row, and the total (size + 1 entries).
-        bank: Route gathering the document prefixes this rank's rows see; its block holds
-            bank rows ``[bank.global_start, bank.global_end)``.
+        bank: Gather of the document prefixes this rank's rows see; its block holds bank rows
+            ``[bank.global_start, owned end)``.
         visible_begin, visible_end: int64 [local rows]: the bank rows each own row may see.
+        bank_starts: Every rank's first bank row read (its first row's document's first entry).
     """
 
     ratio: int
     overlap: bool
-    compressor: _core.SequenceDispatchRoute
+    compressor: RowGather
     slot_rows: np.ndarray
     positions: np.ndarray
     owned: tuple[int, int]
     owners: tuple[int, ...]
-    bank: _core.SequenceDispatchRoute
+    bank: RowGather
     visible_begin: np.ndarray
     visible_end: np.ndarray
+    bank_starts: tuple[int, ...]
+
+    @cached_property
+    def widest(self) -> int:
+        """The most bank rows one own row may see."""
+        return int((self.visible_end - self.visible_begin).max()) if len(self.visible_end) else 0
+
+    @property
+    def bank_start(self) -> int:
+        """The global bank row of this rank's bank block's first row."""
+        return self.bank.global_start if self.bank.rows else self.owned[1]
 
     @property
     def entries(self) -> int:
@@ -93,11 +108,21 @@ class BatchLayout:
         self.row_document = np.searchsorted(starts, rows, side="right") - 1  # document of each own row
         self.row_position = rows - starts[self.row_document]                 # its position in the document
         self._compression: dict[tuple[int, bool], CompressionLayout] = {}
+        self._chunk_ranges: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
+        self._device: dict[Any, DeviceLayout] = {}
+
+    def _first_document_start(self, q: int) -> int:
+        """The start of the document holding rank q's first row."""
+        return self.boundaries[self.document_of(q * self.local)]
 
     @cached_property
-    def window_route(self) -> _core.SequenceDispatchRoute:
-        """The raw-KV halo of sliding-window attention."""
-        return _core.sliding_window_route(list(self.boundaries), self.local, self.size, self.rank, self.window)
+    def window_route(self) -> RowGather:
+        """The raw-KV halo of sliding-window attention (the seed's ``sliding_window_route``):
+        rank q reads ``[max(its first row's document start, q * local - window + 1), (q + 1) * local)``."""
+        local = self.local
+        needs = [[(max(self._first_document_start(q), q * local - self.window + 1), (q + 1) * local)]
+                 for q in range(self.size)]
+        return plan_row_gather(needs, [q * local for q in range(self.size + 1)], self.rank)
 
     @cached_property
     def window_keys(self) -> tuple[np.ndarray, np.ndarray]:
@@ -136,8 +161,8 @@ class BatchLayout:
             first_window = max(w - 1, 0) if overlap else w
             return min(q * local, self.boundaries[d] + first_window * m)
 
-        compressor = _core.dispatch_route_from_intervals([first_needed(q) for q in range(size)], raw_owners,
-                                                         self.rank)
+        compressor = plan_row_gather([[(first_needed(q), (q + 1) * local)] for q in range(size)], raw_owners,
+                                     self.rank)
         begin, end = owners[self.rank], owners[self.rank + 1]
         slots = 2 * m if overlap else m
         slot_rows = np.full((end - begin, slots), -1, dtype=np.int64)
@@ -154,9 +179,111 @@ class BatchLayout:
                 slot_rows[i] = current
             positions[i] = w * m
         bank_starts = [keys[self.document_of(q * local)] for q in range(size)]
-        bank = _core.dispatch_route_from_intervals(bank_starts, list(owners), self.rank)
+        bank = plan_row_gather([[(bank_starts[q], owners[q + 1])] for q in range(size)], owners, self.rank)
         doc_keys = np.asarray(keys, dtype=np.int64)[self.row_document]
         return CompressionLayout(
             ratio=m, overlap=overlap, compressor=compressor, slot_rows=slot_rows, positions=positions,
             owned=(begin, end), owners=owners, bank=bank, visible_begin=doc_keys,
-            visible_end=doc_keys + (self.row_position + 1) // m)
+            visible_end=doc_keys + (self.row_position + 1) // m, bank_starts=tuple(int(b) for b in bank_starts))
+
+    def index_bank(self, ratio: int, segments: list[np.ndarray], own: bool) -> RowGather:
+        """The CSA Index K bank rows this rank reads: ``[key_begin, key_end)`` of every segment it
+        selects (``segments[q]``: rank q's selection route's segments), and with ``own`` (the
+        indexer KL scores its own rows) its rows' document prefixes. Only what its rows can see,
+        never the whole bank."""
+        layout = self.compression(ratio, True)
+        needs = []
+        for q in range(self.size):
+            need = [(int(kb), int(ke)) for _, _, kb, ke, _ in segments[q].tolist()]
+            if own:
+                need.append((layout.bank_starts[q], layout.owners[q + 1]))
+            needs.append(need)
+        return plan_row_gather(needs, layout.owners, self.rank)
+
+    def chunk_ranges(self, ratio: int, chunk: int) -> tuple[tuple[int, int], ...]:
+        """Per chunk of ``chunk`` own rows, the bank block rows ``[lo, hi)`` its rows may see
+        (HCA: a chunk attends only this range of its rows' causal document prefixes)."""
+        key = (ratio, chunk)
+        if key not in self._chunk_ranges:
+            layout = self.compression(ratio, False)
+            start = layout.bank_start
+            ranges = []
+            for first in range(0, self.local, chunk):
+                vb, ve = layout.visible_begin[first:first + chunk], layout.visible_end[first:first + chunk]
+                lo, hi = int(vb.min()) - start, int(ve.max()) - start
+                ranges.append((lo, max(lo, hi)))
+            self._chunk_ranges[key] = tuple(ranges)
+        return self._chunk_ranges[key]
+
+    def on(self, device: torch.device, compressions: tuple[tuple[int, bool], ...],
+           selection: Callable[[int], list[Any]], kl: bool) -> DeviceLayout:
+        """Every table the layers read, on ``device``: made once per batch and device (the
+        layers then copy nothing from the host). ``selection(ratio)`` gives every rank's
+        indexer route of the batch; ``kl``: whether the indexer KL runs."""
+        key = (str(device), compressions, kl)
+        if key not in self._device:
+            self._device[key] = self._make_device(device, compressions, selection, kl)
+        return self._device[key]
+
+    def _make_device(self, device: torch.device, compressions: tuple[tuple[int, bool], ...],
+                     selection: Callable[[int], list[Any]], kl: bool) -> DeviceLayout:
+        def move(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+        begin, end = self.window_keys
+        made = {}
+        for ratio, overlap in compressions:
+            layout = self.compression(ratio, overlap)
+            index_bank = index_rows = route = None
+            if overlap:
+                routes = selection(ratio)
+                route = routes[self.rank]
+                index_bank = self.index_bank(ratio, [r.segments.array for r in routes], kl).on(device)
+                index_rows = _device_rows(route, device)
+            start = layout.bank_start
+            made[(ratio, overlap)] = DeviceCompression(
+                layout=layout, compressor=layout.compressor.on(device), bank=layout.bank.on(device),
+                slot_rows=move(layout.slot_rows), positions=move(layout.positions)[None],
+                visible_begin=move(layout.visible_begin - start), visible_end=move(layout.visible_end - start),
+                index_bank=index_bank, route=route, route_rows=index_rows)
+        return DeviceLayout(batch=self, device=device, window=self.window_route.on(device), window_begin=move(begin),
+                            window_end=move(end), positions=move(self.row_position)[None], compressions=made)
+
+
+def _device_rows(route: Any, device: torch.device) -> Any:
+    from ..torch._exchange import _device_rows as rows
+
+    return rows(route, device)
+
+
+@dataclass(frozen=True)
+class DeviceCompression:
+    """One compression ratio's tables on the data's device (``BatchLayout.on``).
+
+    ``visible_begin``/``visible_end`` are bank block rows (relative to ``layout.bank_start``);
+    ``index_bank``, ``route`` and ``route_rows`` are CSA's: the Index K bank gather, this
+    rank's selection route and its row lists on the device."""
+
+    layout: CompressionLayout
+    compressor: DeviceRowGather
+    bank: DeviceRowGather
+    slot_rows: torch.Tensor
+    positions: torch.Tensor
+    visible_begin: torch.Tensor
+    visible_end: torch.Tensor
+    index_bank: DeviceRowGather | None
+    route: Any
+    route_rows: Any
+
+
+@dataclass(frozen=True)
+class DeviceLayout:
+    """A batch's layout on the data's device: what every layer of one forward reads."""
+
+    batch: BatchLayout
+    device: torch.device
+    window: DeviceRowGather
+    window_begin: torch.Tensor
+    window_end: torch.Tensor
+    positions: torch.Tensor
+    compressions: dict[tuple[int, bool], DeviceCompression]

@@ -8,13 +8,41 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ._v4_layout import BatchLayout
+from ._v4_layout import BatchLayout, DeviceLayout
 from ._v4_selector import SelectorClock
 
-__all__ = ["ContextParallelState", "ContextParallelStats", "lengths_key"]
+__all__ = ["ContextParallelState", "ContextParallelStats", "ForwardContext", "lengths_key"]
 
-_LAYOUTS_KEPT = 8
-_RECORDS_KEPT = 16
+_LAYOUTS_KEPT = 8  # batch layouts cached for reuse (a forward holds its own: see ForwardContext)
+
+
+class ForwardContext:
+    """One model forward's batch layout (on the device), the ids each CSA layer selected, and its
+    KL losses. The forward hands it to its layers in their keyword arguments, and transformers
+    hands a checkpointed layer's recompute the same ones: the recompute replays the ids of its
+    own forward whatever ran in between, and everything here dies with the last reference to
+    the forward (its autograd graph, or the caller's ``indexer_kl_loss``)."""
+
+    def __init__(self, number: int, layout: DeviceLayout, grad: bool) -> None:
+        self.number, self.layout, self.grad = number, layout, grad
+        self.kl_losses: list[torch.Tensor] = []
+        self._records: dict[int, torch.Tensor] = {}
+
+    def record(self, layer: int, ids: torch.Tensor) -> None:
+        """Keep a layer's selection for its recompute (only a forward with gradients can have one)."""
+        if self.grad:
+            self._records[layer] = ids.to(torch.int32)
+
+    def replay(self, layer: int) -> torch.Tensor:
+        """The ids ``layer`` selected in this forward; freed once replayed (a backward recomputes a
+        layer once)."""
+        ids = self._records.pop(layer, None)
+        if ids is None:
+            raise RuntimeError(f"sparsecp: layer {layer} is recomputed for forward {self.number}, whose selection "
+                               "it has already replayed or never recorded (a second backward through one graph "
+                               "(retain_graph=True) with activation checkpointing, or a recompute of a forward run "
+                               "without gradients, is not supported)")
+        return ids.long()
 
 
 @dataclass
@@ -48,47 +76,72 @@ class ContextParallelState:
     window: int
     rope_dim: int
     rope: Callable[..., torch.Tensor]
+    compressions: tuple[tuple[int, bool], ...] = ()  # (ratio, CSA?) of the model's compressed layers
+    attention_chunk_bytes: int = 64 << 20  # scratch budget of one attention row chunk
+    keep_last_ids: bool = False  # keep the last forward's ids for ``last_ids`` (tests, diagnostics)
     stats: ContextParallelStats = field(default_factory=ContextParallelStats)
     clock: SelectorClock = field(default_factory=SelectorClock)
     layouts: dict[tuple[int, ...], BatchLayout] = field(default_factory=dict)
-    recorded: dict[int, dict[Any, torch.Tensor]] = field(default_factory=dict)
-    forwards: int = 0  # numbers each model forward; its layers' records are keyed by it
-    kl_losses: list[torch.Tensor] = field(default_factory=list)
+    forwards: int = 0  # numbers each model forward
+    forwards_with_grad: int = 0
+    kl_losses: list[torch.Tensor] = field(default_factory=list)  # the last forward with gradients' KL losses
+    last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    def layout(self, lengths: Any) -> BatchLayout:
-        """The batch's layout (made by the model's forward; layers only look it up)."""
-        key = lengths_key(lengths)
-        if key not in self.layouts:
-            raise ValueError("sparsecp: a context-parallel DeepSeek-V4 layer ran for document_lengths its model's "
-                             "forward did not see; call the model, not its layers")
-        return self.layouts[key]
-
-    def record_ids(self, layer: int, key: Any, ids: torch.Tensor) -> None:
-        """Keep a layer's selection for its recompute (the last ``_RECORDS_KEPT`` forwards')."""
-        records = self.recorded.setdefault(layer, {})
-        while len(records) >= _RECORDS_KEPT:
-            records.pop(next(iter(records)))
-        records[key] = ids.to(torch.int32)
-
-    def recorded_ids(self, layer: int, key: Any) -> torch.Tensor:
-        """The selection a layer recorded in the forward that ``key`` (forward number, lengths) names."""
-        ids = self.recorded.get(layer, {}).get(key)
-        if ids is None:
-            raise RuntimeError(f"sparsecp: layer {layer} is recomputed for a forward whose selection it no longer "
-                               f"holds (it keeps the last {_RECORDS_KEPT} forwards'; run their backwards sooner)")
-        return ids.long()
+    def context(self, forward: Any) -> ForwardContext:
+        """The forward a layer runs in (from its keyword arguments)."""
+        if not isinstance(forward, ForwardContext):
+            raise ValueError("sparsecp: a context-parallel DeepSeek-V4 layer ran outside its model's forward; call "
+                             "the model (model(input_ids=..., position_ids=..., document_lengths=...)), not its "
+                             "layers")
+        return forward
 
     def last_ids(self, layer: int) -> torch.Tensor:
-        """The ids a layer selected in the last forward ([local rows, topk] bank rows, -1 padded)."""
-        return next(reversed(self.recorded[layer].values())).long()
+        """The ids a layer selected in the last forward ([local rows, topk] bank rows, -1 padded);
+        kept only with ``keep_last_ids = True``."""
+        if layer not in self.last_selection:
+            raise ValueError(f"sparsecp: no ids of layer {layer} are kept; set context_parallel_state(model)"
+                             ".keep_last_ids = True before the forward")
+        return self.last_selection[layer].long()
 
-    def prepare(self, lengths: tuple[int, ...]) -> BatchLayout:
-        if lengths not in self.layouts:
+    @property
+    def recorded(self) -> dict[int, torch.Tensor]:
+        """The last forward's kept ids by layer (``keep_last_ids``)."""
+        return self.last_selection
+
+    def batch(self, lengths: tuple[int, ...]) -> BatchLayout:
+        """The batch's host layout (cached for the last few batches)."""
+        if lengths in self.layouts:
+            self.layouts[lengths] = self.layouts.pop(lengths)  # most recently used last
+        else:
             while len(self.layouts) >= _LAYOUTS_KEPT:
                 self.layouts.pop(next(iter(self.layouts)))
             self.layouts[lengths] = BatchLayout(lengths, self.size, self.rank, self.window)
         return self.layouts[lengths]
 
+    def start_forward(self, lengths: tuple[int, ...], device: torch.device) -> ForwardContext:
+        """Plan (host) and move (device, once per batch) everything this forward's layers read."""
+        from ..torch import indexer_route
+
+        def selection(ratio: int) -> list[Any]:
+            return [indexer_route(lengths, self.size, q, ratio, self.mode, self.block_size, self.zigzag_min_length,
+                                  **self.strategy_params) for q in range(self.size)]
+
+        grad = torch.is_grad_enabled()
+        layout = self.batch(lengths).on(device, self.compressions, selection, self.kl_coeff is not None and grad)
+        self.forwards += 1
+        context = ForwardContext(self.forwards, layout, grad)
+        if grad:  # an evaluation forward in between keeps the training forward's KL
+            self.kl_losses = context.kl_losses
+            self.forwards_with_grad += 1
+        if self.keep_last_ids:
+            self.last_selection = {}
+            record = context.record
+
+            def record_and_keep(layer: int, ids: torch.Tensor) -> None:
+                record(layer, ids)
+                self.last_selection[layer] = ids.to(torch.int32)
+            context.record = record_and_keep  # type: ignore[method-assign]
+        return context
 
 
 def lengths_key(lengths: Any) -> tuple[int, ...]:

@@ -103,7 +103,8 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
                             merge_weight: torch.Tensor, attention_query: torch.Tensor,
                             compressed_key: torch.Tensor, topk_indices: torch.Tensor,
                             sinks: torch.Tensor, attention_scale: float, loss_coeff: float,
-                            main_key_offset: int = 0, query_chunk_size: int = 256, seed_topk: bool = True):
+                            main_key_offset: int = 0, query_chunk_size: int = 256, seed_topk: bool = True,
+                            check_ids: bool = True):
     """Loss and gradients of the indexer's sparse KL (seed: shared_compressed_indexer_kl_loss).
 
     Args:
@@ -121,6 +122,8 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
         main_key_offset: compact bank offset (seed 000): ids are shifted down by it.
         query_chunk_size: query rows per chunk (bounds the intermediates).
         seed_topk: False accepts any ``T >= 1`` (see ``_validate``).
+        check_ids: False skips the range check of the ids (a host read of them): for callers
+            whose ids come from their own selection against these banks.
 
     Returns:
         ``(loss, grad_index_query, grad_index_key, grad_merge_weight)``: loss a float64
@@ -141,7 +144,8 @@ def kl_loss_and_grads_torch(index_query: torch.Tensor, index_key: torch.Tensor,
     loss = torch.zeros((), dtype=torch.float64, device=device)
     if loss_coeff == 0 or batch * rows == 0:
         return loss, grad_q, grad_k, grad_w
-    _check_ids(topk_indices, main_key_offset, keys)
+    if check_ids:
+        _check_ids(topk_indices, main_key_offset, keys)
     coeff = float(loss_coeff) / (batch * rows)
     sink_logits = sinks.to(compute)
     for b in range(batch):

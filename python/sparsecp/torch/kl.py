@@ -104,8 +104,8 @@ def _seed_topk(tensors: tuple[torch.Tensor, ...]) -> bool:
 
 
 def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, loss_coeff: float,
-                    main_key_offset: int, query_chunk_size: int, threads: int,
-                    seed_topk: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    main_key_offset: int, query_chunk_size: int, threads: int, seed_topk: bool = True,
+                    check_ids: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, grad_index_query, grad_index_key, grad_merge_weight) by the path the tensors
     take; loss float32 (float64 when any float input is float64), gradients float32 (float64
     likewise), on the inputs' device. ``seed_topk`` False waives the seed's TopK512 rule: such
@@ -121,7 +121,7 @@ def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, l
     q, k, w, attention_query, compressed_key, topk, sinks = (t.detach() for t in tensors)
     loss, grad_q, grad_k, grad_w = kl_loss_and_grads_torch(
         q, k, w, attention_query, compressed_key, topk, sinks, attention_scale, loss_coeff, main_key_offset,
-        query_chunk_size, seed_topk=seed_topk)
+        query_chunk_size, seed_topk=seed_topk, check_ids=check_ids)
     return loss.to(grad_q.dtype), grad_q, grad_k, grad_w
 
 
@@ -132,10 +132,10 @@ class _SharedCompressedIndexerKlLoss(torch.autograd.Function):
     def forward(ctx: Any, index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
                 attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
                 sinks: torch.Tensor, attention_scale: float, loss_coeff: float, main_key_offset: int,
-                query_chunk_size: int, threads: int, seed_topk: bool = True) -> torch.Tensor:
+                query_chunk_size: int, threads: int, seed_topk: bool = True, check_ids: bool = True) -> torch.Tensor:
         tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
         loss, grad_q, grad_k, grad_w = _loss_and_grads(tensors, attention_scale, loss_coeff, main_key_offset,
-                                                       query_chunk_size, threads, seed_topk)
+                                                       query_chunk_size, threads, seed_topk, check_ids)
         ctx.save_for_backward(grad_q, grad_k, grad_w)
         ctx.dtypes = (index_query.dtype, index_key.dtype, merge_weight.dtype)
         return loss
@@ -240,7 +240,7 @@ def indexer_kl_loss_any_topk(
     index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
     attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
     sinks: torch.Tensor, *, attention_scale: float, loss_coeff: float, query_chunk_size: int = 256,
-    main_key_offset: int = 0,
+    main_key_offset: int = 0, trusted_ids: bool = False,
 ) -> torch.Tensor:
     """``shared_compressed_indexer_kl_loss`` at any top-k (for a model's own ``index_topk``).
 
@@ -248,11 +248,14 @@ def indexer_kl_loss_any_topk(
     op's limit). A model whose indexer keeps another number of ids per row (small test
     configurations, V4 variants) calls this instead: the same math, arguments and gradients;
     selections the seed accepts take the fused kernel where it applies, others the chunked torch
-    path."""
+    path. ``trusted_ids``: the ids come from the caller's own selection against these banks (a
+    model layer's): the torch path skips reading them back to check their range, a host sync
+    per call on a GPU."""
     tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
     _check_inputs(tensors, query_chunk_size, main_key_offset, 0)
     return _SharedCompressedIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
-                                                operator.index(main_key_offset), query_chunk_size, 0, False)
+                                                operator.index(main_key_offset), query_chunk_size, 0, False,
+                                                not trusted_ids)
 
 
 # --------------------------------------------------------------------------------------

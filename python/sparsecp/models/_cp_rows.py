@@ -1,0 +1,230 @@
+"""Rows of a sequence-sharded array moved to the ranks that read them.
+
+A context-parallel layer keeps several arrays sharded along the sequence: raw rows (rank ``q`` owns
+``[q * local, (q + 1) * local)``) and compressed banks (rank ``q`` owns the entries whose window ends
+in its rows, ``compressed_owner_offsets``). Each rank reads a few *intervals* of such an array: its
+sliding-window halo, the prefix of every document its rows belong to, the bank prefixes of the rows
+it selects for. This module plans, for every rank at once and from the same integers, which rows
+each rank sends to each peer (``plan_row_gather``: pure integer code, no tensors of data, no
+communication, no clock), and moves them with one variable-split all-to-all whose backward sums
+every reader's gradient back into the owner's rows (``gather_rows``).
+
+The plan is made once per batch on the host and moved to the device once (``RowGather.on``); a
+layer then runs ``gather_rows`` with no agreement round and no host round trip: the batch was agreed
+once, in the model's forward, before any layer ran. Every rank takes part in the all-to-all whenever
+any rank exchanges (``RowGather.exchange``), so the collectives of all ranks pair up.
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["DeviceRowGather", "RowGather", "gather_rows", "merge_intervals", "plan_row_gather"]
+
+Interval = tuple[int, int]
+
+
+def merge_intervals(intervals: Sequence[Interval]) -> tuple[Interval, ...]:
+    """Non-empty ``[begin, end)`` intervals, sorted and merged where they touch or overlap."""
+    merged: list[list[int]] = []
+    for begin, end in sorted((int(b), int(e)) for b, e in intervals if e > b):
+        if merged and begin <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([begin, end])
+    return tuple((b, e) for b, e in merged)
+
+
+def _pieces(intervals: Sequence[Interval], begin: int, end: int) -> list[np.ndarray]:
+    """The rows of ``intervals`` inside ``[begin, end)``, as ascending arange pieces."""
+    return [np.arange(max(b, begin), min(e, end), dtype=np.int64) for b, e in intervals if min(e, end) > max(b, begin)]
+
+
+def _cat(pieces: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class RowGather:
+    """One rank's gather of ``intervals`` (global rows) of an array sharded by ``owners`` (immutable).
+
+    The output holds the rows of ``intervals`` in ascending global order. A single interval
+    ``[start, end)`` gives the block layout of a sequence dispatch: output row ``i`` is global
+    row ``start + i``.
+
+    Attributes:
+        size, rank: The CP group and this rank.
+        intervals: This rank's merged intervals.
+        offsets: Output row of each interval's first row.
+        local_rows: Rows this rank owns (``owners[rank + 1] - owners[rank]``).
+        rows: Output rows.
+        send_index: Local rows sent, grouped by destination rank (ascending).
+        send_splits, receive_splits: Rows sent to / received from each rank.
+        receive_positions: Output rows of the received rows, grouped by source rank.
+        keep_index, keep_positions: Local rows this rank reads itself, and their output rows.
+        exchange: Whether any rank of the group sends a row (then every rank joins the all-to-all).
+    """
+
+    size: int
+    rank: int
+    intervals: tuple[Interval, ...]
+    offsets: tuple[int, ...]
+    local_rows: int
+    rows: int
+    send_index: np.ndarray
+    send_splits: tuple[int, ...]
+    receive_splits: tuple[int, ...]
+    receive_positions: np.ndarray
+    keep_index: np.ndarray
+    keep_positions: np.ndarray
+    exchange: bool
+
+    @property
+    def sent_rows(self) -> int:
+        return int(sum(self.send_splits))
+
+    @property
+    def received_rows(self) -> int:
+        return int(sum(self.receive_splits))
+
+    @property
+    def global_start(self) -> int:
+        """The first global row gathered (0 when nothing is)."""
+        return self.intervals[0][0] if self.intervals else 0
+
+    def locate(self, row: int) -> int:
+        """The output row of global row ``row`` (which must be gathered)."""
+        i = bisect.bisect_right(self.intervals, (row, float("inf"))) - 1
+        if i < 0 or not self.intervals[i][0] <= row < self.intervals[i][1]:
+            raise ValueError(f"row {row} is not gathered by rank {self.rank} (intervals {self.intervals})")
+        return self.offsets[i] + row - self.intervals[i][0]
+
+    def on(self, device: torch.device) -> DeviceRowGather:
+        """The plan's index tables on ``device`` (one copy each; made once per batch)."""
+        def move(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(array).to(device)
+
+        return DeviceRowGather(self, move(self.send_index), move(self.receive_positions), move(self.keep_index),
+                               move(self.keep_positions))
+
+
+@dataclass(frozen=True)
+class DeviceRowGather:
+    """A ``RowGather`` with its index tables on the data's device."""
+
+    plan: RowGather
+    send_index: torch.Tensor
+    receive_positions: torch.Tensor
+    keep_index: torch.Tensor
+    keep_positions: torch.Tensor
+
+
+def plan_row_gather(needs: Sequence[Sequence[Interval]], owners: Sequence[int], rank: int) -> RowGather:
+    """This rank's ``RowGather`` when rank ``q`` reads ``needs[q]`` of an array rank ``q`` owns rows
+    ``[owners[q], owners[q + 1])`` of. Pure: every rank computes every rank's part from the same
+    integers, so the ranks' send and receive splits match.
+
+    Raises:
+        ValueError: a needed row outside ``[0, owners[-1])``, or ``needs``/``owners`` of another
+            group size.
+    """
+    size = len(owners) - 1
+    if len(needs) != size or size < 1:
+        raise ValueError(f"row gather: {len(needs)} ranks' needs for {size} owners")
+    merged = [merge_intervals(n) for n in needs]
+    total = int(owners[-1])
+    for q, intervals in enumerate(merged):
+        if intervals and (intervals[0][0] < 0 or intervals[-1][1] > total):
+            raise ValueError(f"row gather: rank {q} reads rows {intervals} outside the array's [0, {total})")
+    mine = merged[rank]
+    offsets, position = [], 0
+    for begin, end in mine:
+        offsets.append(position)
+        position += end - begin
+    first, last = int(owners[rank]), int(owners[rank + 1])
+
+    def output_rows(rows: np.ndarray) -> np.ndarray:
+        out = np.empty_like(rows)
+        starts = np.asarray([b for b, _ in mine], dtype=np.int64)
+        which = np.searchsorted(starts, rows, side="right") - 1
+        out[:] = np.asarray(offsets, dtype=np.int64)[which] + rows - starts[which]
+        return out
+
+    send_pieces, send_splits, receive_pieces, receive_splits = [], [], [], []
+    keep_rows = np.zeros(0, dtype=np.int64)
+    for q in range(size):
+        # What this rank sends q: q's rows inside this rank's shard (local indices).
+        sent = _cat(_pieces(merged[q], first, last)) if q != rank else np.zeros(0, dtype=np.int64)
+        send_pieces.append(sent - first)
+        send_splits.append(len(sent))
+        # What this rank receives from q: its own rows inside q's shard (output positions).
+        rows = _cat(_pieces(mine, int(owners[q]), int(owners[q + 1])))
+        if q == rank:
+            keep_rows = rows
+            receive_splits.append(0)
+        else:
+            receive_pieces.append(output_rows(rows) if len(rows) else rows)
+            receive_splits.append(len(rows))
+    exchange = any(_cat(_pieces(merged[q], int(owners[p]), int(owners[p + 1]))).size
+                   for q in range(size) for p in range(size) if p != q)
+    return RowGather(
+        size=size, rank=rank, intervals=mine, offsets=tuple(offsets), local_rows=last - first, rows=position,
+        send_index=_cat(send_pieces), send_splits=tuple(send_splits), receive_splits=tuple(receive_splits),
+        receive_positions=_cat(receive_pieces), keep_index=keep_rows - first,
+        keep_positions=output_rows(keep_rows) if len(keep_rows) else keep_rows, exchange=bool(exchange))
+
+
+class _GatherRows(torch.autograd.Function):
+    """local [local_rows, ...] -> gathered [rows, ...]; backward: each reader's gradient summed
+    into the owner's rows (its own reads first, then the peers' in ascending rank)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, table: DeviceRowGather, group: Any) -> torch.Tensor:
+        plan = table.plan
+        out = local.new_empty((plan.rows, *local.shape[1:]))
+        out.index_copy_(0, table.keep_positions, local.index_select(0, table.keep_index))
+        if plan.exchange:
+            send = local.index_select(0, table.send_index)
+            received = local.new_empty((plan.received_rows, *local.shape[1:]))
+            dist.all_to_all_single(received, send, list(plan.receive_splits), list(plan.send_splits), group=group)
+            out.index_copy_(0, table.receive_positions, received)
+        ctx.table, ctx.group = table, group
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        table, plan = ctx.table, ctx.table.plan
+        grad = grad.contiguous()
+        local = grad.new_zeros((plan.local_rows, *grad.shape[1:]))
+        local.index_add_(0, table.keep_index, grad.index_select(0, table.keep_positions))
+        if plan.exchange:
+            back = grad.index_select(0, table.receive_positions)
+            returned = grad.new_empty((plan.sent_rows, *grad.shape[1:]))
+            dist.all_to_all_single(returned, back, list(plan.send_splits), list(plan.receive_splits),
+                                   group=ctx.group)
+            local.index_add_(0, table.send_index, returned)
+        return local, None, None
+
+
+def gather_rows(local: torch.Tensor, table: DeviceRowGather, group: Any) -> torch.Tensor:
+    """This rank's gathered rows (``table.plan``) of the array whose shard ``local`` is.
+
+    Args:
+        local: This rank's owned rows ``[plan.local_rows, ...]`` (along dim 0).
+        table: The batch's plan for this rank, on ``local``'s device.
+        group: The CP process group; every rank calls this with its own plan of the same batch.
+
+    Returns:
+        ``[plan.rows, ...]``; differentiable (backward: SUM into the owners).
+    """
+    if local.shape[0] != table.plan.local_rows:  # a bug in the caller's layout, not user input
+        raise RuntimeError(f"row gather: this rank owns {table.plan.local_rows} rows, got {local.shape[0]}")
+    if table.plan.size == 1:
+        return local.index_select(0, table.keep_index) if table.plan.rows != local.shape[0] else local
+    return _GatherRows.apply(local, table, group)
