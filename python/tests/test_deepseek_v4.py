@@ -20,7 +20,7 @@ import functools
 import pytest
 import torch
 
-pytest.importorskip("transformers.models.deepseek_v4", reason="transformers >= 5.8 (DeepseekV4) not installed")
+pytest.importorskip("transformers.models.deepseek_v4", reason="transformers >= 5.23 (DeepseekV4) not installed")
 
 import v4_tasks  # noqa: E402
 from multirank import pool_of, results_or_raise  # noqa: E402
@@ -179,7 +179,7 @@ def test_missing_transformers_names_the_version(monkeypatch: pytest.MonkeyPatch)
     from sparsecp.models import deepseek_v4 as cp_v4
 
     monkeypatch.setitem(sys.modules, "transformers.models.deepseek_v4", None)
-    with pytest.raises(ImportError, match=r"needs transformers >= 5\.8 \(DeepseekV4ForCausalLM\)"):
+    with pytest.raises(ImportError, match=r"needs transformers >= 5\.23 \(DeepseekV4ForCausalLM\)"):
         cp_v4.context_parallel(torch.nn.Linear(2, 2))
 
 

@@ -50,9 +50,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import document_boundaries
+from . import _cp_training
+from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v4_attention import cp_attention_forward
-from ._v4_layout import BatchLayout
 from ._v4_selector import FusedSelector, ModelSelector
 from ._v4_state import ContextParallelState, ContextParallelStats, lengths_key
 
@@ -65,17 +65,41 @@ __all__ = [
     "causal_lm_loss",
     "context_parallel",
     "context_parallel_state",
+    "count_valid_tokens",
     "indexer_kl_loss",
+    "pad_to_multiple",
+    "router_aux_loss",
     "shard_batch",
     "shard_labels",
 ]
 
-TRANSFORMERS_NEEDED = "5.8"
+TRANSFORMERS_NEEDED = "5.23"
+# The transformers objects this integration re-implements or relies on (the attention layer,
+# its compressors, indexer and rotary; the model's forward, which takes our attention_mask
+# sentinel; the router and the load-balancing loss reproduced under CP), with the SHA-256 of
+# their source in transformers 5.23 (``_cp_training.upstream_fingerprints``). Another version
+# runs only if all of them are unchanged; otherwise ``_modeling()`` refuses it, naming them.
+UPSTREAM_FINGERPRINTS = {
+    "DeepseekV4Attention": "7488877da3dee472",
+    "DeepseekV4HCACompressor": "6ae7fd0c744b3a24",
+    "DeepseekV4CSACompressor": "d2ca031682522c3a",
+    "DeepseekV4Indexer": "f9ce58af472da7b8",
+    "DeepseekV4IndexerScorer": "e80cbb0e2d1871c3",
+    "DeepseekV4RotaryEmbedding": "ac6fc29ea41ec20a",
+    "apply_rotary_pos_emb": "d938fef910b008b2",
+    "rotate_half": "cb42e3220a99f5f5",
+    "DeepseekV4DecoderLayer": "b88513b6cbf223d8",
+    "DeepseekV4Model": "057830a0476866cb",
+    "DeepseekV4ForCausalLM": "6e03d45f66692675",
+    "DeepseekV4TopKRouter": "4af59fb0446362f2",
+    "load_balancing_loss_func": "ba57772e23a0d78b",
+}
 _SELECTORS = ("model", "fused")
 
 
 def _modeling() -> Any:
-    """transformers' DeepSeek-V4 modeling module, with a clear error when it is missing."""
+    """transformers' DeepSeek-V4 modeling module, with a clear error when it is missing or its
+    modules differ from transformers 5.23's (the tested version; see UPSTREAM_FINGERPRINTS)."""
     try:
         from transformers.models.deepseek_v4 import modeling_deepseek_v4
     except ImportError as error:
@@ -87,13 +111,13 @@ def _modeling() -> Any:
         raise ImportError(f"sparsecp.models.deepseek_v4 needs transformers >= {TRANSFORMERS_NEEDED} "
                           f"(DeepseekV4ForCausalLM): {found}; pip install 'transformers>={TRANSFORMERS_NEEDED}' "
                           "or pip install 'sparsecp[models]'") from error
+    _cp_training.check_upstream(modeling_deepseek_v4, UPSTREAM_FINGERPRINTS, TRANSFORMERS_NEEDED,
+                                "sparsecp.models.deepseek_v4")
     return modeling_deepseek_v4
 
 
 def _group_shape(group: Any) -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError("sparsecp context parallelism needs torch.distributed initialised (a CP process group)")
-    return dist.get_world_size(group), dist.get_rank(group)
+    return _cp_training.group_shape(group, "CP group")
 
 
 def context_parallel_state(model: Any) -> ContextParallelState | None:
@@ -131,6 +155,8 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         ValueError: the model is already context-parallel, or an option is invalid.
     """
     modeling = _modeling()
+    _cp_training.refuse_fsdp_before(model, "context_parallel")
+    group = resolve_group(group, "context_parallel's group")  # a 1-D DeviceMesh gives its group
     base = model.model if isinstance(model, modeling.DeepseekV4ForCausalLM) else model
     if not isinstance(base, modeling.DeepseekV4Model):
         raise TypeError(f"context_parallel needs a transformers DeepseekV4ForCausalLM or DeepseekV4Model, got "
@@ -158,6 +184,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
     base.register_forward_pre_hook(functools.partial(_before_model_forward, state), with_kwargs=True)
     if model is not base:
         model.register_forward_pre_hook(_before_causal_lm_forward, with_kwargs=True)
+        model.register_forward_hook(_after_causal_lm_forward)
     base._sparsecp_context_parallel = state
     model._sparsecp_context_parallel = state
     return model
@@ -178,6 +205,38 @@ def _before_causal_lm_forward(module: Any, args: tuple, kwargs: dict[str, Any]) 
     if kwargs.get("labels") is not None:
         raise ValueError("labels= would be shifted inside this rank's shard (crossing shards and documents); under "
                          "context parallelism use sparsecp.models.deepseek_v4.shard_labels and causal_lm_loss")
+
+
+def _after_causal_lm_forward(module: Any, args: tuple, output: Any) -> Any:
+    """Replaces the MoE load-balancing loss the model computed from this rank's rows
+    (``output_router_logits``) by the whole packed row's: ``router_aux_loss``."""
+    if getattr(output, "aux_loss", None) is not None and getattr(output, "router_logits", None):
+        state = context_parallel_state(module)
+        assert state is not None
+        output.aux_loss = _cp_training.load_balancing_loss(output.router_logits, module.num_experts,
+                                                           module.num_experts_per_tok, state.group)
+    return output
+
+
+def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
+    """The MoE load-balancing loss of the whole packed row (what the model's ``aux_loss`` is on
+    one process), from ``model(..., output_router_logits=True)``'s output.
+
+    Under CP ``output.aux_loss`` already is this value (the model's own would be of this rank's
+    rows only; the loss is a product of two batch statistics, not a sum over rows): the router
+    statistics are all-reduced over the CP group first (``_cp_training.load_balancing_loss``).
+    Every CP rank holds the same value; add ``config.router_aux_loss_coef`` times it to each
+    rank's loss when gradients are averaged (FSDP2 over dp x cp, DDP); with gradients summed
+    over the CP ranks (``all_reduce_gradients`` without ``average``), divide it by the CP size.
+    Padding documents count as rows, as in the model run without an attention mask."""
+    state = _state(model)
+    if getattr(output, "router_logits", None) is None:
+        raise ValueError("router_aux_loss needs the output of model(..., output_router_logits=True)")
+    if getattr(output, "aux_loss", None) is not None:
+        return output.aux_loss
+    config = model.config
+    return _cp_training.load_balancing_loss(output.router_logits, int(config.num_local_experts),
+                                            int(config.num_experts_per_tok), state.group)
 
 
 def _fingerprint(state: ContextParallelState, lengths: tuple[int, ...], local: int,
@@ -271,83 +330,27 @@ def _state(model: Any) -> ContextParallelState:
 
 
 def _cp_shape(document_lengths: Any, tokens: int, group: Any) -> tuple[tuple[int, ...], int, int, int]:
-    lengths = lengths_key(document_lengths)
-    size, rank = _group_shape(group)
-    if sum(lengths) != tokens:
-        raise ValueError(f"document_lengths sum to {sum(lengths)}, but the sequence has {tokens} tokens")
-    if tokens % size:
-        raise ValueError(f"the packed sequence has {tokens} tokens, not a multiple of the CP size {size}: pad it "
-                         "with a document of its own")
-    return lengths, size, rank, tokens // size
+    return _cp_training.shard_shape(document_lengths, tokens, group)
 
 
 def shard_batch(input_ids: torch.Tensor, document_lengths: Any, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's contiguous shard of a packed sequence and its positions.
-
-    Args:
-        input_ids: The whole packed sequence, ``[1, S]`` (or ``[S]``), identical on every rank.
-        document_lengths: The lengths of its documents, in order, summing to S.
-        group: The CP process group.
-
-    Returns:
-        ``(ids, position_ids)``, each ``[1, S / cp]``: tokens ``[rank * S / cp, (rank + 1) * S / cp)``
-        and their positions inside their documents (restarting at 0 at each document start).
-    """
-    ids = input_ids if input_ids.ndim == 2 else input_ids[None]
-    if ids.ndim != 2 or ids.shape[0] != 1:
-        raise ValueError(f"shard_batch takes one packed sequence [1, S], got {tuple(input_ids.shape)}")
-    lengths, size, rank, local = _cp_shape(document_lengths, int(ids.shape[1]), group)
-    layout = BatchLayout(lengths, size, rank, 1)
-    positions = torch.from_numpy(layout.row_position).to(ids.device)[None]
-    return ids[:, rank * local:(rank + 1) * local], positions
+    """This rank's contiguous shard of a packed sequence and its positions (``[1, S / cp]``
+    each; ``group``: a ProcessGroup or 1-D DeviceMesh). See ``_cp_training.shard_batch``."""
+    return _cp_training.shard_batch(input_ids, document_lengths, group)
 
 
 def shard_labels(input_ids: torch.Tensor, document_lengths: Any, group: Any = None,
-                 ignore_index: int = -100) -> torch.Tensor:
-    """Next-token labels of this rank's rows ``[1, S / cp]``, never crossing a document: a
-    document's last token gets ``ignore_index``. A label may come from the next rank's shard."""
-    ids = input_ids if input_ids.ndim == 2 else input_ids[None]
-    lengths, size, rank, local = _cp_shape(document_lengths, int(ids.shape[1]), group)
-    boundaries = np.asarray(document_boundaries(lengths), dtype=np.int64)
-    labels = torch.full_like(ids, ignore_index)
-    labels[:, :-1] = ids[:, 1:]
-    labels[:, torch.from_numpy(boundaries[1:] - 1).to(ids.device)] = ignore_index
-    return labels[:, rank * local:(rank + 1) * local]
+                 labels: torch.Tensor | None = None, ignore_index: int = -100) -> torch.Tensor:
+    """Next-token labels of this rank's rows ``[1, S / cp]``, never crossing a document, from
+    ``labels`` aligned with ``input_ids`` (``-100`` kept; None: ``input_ids``). See
+    ``_cp_training.shard_labels``."""
+    return _cp_training.shard_labels(input_ids, document_lengths, group, labels, ignore_index)
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, document_lengths: Any,
-                   ignore_index: int = -100) -> torch.Tensor:
-    """This rank's share of the mean next-token cross entropy over the whole packed sequence:
-    the sum over its rows, divided by the batch's label count (``S - documents``), so the sum
-    over ranks is the mean the unsharded model would report, and so are the summed gradients."""
-    lengths = lengths_key(document_lengths)
-    count = sum(lengths) - len(lengths)
-    flat = logits.reshape(-1, logits.shape[-1]).float() if logits.dtype == torch.bfloat16 else \
-        logits.reshape(-1, logits.shape[-1])
-    total = torch.nn.functional.cross_entropy(flat, labels.reshape(-1).to(flat.device), ignore_index=ignore_index,
-                                              reduction="sum")
-    return total / max(count, 1)
-
-
-def all_reduce_gradients(model: Any, group: Any = None) -> None:
-    """Sum every trainable parameter's gradient over the CP group, in place (a parameter with
-    no gradient on a rank, such as an expert that saw none of its tokens, counts as zero), so
-    that each rank holds the gradient of the whole batch. One all-reduce per dtype."""
-    size, _ = _group_shape(group)
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    for p in parameters:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    if size == 1:
-        return
-    by_dtype: dict[Any, list[torch.Tensor]] = {}
-    for p in parameters:
-        assert p.grad is not None
-        by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
-    for grads in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, document_lengths: Any = None,
+                   ignore_index: int = -100, *, group: Any = None, num_items_in_batch: Any = None) -> torch.Tensor:
+    """This rank's term of the mean next-token cross entropy over the valid tokens of the global
+    batch: with ``group=`` (FSDP2's dp x cp mesh) scaled for gradients averaged over it; without,
+    the legacy share for gradients summed over the CP group. See ``_cp_training.causal_lm_loss``."""
+    return _cp_training.causal_lm_loss(logits, labels, document_lengths, ignore_index, group=group,
+                                       num_items_in_batch=num_items_in_batch)

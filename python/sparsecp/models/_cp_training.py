@@ -1,0 +1,487 @@
+"""Model-agnostic pieces of context-parallel (CP) training on packed batches.
+
+A packed batch is one row ``[1, S]`` of documents laid end to end (``document_lengths``); CP
+splits it contiguously, ``S / cp`` rows a rank. Everything here is independent of the model
+whose attention is made context-parallel (``deepseek_v4`` now, ``deepseek_v32`` next): which
+ranks form the CP group, which rows and positions a rank holds, the next-token labels of its
+rows, the loss over the valid tokens of the whole global batch, the gradient reduction of
+replicated weights, the MoE load-balancing loss on the whole packed row, and the check that the
+installed transformers is the one a model integration re-implements.
+
+**Groups and meshes.** Every ``group`` argument takes a ``torch.distributed`` ``ProcessGroup``
+(None: the default group) or a 1-D ``DeviceMesh`` (``mesh["cp"]``, or the flattened
+``mesh["dp", "cp"]._flatten()`` for the loss); a mesh of more dimensions is refused, naming its
+dimensions, since which of them is the CP one would be a guess.
+
+**Gradient conventions.** A loss here is one rank's term of a sum over ranks. Two ways of
+combining the ranks' gradients exist and the loss must match the one used:
+
+* *averaged over a group* (FSDP2's ``fully_shard`` default reduce-scatter, DDP, and
+  ``all_reduce_gradients(..., average=True)``): each rank's term is multiplied by the group's
+  size; ``causal_lm_loss(..., group=G)`` and ``load_balancing_loss`` do this;
+* *summed* (``all_reduce_gradients`` by default, the replicated-weights path): each rank's term
+  is its plain share; ``causal_lm_loss`` without ``group`` does this.
+
+The order with FSDP2 (``torch.distributed.fsdp.fully_shard``): build the model, enable activation
+checkpointing, ``context_parallel(model, mesh["cp"])``, then ``fully_shard`` each decoder layer
+and the model over the flattened dp x cp mesh, then build the optimizer over the (now sharded)
+parameters. ``context_parallel`` replaces each attention module's ``forward`` and hooks the
+model; ``fully_shard`` keeps both (it swaps the module's class and registers its own hooks), so
+the two compose in that order. The other order is refused by ``refuse_fsdp_before``: the
+parameters are already ``DTensor`` shards and the hooks would run outside FSDP's.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "all_reduce_gradients", "causal_lm_loss", "count_valid_tokens", "document_lengths", "group_shape",
+    "load_balancing_loss", "pad_to_multiple", "positions_in_documents", "refuse_fsdp_before", "resolve_group",
+    "shard_batch", "shard_labels", "shard_shape", "upstream_fingerprints", "check_upstream",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# groups and meshes
+
+
+def resolve_group(group: Any, what: str = "group") -> Any:
+    """The ``ProcessGroup`` behind ``group``: a ProcessGroup or None (the default group) is
+    returned as is; a 1-D ``DeviceMesh`` gives its group; a mesh of more dimensions raises
+    ``ValueError`` naming its dimensions (pass ``mesh["cp"]``, or ``mesh["dp", "cp"]._flatten()``)."""
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # torch built without distributed: only process groups exist
+        return group
+    if isinstance(group, DeviceMesh):
+        if group.ndim != 1:
+            names = group.mesh_dim_names or tuple(f"dim{i}" for i in range(group.ndim))
+            shape = " x ".join(f"{n}={s}" for n, s in zip(names, group.mesh.shape))
+            raise ValueError(f"{what} must be a ProcessGroup or a 1-D DeviceMesh (one dimension, the ranks it "
+                             f"spans), got a {group.ndim}-D mesh ({shape}): pass the CP dimension, mesh['cp'], or "
+                             "for the loss the flattened mesh['dp', 'cp']._flatten()")
+        return group.get_group()
+    return group
+
+
+def group_shape(group: Any, what: str = "group") -> tuple[int, int]:
+    """``(size, rank)`` of ``group`` (a ProcessGroup, 1-D DeviceMesh or None), checked."""
+    group = resolve_group(group, what)
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("sparsecp context parallelism needs torch.distributed initialised (a CP process group)")
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of the {what} it was given")
+    return size, rank
+
+
+# ----------------------------------------------------------------------------------------------
+# the packed batch and its shards
+
+
+def document_lengths(lengths: Any) -> tuple[int, ...]:
+    """``lengths`` (a sequence or tensor of positive integers) as a tuple of ints, checked."""
+    if lengths is None:
+        raise ValueError("document_lengths is required: the lengths of the packed documents, in order, summing to "
+                         "the sequence length, identical on every rank")
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.tolist()
+    try:
+        values = tuple(int(v) for v in lengths)
+        exact = all(float(v) == int(v) for v in lengths)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"document_lengths must be a sequence of positive integers, got {lengths!r}") from error
+    if not exact:
+        raise ValueError(f"document_lengths must be integers, got {lengths!r}")
+    if not values or min(values) < 1:
+        raise ValueError(f"document_lengths must be positive, got {values}")
+    return values
+
+
+def shard_shape(lengths: Any, tokens: int, group: Any) -> tuple[tuple[int, ...], int, int, int]:
+    """``(lengths, cp size, rank, rows per rank)`` of a packed sequence of ``tokens`` tokens."""
+    values = document_lengths(lengths)
+    size, rank = group_shape(group, "CP group")
+    if sum(values) != tokens:
+        raise ValueError(f"document_lengths sum to {sum(values)}, but the sequence has {tokens} tokens")
+    if tokens % size:
+        raise ValueError(f"the packed sequence has {tokens} tokens, not a multiple of the CP size {size}: pad it "
+                         "with a document of its own whose labels are all ignored (pad_to_multiple)")
+    return values, size, rank, tokens // size
+
+
+def positions_in_documents(lengths: Sequence[int]) -> np.ndarray:
+    """int64 [S]: each token's position inside its document (0 at each document start)."""
+    starts = np.cumsum((0,) + tuple(lengths[:-1]), dtype=np.int64)
+    return np.arange(sum(lengths), dtype=np.int64) - np.repeat(starts, lengths)
+
+
+def _one_row(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    row = tensor if tensor.ndim == 2 else tensor[None]
+    if row.ndim != 2 or row.shape[0] != 1:
+        raise ValueError(f"{what} must be one packed sequence [1, S] (or [S]), got shape {tuple(tensor.shape)}")
+    return row
+
+
+def shard_batch(input_ids: torch.Tensor, lengths: Any, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's contiguous shard of a packed sequence and its positions.
+
+    Args:
+        input_ids: The whole packed sequence, ``[1, S]`` (or ``[S]``), identical on every rank.
+        lengths: The lengths of its documents, in order, summing to S.
+        group: The CP group (ProcessGroup, 1-D DeviceMesh, or None for the default group).
+
+    Returns:
+        ``(ids, position_ids)``, each ``[1, S / cp]``: tokens ``[rank * S / cp, (rank + 1) * S / cp)``
+        and their positions inside their documents (restarting at 0 at each document start).
+    """
+    ids = _one_row(input_ids, "shard_batch's input_ids")
+    values, _, rank, local = shard_shape(lengths, int(ids.shape[1]), group)
+    positions = torch.from_numpy(positions_in_documents(values)[rank * local:(rank + 1) * local]).to(ids.device)
+    return ids[:, rank * local:(rank + 1) * local], positions[None]
+
+
+def shard_labels(input_ids: torch.Tensor, lengths: Any, group: Any = None, labels: torch.Tensor | None = None,
+                 ignore_index: int = -100) -> torch.Tensor:
+    """Next-token labels of this rank's rows ``[1, S / cp]``, never crossing a document.
+
+    Args:
+        input_ids: The whole packed sequence ``[1, S]`` (or ``[S]``).
+        lengths: Its document lengths.
+        group: The CP group.
+        labels: Optional labels aligned with ``input_ids`` (transformers' convention: ``labels[t]``
+            is the target of the prediction made at ``t - 1``), ``ignore_index`` where nothing is
+            learned (a prompt in supervised fine-tuning, padding). None: ``input_ids`` itself.
+        ignore_index: The label that is not learned (-100, transformers' and PyTorch's default).
+
+    Returns:
+        Row t's target is ``labels[t + 1]`` when t + 1 is in the same document, else
+        ``ignore_index`` (a document's last token predicts nothing). A row's target may come from
+        the next rank's shard; ``ignore_index`` in ``labels`` is kept.
+    """
+    ids = _one_row(input_ids, "shard_labels' input_ids")
+    values, _, rank, local = shard_shape(lengths, int(ids.shape[1]), group)
+    source = ids
+    if labels is not None:
+        source = labels if labels.ndim == 2 else labels[None]
+        if tuple(source.shape) != tuple(ids.shape):
+            raise ValueError(f"labels must be aligned with input_ids (shape {tuple(ids.shape)}), got shape "
+                             f"{tuple(labels.shape)}")
+        if source.dtype.is_floating_point or source.dtype.is_complex or source.dtype == torch.bool:
+            raise ValueError(f"labels must be integer token ids (and {ignore_index}), got dtype {source.dtype}")
+    ends = np.cumsum(values, dtype=np.int64) - 1  # each document's last token predicts nothing
+    shifted = torch.full_like(source, ignore_index)
+    shifted[:, :-1] = source[:, 1:]
+    shifted[:, torch.from_numpy(ends).to(source.device)] = ignore_index
+    return shifted[:, rank * local:(rank + 1) * local]
+
+
+def pad_to_multiple(input_ids: torch.Tensor, lengths: Any, multiple: Any, labels: torch.Tensor | None = None,
+                    pad_token_id: int = 0, ignore_index: int = -100
+                    ) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
+    """Pads a packed batch to a multiple of the CP size with one document of its own.
+
+    Args:
+        input_ids: ``[1, S]`` (or ``[S]``).
+        lengths: Its document lengths.
+        multiple: The CP size (an int), or the CP group / 1-D mesh whose size it is.
+        labels: Labels aligned with ``input_ids`` (None: ``input_ids``).
+        pad_token_id: The padding document's token.
+        ignore_index: Its labels: nothing in it is learned.
+
+    Returns:
+        ``(input_ids [1, S'], lengths, labels [1, S'])`` with ``S'`` the next multiple: the
+        padding is the last document (attention never crosses documents, so it changes no other
+        row) and every one of its labels is ``ignore_index`` (the loss never sees it). Unchanged,
+        but for the labels returned, when S already is a multiple.
+    """
+    ids = _one_row(input_ids, "pad_to_multiple's input_ids")
+    values = document_lengths(lengths)
+    if sum(values) != ids.shape[1]:
+        raise ValueError(f"document_lengths sum to {sum(values)}, but the sequence has {ids.shape[1]} tokens")
+    size = multiple if isinstance(multiple, int) else group_shape(multiple, "CP group")[0]
+    if size < 1:
+        raise ValueError(f"pad_to_multiple needs a positive multiple, got {size}")
+    source = ids.clone() if labels is None else (labels if labels.ndim == 2 else labels[None])
+    if tuple(source.shape) != tuple(ids.shape):
+        raise ValueError(f"labels must be aligned with input_ids (shape {tuple(ids.shape)}), got shape "
+                         f"{tuple(labels.shape) if labels is not None else None}")
+    pad = -ids.shape[1] % size
+    if pad == 0:
+        return ids, values, source
+    return (torch.cat([ids, ids.new_full((1, pad), pad_token_id)], dim=1), values + (pad,),
+            torch.cat([source, source.new_full((1, pad), ignore_index)], dim=1))
+
+
+# ----------------------------------------------------------------------------------------------
+# losses
+
+
+def count_valid_tokens(labels: torch.Tensor, group: Any = None, ignore_index: int = -100) -> torch.Tensor:
+    """The number of learned labels (not ``ignore_index``): this rank's when ``group`` is None,
+    else summed over ``group`` (one all-reduce). An int64 tensor on the labels' device, so no
+    host round trip. Sum it over the micro-batches of one optimizer step and pass the total as
+    ``causal_lm_loss(..., num_items_in_batch=)`` for gradient accumulation."""
+    count = (labels != ignore_index).sum().to(torch.int64)
+    if group is not None:
+        group = resolve_group(group, "group")
+        if group_shape(group)[0] > 1:
+            dist.all_reduce(count, group=group)
+    return count
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = None, ignore_index: int = -100, *,
+                   group: Any = None, num_items_in_batch: Any = None) -> torch.Tensor:
+    """This rank's term of the mean next-token cross entropy over the valid tokens of the batch.
+
+    Args:
+        logits: This rank's rows' logits ``[1, S / cp, vocab]`` (bfloat16 is summed in float32).
+        labels: This rank's rows' targets ``[1, S / cp]`` (``shard_labels``).
+        lengths: The document lengths (needed only by the legacy form: no ``group``, no
+            ``num_items_in_batch``).
+        ignore_index: Targets that are not learned.
+        group: The ranks whose gradients are *averaged* and whose tokens share the mean: with
+            FSDP2 over the flattened dp x cp mesh, that mesh (or its group). The valid tokens are
+            counted over it (one all-reduce) unless ``num_items_in_batch`` is given.
+        num_items_in_batch: The number of valid tokens of the whole optimizer step (every rank of
+            ``group``, every micro-batch), transformers' name; ``count_valid_tokens`` sums it.
+
+    Returns:
+        ``W * sum(rank's token losses) / N``, N the valid tokens of the global batch and W the
+        size of ``group`` (1 without). Why W: FSDP2 reduce-scatters gradients with the *mean* over
+        its mesh (DDP, too), so the optimizer sees ``(1 / W) * sum_r grad(loss_r)``; with
+        ``loss_r = W * s_r / N`` that is ``grad(sum_r s_r / N)``, the gradient of the mean over
+        every valid token of the global batch, each token weighted 1 / N whichever rank and
+        micro-batch holds it (transformers' ``num_items_in_batch`` convention). The mean of the
+        returned values over ``group`` is that global mean (report it with an averaging
+        all-reduce). Without ``group`` (W = 1) the gradients must be *summed* over the CP ranks
+        (``all_reduce_gradients``), and the sum of the returned values is the mean.
+
+        Legacy form (neither ``group`` nor ``num_items_in_batch``): N = S - documents, every
+        next-token label of the CP batch; labels that mask more tokens than the documents' ends
+        raise (that count would be wrong: pass ``group``).
+    """
+    if labels.numel() != logits.numel() // max(int(logits.shape[-1]), 1) or logits.ndim < 2:
+        raise ValueError(f"labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)}: one label per "
+                         "row of this rank's shard (shard_labels)")
+    flat = logits.reshape(-1, logits.shape[-1])
+    if flat.dtype in (torch.bfloat16, torch.float16):
+        flat = flat.float()
+    targets = labels.reshape(-1).to(flat.device)
+    total = torch.nn.functional.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum")
+    scale = 1
+    if group is not None:
+        scale = group_shape(group, "loss group")[0]
+    if num_items_in_batch is not None:
+        count = torch.as_tensor(num_items_in_batch, device=flat.device)
+    elif group is not None:
+        count = count_valid_tokens(targets, group, ignore_index)
+    else:
+        values = document_lengths(lengths)
+        masked = int((targets == ignore_index).sum())
+        if masked > len(values):
+            raise ValueError(f"labels ignore {masked} tokens of this shard, more than the batch's {len(values)} "
+                             "document ends: the legacy count (S - documents) would be wrong; pass group= (the "
+                             "valid tokens are counted over it) or num_items_in_batch=")
+        count = torch.as_tensor(sum(values) - len(values), device=flat.device)
+    return total * scale / count.to(total.dtype).clamp_min(1)
+
+
+def load_balancing_loss(router_logits: Sequence[torch.Tensor], num_experts: int, top_k: int, group: Any = None,
+                        row_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """transformers' MoE load-balancing loss (``load_balancing_loss_func``, Switch Transformer
+    eqs. 4-6) of the whole packed row, from the router logits of this rank's rows.
+
+    The loss is ``E * sum_e f_e * P_e``, f_e the share of top-k assignments to expert e and P_e
+    its mean softmax probability, each over every row of every layer: a product of two batch
+    statistics, not a sum over rows, so a shard's own value is not the row's. The three sums
+    (assignments, probabilities, rows) are all-reduced over the CP ``group`` first; the
+    probability sums through a differentiable all-reduce, whose backward sums every rank's
+    gradient into each rank's rows.
+
+    Every rank then holds the same value, the loss of the whole row, and differentiates it as a
+    replicated function of every rank's rows: the CP ranks' gradients add up to ``cp`` times its
+    gradient. Averaged over the CP ranks (FSDP2 over dp x cp, DDP) that is the row's gradient,
+    and over dp x cp the mean of the rows' (transformers' data-parallel convention). With
+    gradients *summed* over the CP ranks (``all_reduce_gradients`` without ``average``) divide
+    it by the CP size.
+
+    Args:
+        router_logits: Per MoE layer, ``[rows, num_experts]`` logits of this rank's rows.
+        num_experts, top_k: As the model's config.
+        group: The CP group (None: the default group; no reduction without torch.distributed).
+        row_mask: Optional ``[rows]`` weights (1 counts, 0 not), transformers' attention mask.
+    """
+    if not router_logits:
+        raise ValueError("load_balancing_loss needs the router logits of at least one layer (output_router_logits)")
+    device = router_logits[0].device
+    mask = None if row_mask is None else row_mask.reshape(-1, 1).to(device=device, dtype=torch.float32)
+    assigned = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    probability = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    rows = torch.zeros((), dtype=torch.float32, device=device)
+    for logits in router_logits:
+        weights = torch.softmax(logits.to(device).float(), dim=-1)
+        selected = torch.topk(weights, top_k, dim=-1).indices
+        hits = torch.zeros_like(weights).scatter_(1, selected, 1.0)
+        if mask is not None:
+            hits, weights = hits * mask, weights * mask
+        assigned = assigned + hits.sum(0)
+        probability = probability + weights.sum(0)
+        rows = rows + (mask.sum() if mask is not None else weights.shape[0])
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed and group_shape(group, "CP group")[0] > 1:
+        group = resolve_group(group, "CP group")
+        if group is None:
+            group = dist.group.WORLD
+        counts = torch.cat([assigned, rows[None]]).detach()
+        dist.all_reduce(counts, group=group)
+        assigned, rows = counts[:-1], counts[-1]
+        probability = _AllReduceSum.apply(probability, group)
+    return (assigned / rows * (probability / rows)).sum() * num_experts
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over a group; backward: the sum of every rank's gradient (the value is used on every
+    rank, so each input row feeds every rank's copy)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        total = tensor.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total, None
+
+
+def all_reduce_gradients(model: Any, group: Any = None, *, average: bool = False,
+                         bucket_bytes: int = 32 << 20) -> None:
+    """Reduces every trainable parameter's gradient over ``group`` in place, for weights
+    replicated on every rank (no FSDP): the sum, or the mean with ``average=True``.
+
+    A parameter with no gradient on a rank (an expert that saw none of its tokens) counts as
+    zero (it gets a zero gradient, so every rank reduces the same tensors in the same order).
+    Gradients are packed into buckets of at most ``bucket_bytes`` per dtype and device (one
+    all-reduce each; a gradient larger than a bucket is reduced in place alone), so the extra
+    memory is one bucket, not a copy of every gradient. Parameters sharded by FSDP2
+    (``DTensor``) are refused: ``fully_shard`` reduces their gradients itself.
+    """
+    group = resolve_group(group, "gradient group")
+    size, _ = group_shape(group)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed tensors
+        DTensor = ()  # type: ignore[assignment,misc]
+    sharded = [p for p in parameters if isinstance(p, DTensor)]
+    if sharded:
+        raise ValueError(f"all_reduce_gradients: {len(sharded)} parameters are DTensor shards (fully_shard / FSDP2): "
+                         "FSDP reduces their gradients in backward; do not reduce them again")
+    for p in parameters:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if size == 1:
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    for bucket in _buckets(grads, bucket_bytes):
+        if len(bucket) == 1 and bucket[0].is_contiguous():
+            dist.all_reduce(bucket[0], group=group)  # in place, no copy
+            reduced = [bucket[0]]
+            flat = None
+        else:
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat, group=group)
+            reduced = list(torch.split(flat, [g.numel() for g in bucket]))
+        for g, r in zip(bucket, reduced):
+            if flat is not None:
+                g.copy_(r.view_as(g))
+            if average:
+                g.div_(size)
+
+
+def _buckets(grads: Iterable[torch.Tensor], bucket_bytes: int) -> Iterable[list[torch.Tensor]]:
+    """Consecutive gradients of one dtype and device, at most ``bucket_bytes`` a bucket (a
+    larger gradient alone), in parameter order: the same buckets on every rank."""
+    open_buckets: dict[Any, tuple[list[torch.Tensor], int]] = {}
+    for g in grads:
+        key, size = (g.dtype, g.device), g.numel() * g.element_size()
+        bucket, used = open_buckets.get(key, ([], 0))
+        if bucket and used + size > bucket_bytes:
+            yield bucket
+            bucket, used = [], 0
+        bucket.append(g)
+        open_buckets[key] = (bucket, used + size)
+    for bucket, _ in open_buckets.values():
+        if bucket:
+            yield bucket
+
+
+def refuse_fsdp_before(model: Any, what: str) -> None:
+    """Raises when ``model`` already has FSDP2-sharded parameters: ``context_parallel`` must come
+    first (it hooks modules and replaces forwards that ``fully_shard`` then wraps)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return
+    wrapped = any(isinstance(m, FSDPModule) for m in model.modules())
+    if wrapped or any(isinstance(p, DTensor) for p in model.parameters()):
+        raise ValueError(f"{what}: the model is already sharded by fully_shard (FSDP2); call context_parallel on "
+                         "the plain model first, then fully_shard its layers and the model over the dp x cp mesh")
+
+
+# ----------------------------------------------------------------------------------------------
+# the upstream modules a model integration re-implements
+
+
+def upstream_fingerprints(module: Any, names: Iterable[str]) -> dict[str, str]:
+    """Per name, the first 16 hex digits of the SHA-256 of ``inspect.getsource`` of that object
+    of ``module`` (a class or function), or 'missing'."""
+    found = {}
+    for name in names:
+        obj = getattr(module, name, None)
+        try:
+            source = inspect.getsource(obj) if obj is not None else None
+        except (OSError, TypeError):
+            source = None
+        found[name] = "missing" if source is None else hashlib.sha256(source.encode()).hexdigest()[:16]
+    return found
+
+
+@functools.cache
+def _cached_fingerprints(module_name: str, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    import importlib
+
+    return tuple(upstream_fingerprints(importlib.import_module(module_name), names).items())
+
+
+def check_upstream(module: Any, expected: dict[str, str], tested: str, integration: str) -> None:
+    """Refuses a transformers whose modules differ from the ones ``integration`` re-implements.
+
+    ``expected``: name -> fingerprint (``upstream_fingerprints``) of the tested version
+    ``tested``. Raises ``ImportError`` naming the installed version and the modules that differ;
+    the check runs once per process (cached)."""
+    found = dict(_cached_fingerprints(module.__name__, tuple(sorted(expected))))
+    differ = sorted(name for name, digest in expected.items() if found.get(name) != digest)
+    if differ:
+        try:
+            import transformers
+            version = transformers.__version__
+        except ImportError:  # pragma: no cover - the module came from somewhere
+            version = "unknown"
+        raise ImportError(f"{integration} re-implements parts of transformers {tested}'s {module.__name__}, and "
+                          f"transformers {version}'s differ: {', '.join(differ)} (source fingerprints "
+                          f"{ {n: found.get(n) for n in differ} } != {tested}'s { {n: expected[n] for n in differ} }); "
+                          f"install transformers {tested} (pip install 'transformers=={tested}')")

@@ -1,0 +1,149 @@
+"""DeepSeek-V4 under CP trained the way large models are trained (issue 37): FSDP2 over a
+dp x cp mesh with no hand all-reduce, user labels with -100 and padding documents, the mean over
+the valid tokens of the global batch (gradient accumulation included), the MoE load-balancing
+loss of the whole packed row, an indexer that learns from its KL, clear errors on every rank,
+and the transformers version check.
+
+Tolerances. The model computes its hyper-connections, the compressors' gate softmax and the
+indexer score in float32 whatever the parameters' dtype (test_deepseek_v4.py's docstring), so
+CP and per-document gradients agree to float32 rounding, not float64's. Losses agree to 1e-8
+relative. Parameters after AdamW steps are compared within 0.1 * lr: Adam's first steps move an
+entry by about lr times the sign of its gradient, so an entry whose gradient is within float32
+rounding of zero may move either way (the worst seen: 0.034 * lr, a hyper-connection weight).
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+pytest.importorskip("transformers.models.deepseek_v4", reason="transformers (DeepseekV4) not installed")
+
+import training_tasks  # noqa: E402
+import v4_tasks  # noqa: E402
+from multirank import pool_of, results_or_raise  # noqa: E402
+
+LR = 1e-3
+STEPS = 2
+DP = 2
+
+
+@functools.cache
+def oracle() -> dict:
+    return training_tasks.fsdp_oracle(STEPS, LR, DP)
+
+
+def assert_follows_oracle(results: list[dict], what: str) -> None:
+    expected = oracle()
+    assert expected["losses"][1] != pytest.approx(expected["losses"][0], rel=1e-6), "the steps changed nothing"
+    for rank, result in enumerate(results):
+        assert result["sharded"] == "DTensor", f"{what}: rank {rank}'s parameters are not FSDP2 shards"
+        assert result["losses"] == pytest.approx(expected["losses"], rel=1e-8), (what, rank, result["losses"])
+        for step, (got, want) in enumerate(zip(result["params"], expected["params"])):
+            for name, value in want.items():
+                gap = float((got[name] - value).abs().max())
+                assert gap <= 0.1 * LR, f"{what}: rank {rank} step {step}: {name} is {gap:.3g} from the oracle"
+
+
+def test_fsdp2_over_dp_x_cp_equals_every_document_alone() -> None:
+    """4 gloo ranks, dp 2 x cp 2, fully_shard over the flattened mesh, FSDP2's default mean:
+    two AdamW steps equal one process running every document alone, the loss the mean over the
+    valid labels of both dp rows (-100 prompts, padding documents)."""
+    results = results_or_raise(pool_of(4).run(training_tasks.fsdp_train, DP, STEPS, 1, LR, timeout=300))
+    assert_follows_oracle(results, "dp 2 x cp 2")
+
+
+def test_gradient_accumulation_equals_one_batch() -> None:
+    """Each dp row as two micro-batches (with activation checkpointing), their losses over
+    num_items_in_batch = the valid labels of both, every rank: the same steps as one batch."""
+    results = results_or_raise(pool_of(4).run(functools.partial(training_tasks.fsdp_train, checkpointing=True),
+                                              DP, STEPS, 2, LR, timeout=300))
+    assert_follows_oracle(results, "two micro-batches")
+
+
+def test_router_aux_loss_is_the_whole_packed_rows() -> None:
+    """out.aux_loss under CP 2 equals transformers' load_balancing_loss_func on the router
+    logits of the whole row (each document run alone), and so do the routers' gradients when
+    averaged over the CP ranks."""
+    lengths = (13, 17, 11, 7)
+    results = results_or_raise(pool_of(2).run(training_tasks.router_aux, lengths, timeout=300))
+    expected = training_tasks.router_aux_oracle(lengths)
+    for rank, result in enumerate(results):
+        assert result["aux"] == pytest.approx(expected["aux"], rel=1e-6), (rank, result["aux"], expected["aux"])
+        for name, want in expected["grads"].items():
+            gap = float((result["grads"][name] - want).abs().max())
+            assert gap <= 1e-5 * float(want.abs().max()), f"rank {rank}: {name}'s gradient is {gap:.3g} off"
+
+
+def test_the_indexer_learns_from_its_kl() -> None:
+    """20 AdamW steps under CP 2 on one fixed batch: with the indexer KL in the loss, the
+    indexer's recall of the attention's own top-k rises (0.38 -> 0.62 when written) and the KL
+    falls (0.109 -> 0.05); the same steps without it leave the recall where it was (the
+    indexer gets no other gradient) and the KL does not fall."""
+    model = v4_tasks.tiny_model(torch.float64)
+    input_ids = v4_tasks.packed_ids(training_tasks.KL_LENGTHS)
+    before = training_tasks.attention_recall(model, input_ids, training_tasks.KL_LENGTHS)
+    recall, kls = {}, {}
+    for train_kl in (False, True):
+        result = results_or_raise(pool_of(2).run(training_tasks.kl_training, 1.0, train_kl, 20, 1e-2,
+                                                 timeout=300))[0]
+        trained = v4_tasks.tiny_model(torch.float64)
+        trained.load_state_dict(result["state"], strict=False)  # buffers (hash table) are not parameters
+        recall[train_kl] = training_tasks.attention_recall(trained, input_ids, training_tasks.KL_LENGTHS)
+        kls[train_kl] = result["kls"]
+    assert recall[True] >= before + 0.15, (before, recall)
+    assert recall[False] <= before + 0.05, (before, recall)
+    last = {k: sum(v[-3:]) / 3 for k, v in kls.items()}
+    assert last[True] <= 0.6 * kls[True][0], kls[True]
+    assert last[False] >= 0.9 * kls[False][0], kls[False]
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("labels shape", "labels must be aligned with input_ids (shape (1, 32)), got shape (1, 31)"),
+    ("2-D mesh", "got a 2-D mesh (dp=2 x cp=2): pass the CP dimension, mesh['cp']"),
+    ("2-D mesh shard_batch", "got a 2-D mesh (dp=2 x cp=2)"),
+    ("fsdp first", "already sharded by fully_shard (FSDP2); call context_parallel on the plain model first"),
+    ("loss labels", "labels (1, 4) do not match logits (1, 5, 7)"),
+    ("all_reduce after fsdp", "are DTensor shards (fully_shard / FSDP2)"),
+    ("legacy count with masks", "the legacy count (S - documents) would be wrong; pass group="),
+])
+def test_bad_training_input_raises_on_every_rank(case: str, message: str) -> None:
+    errors = results_or_raise(pool_of(4).run(training_tasks.bad_training_input, case, timeout=120))
+    for rank, error in enumerate(errors):
+        assert error.startswith("ValueError") and message in error, f"rank {rank}: {error!r}"
+
+
+@pytest.mark.parametrize(("average", "bucket_bytes"), [(False, 32 << 20), (True, 64)])
+def test_all_reduce_gradients_sums_or_averages_in_buckets(average: bool, bucket_bytes: int) -> None:
+    """The replicated path: every rank ends with the sum (or mean) of every rank's gradients,
+    a missing gradient counting as zero, whatever the bucket size (64 bytes: most gradients
+    alone, reduced in place)."""
+    results = results_or_raise(pool_of(2).run(training_tasks.reduce_gradients, average, bucket_bytes, timeout=120))
+    expected = {}
+    for rank in range(2):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3), torch.nn.Linear(3, 2))
+        x = torch.full((4, 5), float(rank + 1))
+        (model[1](model[0](x)) if rank % 2 else model(x)).sum().backward()
+        for name, p in model.named_parameters():
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            expected[name] = expected.get(name, 0) + grad / (2 if average else 1)
+    for rank, result in enumerate(results):
+        for name, want in expected.items():
+            assert torch.allclose(result[name], want, rtol=1e-6, atol=1e-7), (rank, name)
+
+
+def test_a_changed_transformers_is_refused_naming_the_version() -> None:
+    """The installed transformers (5.23) matches the recorded fingerprints; a module whose
+    source differs is refused, naming the installed version and the module."""
+    import transformers
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4
+
+    from sparsecp.models import _cp_training
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    assert cp_v4._modeling() is modeling_deepseek_v4
+    changed = dict(cp_v4.UPSTREAM_FINGERPRINTS, DeepseekV4Indexer="0" * 16)
+    with pytest.raises(ImportError, match=rf"transformers {transformers.__version__}'s differ: DeepseekV4Indexer"):
+        _cp_training.check_upstream(modeling_deepseek_v4, changed, cp_v4.TRANSFORMERS_NEEDED, "deepseek_v4")

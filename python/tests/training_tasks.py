@@ -1,0 +1,313 @@
+"""Rank tasks for test_cp_training.py: DeepSeek-V4 under CP trained the way large models are
+(FSDP2 over a dp x cp mesh, user labels with -100, padding, gradient accumulation), the
+one-process oracle they must equal, the indexer's recall of the attention's own top-k, and bad
+inputs.
+
+The oracle runs every document of the global batch (every dp rank's packed row) alone through
+the unmodified transformers model, one process, and divides the summed cross entropy by the
+number of valid labels of the whole optimizer step: the gradient the contract promises.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import v4_tasks
+
+IGNORE = -100
+# Two dp rows of documents; each row is padded (pad_to_multiple) to a multiple of PAD_TO, and
+# each document's first PROMPT tokens are masked (-100), as supervised fine-tuning masks prompts.
+ROWS = ((13, 8, 11), (7, 17, 5))
+PAD_TO = 8
+PROMPT = 3
+
+
+def batch_row(row: int, seed: int = 0) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
+    """dp row ``row``'s packed ids [1, S], lengths and labels (-100 on each document's prompt),
+    padded to a multiple of PAD_TO with a document of ignored labels."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    lengths = ROWS[row % len(ROWS)]
+    input_ids = v4_tasks.packed_ids(lengths, seed=11 + 7 * row + 100 * seed)
+    labels = input_ids.clone()
+    start = 0
+    for length in lengths:
+        labels[0, start:start + PROMPT] = IGNORE
+        start += length
+    return cp_v4.pad_to_multiple(input_ids, lengths, PAD_TO, labels=labels)
+
+
+def oracle_steps(model: Any, rows: list[tuple[torch.Tensor, tuple[int, ...], torch.Tensor]], steps: int,
+                 lr: float) -> dict[str, Any]:
+    """Every document of ``rows`` alone through the unmodified model, the cross entropy summed
+    over their valid next-token labels and divided by their count; ``steps`` AdamW steps.
+    Returns the loss of each step and the parameters after each step."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    documents = []
+    for input_ids, lengths, labels in rows:
+        start = 0
+        for length in lengths:
+            documents.append((input_ids[:, start:start + length], labels[0, start + 1:start + length]))
+            start += length
+    count = sum(int((targets != IGNORE).sum()) for _, targets in documents)
+    losses, params = [], []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for ids, targets in documents:
+            if not (targets != IGNORE).any():
+                continue  # nothing learned here (padding, or a document that is all prompt)
+            logits = model(input_ids=ids, use_cache=False).logits[0, :-1]
+            loss = torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum") / count
+            loss.backward()
+            total += float(loss.detach())
+        losses.append(total)
+        optimizer.step()
+        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return {"losses": losses, "params": params, "count": count}
+
+
+def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr: float,
+               checkpointing: bool = False) -> dict[str, Any]:
+    """The issue's contract on a dp x cp mesh: context_parallel over mesh['cp'], fully_shard of
+    every layer and the model over the flattened mesh, shard_batch / shard_labels with the user's
+    labels, causal_lm_loss over the flattened mesh, FSDP2's default reduction, AdamW.
+
+    With ``micro_batches`` = 2 each dp rank's row is split into two micro-batches (its documents
+    halved), whose losses share ``num_items_in_batch`` (the valid labels of both, every rank).
+    Returns the global mean loss per step and (every rank) the full parameters after each step."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    cp = size // dp
+    mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
+    flat = mesh["dp", "cp"]._flatten()
+    model = v4_tasks.tiny_model(torch.float64)
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    model.train()
+    cp_v4.context_parallel(model, mesh["cp"], "spill")
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=flat)
+    fully_shard(model, mesh=flat)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    input_ids, lengths, labels = batch_row(mesh["dp"].get_local_rank())
+    if micro_batches == 1:
+        micro = [(input_ids, lengths, labels)]
+    else:  # the documents split in two packed micro-batches, each padded to a multiple of cp
+        half = len(lengths) // 2
+        cut = sum(lengths[:half])
+        micro = [cp_v4.pad_to_multiple(input_ids[:, :cut], lengths[:half], mesh["cp"], labels=labels[:, :cut]),
+                 cp_v4.pad_to_multiple(input_ids[:, cut:], lengths[half:], mesh["cp"], labels=labels[:, cut:])]
+    shards = [(*cp_v4.shard_batch(ids, lens, mesh["cp"]), cp_v4.shard_labels(ids, lens, mesh["cp"], labels=lab),
+               lens) for ids, lens, lab in micro]
+    total = None
+    if micro_batches > 1:  # the valid labels of the whole optimizer step, counted before its first backward
+        total = sum(cp_v4.count_valid_tokens(shard_labels, flat) for _, _, shard_labels, _ in shards)
+    losses, params = [], []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        reported = torch.zeros((), dtype=torch.float64)
+        for ids, positions, shard_labels, lens in shards:
+            logits = model(input_ids=ids, position_ids=positions, document_lengths=lens).logits
+            loss = cp_v4.causal_lm_loss(logits, shard_labels, lens, group=flat, num_items_in_batch=total)
+            loss.backward()
+            reported += loss.detach()
+        dist.all_reduce(reported, group=flat.get_group())
+        losses.append(float(reported) / flat.size())  # the mean over flat of the returned values
+        optimizer.step()
+        params.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
+    return {"losses": losses, "params": params, "sharded": type(next(model.parameters())).__name__}
+
+
+def fsdp_oracle(steps: int, lr: float, dp: int) -> dict[str, Any]:
+    """The one-process run matching ``fsdp_train`` (every dp row's documents)."""
+    return oracle_steps(v4_tasks.tiny_model(torch.float64), [batch_row(row) for row in range(dp)], steps, lr)
+
+
+def bad_training_input(rank: int, size: int, case: str) -> str:
+    """One bad input of the training API on every rank; this rank's error text ('' if none)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "cp"))
+    model = v4_tasks.tiny_model(torch.float64)
+    input_ids, lengths, labels = batch_row(0)
+    try:
+        if case == "labels shape":
+            cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels[:, :-1])
+        elif case == "2-D mesh":
+            cp_v4.context_parallel(model, mesh, "spill")
+        elif case == "2-D mesh shard_batch":
+            cp_v4.shard_batch(input_ids, lengths, mesh)
+        elif case == "fsdp first":
+            fully_shard(model, mesh=mesh["dp", "cp"]._flatten())
+            cp_v4.context_parallel(model, mesh["cp"], "spill")
+        elif case == "loss labels":
+            cp_v4.causal_lm_loss(torch.zeros(1, 5, 7), torch.zeros(1, 4, dtype=torch.long), lengths,
+                                 group=mesh["cp"])
+        elif case == "all_reduce after fsdp":
+            cp_v4.context_parallel(model, mesh["cp"], "spill")
+            fully_shard(model, mesh=mesh["dp", "cp"]._flatten())
+            cp_v4.all_reduce_gradients(model, mesh["cp"])
+        elif case == "legacy count with masks":
+            ids, positions = cp_v4.shard_batch(input_ids, lengths, mesh["cp"])
+            shard = cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
+            logits = torch.zeros(1, shard.shape[1], v4_tasks.VOCAB)
+            cp_v4.causal_lm_loss(logits, shard, lengths)
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def router_aux(rank: int, size: int, lengths: tuple[int, ...]) -> dict[str, Any]:
+    """out.aux_loss of the CP model (output_router_logits=True) and its router gradient,
+    gradients averaged over the CP ranks (what FSDP2 over dp x cp does with dp = 1)."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = v4_tasks.tiny_model(torch.float64)
+    cp_v4.context_parallel(model, None, "spill")
+    input_ids = v4_tasks.packed_ids(lengths)
+    ids, positions = cp_v4.shard_batch(input_ids, lengths)
+    out = model(input_ids=ids, position_ids=positions, document_lengths=lengths, output_router_logits=True)
+    aux = cp_v4.router_aux_loss(out, model)
+    aux.backward()
+    cp_v4.all_reduce_gradients(model, average=True)
+    return {"aux": float(aux.detach()), "grads": {n: p.grad.clone() for n, p in model.named_parameters()
+                                                   if n.endswith("mlp.gate.weight")}}
+
+
+def router_aux_oracle(lengths: tuple[int, ...]) -> dict[str, Any]:
+    """transformers' load_balancing_loss_func on the router logits of every document run alone,
+    laid end to end (the whole packed row, each document isolated), and its gate gradients."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import load_balancing_loss_func
+
+    model = v4_tasks.tiny_model(torch.float64)
+    input_ids = v4_tasks.packed_ids(lengths)
+    per_layer: list[list[torch.Tensor]] = []
+    start = 0
+    for length in lengths:
+        out = model(input_ids=input_ids[:, start:start + length], use_cache=False, output_router_logits=True)
+        start += length
+        for layer, logits in enumerate(out.router_logits):
+            if len(per_layer) <= layer:
+                per_layer.append([])
+            per_layer[layer].append(logits)
+    config = model.config
+    aux = load_balancing_loss_func(tuple(torch.cat(layer) for layer in per_layer), config.num_local_experts,
+                                   config.num_experts_per_tok)
+    aux.backward()
+    return {"aux": float(aux.detach()), "grads": {n: p.grad.clone() for n, p in model.named_parameters()
+                                                  if n.endswith("mlp.gate.weight")}}
+
+
+# ----------------------------------------------------------------------------------------------
+# the indexer learns
+
+
+KL_LENGTHS = (64, 48)
+
+
+def attention_recall(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...]) -> float:
+    """Mean over CSA layers and rows of the share of the attention's own top-k keys that the
+    indexer selects, on the unmodified model run one document at a time.
+
+    The attention's own top-k of row t: the ``index_topk`` visible compressed keys (the causal
+    prefix ``(pos + 1) // ratio`` of its document) with the largest attention mass, the main
+    attention's softmax over every visible key and its sink, summed over heads: what the row
+    would attend most if it saw every key. Rows that see no more than ``index_topk`` keys are
+    left out (the indexer then selects them all)."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb as rope
+
+    model = copy.deepcopy(model)
+    inputs: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}
+    hooks = []
+    for index, layer in enumerate(model.model.layers):
+        attention = layer.self_attn
+        if attention.compressor is not None and hasattr(attention.compressor, "indexer"):
+            hooks.append(attention.register_forward_pre_hook(
+                lambda module, args, kwargs, index=index: inputs.__setitem__(
+                    index, (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0],
+                            kwargs["position_ids"], kwargs["position_embeddings"])), with_kwargs=True))
+    hits, rows, start = 0, 0, 0
+    topk = int(model.config.index_topk)
+    with torch.no_grad():
+        for length in lengths:
+            ids = input_ids[:, start:start + length]
+            start += length
+            inputs.clear()
+            model(input_ids=ids, use_cache=False)
+            for index, (hidden, position_ids, embeddings) in inputs.items():
+                attention = model.model.layers[index].self_attn
+                compressor, indexer = attention.compressor, attention.compressor.indexer
+                cos, sin = embeddings["compress"]
+                q_residual = attention.q_a_norm(attention.q_a_proj(hidden))
+                q = attention.q_b_proj(q_residual).view(1, length, -1, attention.head_dim).transpose(1, 2)
+                q = rope(attention.q_b_norm(q), cos, sin)[0]  # [H, S, D]
+                bank = compressor(hidden, q_residual, position_ids, None, index)[0][0, 0]  # [T, D]
+                selected = indexer(hidden, q_residual, position_ids, None, index)[0]  # [S, k]
+                ratio = int(compressor.compress_rate)
+                for t in range(length):
+                    visible = (t + 1) // ratio
+                    if visible <= topk:
+                        continue
+                    logits = torch.cat([q[:, t] @ bank[:visible].T * attention.scaling,
+                                        attention.sinks[:, None]], dim=1)
+                    mass = torch.softmax(logits, dim=1)[:, :-1].sum(0)
+                    best = set(torch.topk(mass, topk).indices.tolist())
+                    hits += len(best & {int(s) for s in selected[t].tolist() if s >= 0})
+                    rows += 1
+    for hook in hooks:
+        hook.remove()
+    return hits / max(rows * topk, 1)
+
+
+def kl_training(rank: int, size: int, coeff: float, train_kl: bool, steps: int, lr: float) -> dict[str, Any]:
+    """``steps`` AdamW steps of the tiny model under CP on one fixed batch, the loss the LM
+    loss plus (``train_kl``) the indexer KL at ``coeff``; the KL is measured in both runs.
+    Returns the KL of each step's forward (summed over ranks) and the trained parameters."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = v4_tasks.tiny_model(torch.float64)
+    model.train()
+    cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=coeff)
+    input_ids = v4_tasks.packed_ids(KL_LENGTHS)
+    ids, positions = cp_v4.shard_batch(input_ids, KL_LENGTHS)
+    labels = cp_v4.shard_labels(input_ids, KL_LENGTHS)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    kls = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=KL_LENGTHS).logits
+        loss = cp_v4.causal_lm_loss(logits, labels, group=None, num_items_in_batch=sum(KL_LENGTHS) - 2)
+        kl = cp_v4.indexer_kl_loss(model)
+        assert kl is not None
+        (loss + kl if train_kl else loss).backward()
+        cp_v4.all_reduce_gradients(model)
+        measured = kl.detach().clone()
+        dist.all_reduce(measured)
+        kls.append(float(measured))
+        optimizer.step()
+    return {"kls": kls, "state": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def reduce_gradients(rank: int, size: int, average: bool, bucket_bytes: int) -> dict[str, torch.Tensor]:
+    """all_reduce_gradients on a small replicated model whose gradients depend on the rank (one
+    parameter left without a gradient on odd ranks); returns the reduced gradients."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3), torch.nn.Linear(3, 2))
+    x = torch.full((4, 5), float(rank + 1))
+    out = model[1](model[0](x)) if rank % 2 else model(x)  # odd ranks leave model[2] without a gradient
+    out.sum().backward()
+    cp_v4.all_reduce_gradients(model, average=average, bucket_bytes=bucket_bytes)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
