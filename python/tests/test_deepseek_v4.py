@@ -57,6 +57,7 @@ def assert_matches_oracle(results: list[dict], lengths: tuple[int, ...], size: i
             error = float((got - want).abs().max())
             assert error <= bound, f"{what}: rank {rank} gradient of {name} differs by {error:.3g} (bound {bound:.3g})"
     for rank, result in enumerate(results):
+        assert len(result["ids"]) == result["csa_layers"] > 0, f"{what}: rank {rank} kept no ids to compare"
         differences = v4_tasks.compare_ids(result["ids"], expected["ids"], lengths, size, rank, RATIO,
                                            expected["scores"])
         assert not differences, f"{what}: rank {rank} indexer ids differ from the model's own: {differences[:4]}"

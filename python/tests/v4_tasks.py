@@ -119,9 +119,27 @@ def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int,
 
 def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: torch.dtype = torch.float64,
            checkpointing: bool = False, selector: str = "model", kl: float | None = None, steps: int = 0,
-           lr: float = 1e-2, seed: int = 0, **strategy: Any) -> dict[str, Any]:
+           lr: float = 1e-2, seed: int = 0, tiny_chunks: bool = False, **strategy: Any) -> dict[str, Any]:
     """One rank's context-parallel run: its rows' logits, the summed loss, all-reduced
-    gradients, its rows' indexer ids (bank ids, per CSA layer), counters, and per-step losses."""
+    gradients, its rows' indexer ids (bank ids, per CSA layer), counters, and per-step losses.
+    ``tiny_chunks``: the smallest chunks the layer can take (one attention row per chunk, two
+    selector rows, key chunks of top-k keys: every running top-k merge runs)."""
+    if tiny_chunks:
+        from sparsecp.models import _v4_selector
+
+        saved = _v4_selector._CHUNK_ROWS, _v4_selector._SCORE_BYTES
+        _v4_selector._CHUNK_ROWS, _v4_selector._SCORE_BYTES = 2, 1
+        try:
+            return _cp_run(rank, size, lengths, mode, dtype, checkpointing, selector, kl, steps, lr, seed, True,
+                           strategy)
+        finally:
+            _v4_selector._CHUNK_ROWS, _v4_selector._SCORE_BYTES = saved
+    return _cp_run(rank, size, lengths, mode, dtype, checkpointing, selector, kl, steps, lr, seed, False, strategy)
+
+
+def _cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, dtype: torch.dtype, checkpointing: bool,
+            selector: str, kl: float | None, steps: int, lr: float, seed: int, tiny_chunks: bool,
+            strategy: dict[str, Any]) -> dict[str, Any]:
     from sparsecp.models import deepseek_v4 as cp_v4
 
     model = tiny_model(dtype, seed)
@@ -131,6 +149,8 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
     cp_v4.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
     state = cp_v4.context_parallel_state(model)
     state.keep_last_ids = True  # the ids are compared with the oracle's
+    if tiny_chunks:
+        state.attention_chunk_bytes = 1
     input_ids = packed_ids(lengths)
     ids, positions = cp_v4.shard_batch(input_ids, lengths)
     labels = cp_v4.shard_labels(input_ids, lengths)
@@ -157,6 +177,8 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
             result = {"logits": out.logits[0].detach(), "loss": float(summed[0]), "kl": float(summed[1]),
                       "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
                       "ids": [state.last_ids(layer).clone() for layer in sorted(state.recorded)],
+                      "csa_layers": sum(getattr(layer.self_attn.compressor, "indexer", None) is not None
+                                        for layer in model.model.layers),
                       "selections": state.stats.selections, "replays": state.stats.replays,
                       "selector_calls": state.clock.calls}
         if optimizer is not None:

@@ -177,9 +177,13 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), window=int(config.sliding_window),
         rope_dim=int(config.qk_rope_head_dim), rope=modeling.apply_rotary_pos_emb)
     _check_strategy(state, config)
+    compressions = set()
     for layer in base.layers:
         attention = layer.self_attn
         attention.forward = functools.partial(cp_attention_forward, attention, state)
+        if attention.compressor is not None:
+            compressions.add((int(attention.compressor.compress_rate), hasattr(attention.compressor, "indexer")))
+    state.compressions = tuple(sorted(compressions))
     config.use_cache = False
     base.register_forward_pre_hook(functools.partial(_before_model_forward, state), with_kwargs=True)
     if model is not base:
@@ -249,8 +253,10 @@ def _fingerprint(state: ContextParallelState, lengths: tuple[int, ...], local: i
 
 def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
                           kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    """Checks the batch on every rank (one all-gather), prepares its layout, and tells the model
-    to build no attention mask (the CP layers make their own)."""
+    """The forward's one agreement: checks the batch on every rank (token ids in range, shapes,
+    positions, one host read), agrees across ranks (one all-gather of each rank's verdict and
+    fingerprint), then plans the batch's layout on the host and moves it to the device once.
+    The layers then run their collectives with no further agreement and no host round trip."""
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     embeds = kwargs.get("inputs_embeds")
     tokens = input_ids if input_ids is not None else embeds
@@ -262,6 +268,10 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
         if kwargs.get("attention_mask") is not None:
             raise ValueError("attention_mask is not supported under context parallelism: documents are isolated by "
                              "document_lengths (pack without padding, or make the padding a document of its own)")
+        if kwargs.get("output_attentions"):
+            raise ValueError("output_attentions=True is not supported under context parallelism: each rank attends "
+                             "its rows to a few gathered keys in bounded memory and never forms the [heads, S, S] "
+                             "attention matrix")
         lengths = lengths_key(kwargs.get("document_lengths"))
         if tokens is None or tokens.ndim < 2 or tokens.shape[0] != 1:
             shape = None if tokens is None else tuple(tokens.shape)
@@ -272,24 +282,36 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
             raise ValueError(f"rank {state.rank}'s shard has {local} tokens, but document_lengths sum to "
                              f"{sum(lengths)} = {state.size} ranks x {sum(lengths) / state.size:g}: pass this rank's "
                              "shard (shard_batch)")
-        layout = state.prepare(lengths)
         positions = kwargs.get("position_ids")
-        expected = torch.from_numpy(layout.row_position)
-        if positions is None or tuple(positions.shape) != (1, local) or not torch.equal(positions.cpu().long(),
-                                                                                          expected[None]):
+        if positions is None:
+            raise ValueError(f"rank {state.rank}: position_ids are missing: pass the positions shard_batch returns "
+                             "(each document's tokens numbered from 0)")
+        if tuple(positions.shape) != (1, local):
+            raise ValueError(f"rank {state.rank}: position_ids must be [1, {local}] (this rank's shard), got "
+                             f"{tuple(positions.shape)}")
+        expected = torch.from_numpy(state.batch(lengths).row_position).to(positions.device)
+        checks = [(positions[0].long() != expected).sum()]
+        if input_ids is not None:
+            checks += [input_ids.min(), input_ids.max()]
+        values = torch.stack([c.long().to(positions.device) for c in checks]).tolist()  # the one host read
+        if values[0]:
             raise ValueError(f"rank {state.rank}: position_ids must restart at 0 at each document start "
-                             "(shard_batch returns them)")
+                             f"({values[0]} of {local} differ from shard_batch's)")
+        vocab = int(module.config.vocab_size)
+        if input_ids is not None and (values[1] < 0 or values[2] >= vocab):
+            bad = values[1] if values[1] < 0 else values[2]
+            raise ValueError(f"rank {state.rank}: input_ids holds token id {bad}, outside the vocabulary [0, {vocab})")
         fingerprint = _fingerprint(state, lengths, local, tokens.dtype if embeds is not None else None)
     except ValueError as caught:
         error = caught
     if state.size > 1:
         everyone: list[Any] = [None] * state.size
         dist.all_gather_object(everyone, (None if error is None else str(error), fingerprint), group=state.group)
-        for rank, (message, _) in enumerate(everyone):
-            if message is not None and rank != state.rank:
-                raise ValueError(f"rank {rank} rejected its inputs: {message}")
-        if error is not None:
+        if error is not None:  # this rank's own error first
             raise error
+        for rank, (message, _) in enumerate(everyone):
+            if message is not None:
+                raise ValueError(f"rank {rank} rejected its inputs: {message}")
         for rank, (_, theirs) in enumerate(everyone):
             for (name, mine), (_, other) in zip(fingerprint or (), theirs or ()):
                 if mine != other:
@@ -297,14 +319,14 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
                                      f"{mine!r}, rank {rank} has {other!r}")
     elif error is not None:
         raise error
+    assert lengths is not None and tokens is not None
     state.stats.forwards += 1
-    state.forwards += 1
-    state.kl_losses.clear()
+    context = state.start_forward(lengths, tokens.device)
     kwargs = dict(kwargs)
-    # Numbers this forward for its layers (transformers hands a checkpointed layer's recompute the
-    # same keyword arguments): a recompute replays the selection of its own forward, even when
-    # several forwards of equal lengths run before their backwards.
-    kwargs["sparsecp_forward"] = state.forwards
+    # The forward's context travels to its layers in their keyword arguments; transformers hands a
+    # checkpointed layer's recompute the same ones, so a recompute replays its own forward's ids.
+    kwargs["sparsecp_forward"] = context
+    kwargs["document_lengths"] = lengths  # a generator given by the caller is consumed once, here
     kwargs["attention_mask"] = {"sparsecp": None}  # no [S, S] mask: the CP layers mask by document
     kwargs["use_cache"] = False
     return args, kwargs
@@ -318,7 +340,11 @@ def indexer_kl_loss(model: Any) -> torch.Tensor | None:
     if state.kl_coeff is None:
         return None
     if not state.kl_losses:
-        raise ValueError("indexer_kl_loss: the model has run no forward with gradients since the KL was enabled")
+        if state.forwards_with_grad == 0:
+            raise ValueError("indexer_kl_loss: the model has run no forward with gradients since the KL was enabled")
+        raise ValueError("indexer_kl_loss: the last forward with gradients computed no KL: its attention layers ran "
+                         "without gradients, as under reentrant activation checkpointing (use_reentrant=True); use "
+                         "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})")
     return torch.stack([loss.to(state.kl_losses[0].dtype) for loss in state.kl_losses]).sum()
 
 

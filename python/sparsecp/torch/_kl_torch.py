@@ -19,6 +19,8 @@ input is float64, everything is computed in float64 and the gradients are float6
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # The smallest normal float32: the teacher's L1 denominator clamp and the "tiny" of
@@ -75,7 +77,7 @@ def _validate(index_query, index_key, merge_weight, attention_query, compressed_
                          f"main_key_offset {main_key_offset} + the compact bank's K = {keys} "
                          "(compressed_key rows) that its view needs")
     for name, value in (("attention_scale", attention_scale), ("loss_coeff", loss_coeff)):
-        if not torch.isfinite(torch.tensor(float(value))):
+        if not math.isfinite(float(value)):
             raise ValueError(f"Indexer KL {name} must be finite, got {value}")
     if topk_indices.device != index_query.device:
         raise ValueError("Fused KL indices must share Indexer Q's device, got "

@@ -1,0 +1,171 @@
+"""The DeepSeek-V4 layer at length: bounded-memory attention and selection, only the bank rows a
+rank can see, no host sync per layer, replay records that die with their backward.
+
+The pieces are checked against plain references on random awkward inputs (each prints its seed),
+and the model paths on 2 gloo ranks against the per-document oracle (test_deepseek_v4.py's)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sparsecp.models._cp_rows import merge_intervals, plan_row_gather
+from sparsecp.models._sparse_attention import attention_chunk_rows, sparse_attention
+
+
+def _seed() -> int:
+    seed = random.SystemRandom().randrange(1 << 31)
+    print(f"seed {seed}")
+    return seed
+
+
+def test_row_gather_plans_agree_with_each_rank_reading_its_rows_directly() -> None:
+    """Every rank's plan, simulated as the all-to-all would run it, gives each rank exactly the
+    rows of its intervals in ascending order, and its backward sums every read into its owner."""
+    seed = _seed()
+    rng = random.Random(seed)
+    for _ in range(200):
+        size = rng.choice([1, 2, 3, 5])
+        cuts = sorted(rng.randrange(0, 40) for _ in range(size - 1))
+        owners = [0, *cuts, rng.randrange(cuts[-1] if cuts else 0, 45)]
+        total = owners[-1]
+        needs = [[(b, min(total, b + rng.randrange(0, 12))) for b in (rng.randrange(0, total + 1)
+                                                                     for _ in range(rng.randrange(0, 4)))]
+                 for _ in range(size)]
+        plans = [plan_row_gather(needs, owners, r) for r in range(size)]
+        data = torch.arange(total, dtype=torch.float64) * 10 + 1
+        grads_back = torch.zeros(total, dtype=torch.float64)
+        for r, plan in enumerate(plans):
+            want = [row for b, e in merge_intervals(needs[r]) for row in range(b, e)]
+            out = torch.full((plan.rows,), -1.0, dtype=torch.float64)
+            local = data[owners[r]:owners[r + 1]]
+            out[torch.from_numpy(plan.keep_positions)] = local[torch.from_numpy(plan.keep_index)]
+            offset = 0
+            for q in range(size):  # rank q's send buffer, its part for r
+                sent = plans[q].send_index[sum(plans[q].send_splits[:r]):sum(plans[q].send_splits[:r + 1])]
+                rows = data[owners[q]:owners[q + 1]][torch.from_numpy(sent)]
+                count = plan.receive_splits[q]
+                assert len(rows) == count, (seed, r, q)
+                out[torch.from_numpy(plan.receive_positions[offset:offset + count])] = rows
+                offset += count
+            assert out.tolist() == [row * 10 + 1.0 for row in want], (seed, needs, owners, r)
+            for row in want:
+                assert plan.locate(row) == want.index(row)
+            grads_back[torch.tensor(want, dtype=torch.long)] += 1
+        assert all(plan.exchange == plans[0].exchange for plan in plans), seed
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("sinks", [True, False])
+def test_sparse_attention_equals_the_dense_masked_softmax(shared: bool, sinks: bool) -> None:
+    """Forward and every gradient against the model's eager math (gather, mask, softmax with the
+    sink column appended then dropped), for chunks of 1 row, a prime, and all rows; a row that
+    sees nothing outputs zeros."""
+    seed = _seed()
+    generator = torch.Generator().manual_seed(seed)
+    for heads, rows, dim, keys, columns in ((3, 7, 5, 11, 4), (1, 1, 2, 1, 1), (2, 13, 3, 5, 7)):
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+
+        q = randn(heads, rows, dim)
+        k = randn(keys, dim) if shared else randn(keys, heads, dim)
+        v = None if shared else randn(keys, heads, dim)
+        s = randn(heads) if sinks else None
+        index = torch.randint(0, keys, (rows, columns), generator=generator)
+        valid = torch.rand(rows, columns, generator=generator) > 0.3
+        valid[0] = False
+
+        def reference() -> torch.Tensor:
+            gathered, values = k[index], (k if v is None else v)[index]
+            pattern = "hld,lcd->hlc" if shared else "hld,lchd->hlc"
+            logits = torch.einsum(pattern, q, gathered) * 0.7
+            logits = logits.masked_fill(~valid[None], float("-inf"))
+            if s is not None:
+                probs = torch.softmax(torch.cat([logits, s[:, None, None].expand(-1, rows, 1)], -1), -1)[..., :-1]
+            else:
+                probs = torch.nan_to_num(torch.softmax(logits, -1))
+            return torch.einsum("hlc,lcd->hld" if shared else "hlc,lchd->hld", probs, values)
+
+        inputs = [t for t in (q, k, v, s) if t is not None]
+        grad = torch.randn(heads, rows, dim, generator=generator, dtype=torch.float64)
+        want = reference()
+        want_grads = torch.autograd.grad(want, inputs, grad)
+        for chunk in (1, 3, rows):
+            got = sparse_attention(q, k, lambda a, b: (index[a:b], valid[a:b]), scale=0.7, values=v, sinks=s,
+                                   chunk_rows=chunk)
+            assert torch.allclose(got, want, atol=1e-12, rtol=0), (seed, chunk)
+            assert torch.all(got[:, 0] == 0) or s is not None
+            for name, a, b in zip("qkvs", torch.autograd.grad(got, inputs, grad), want_grads):
+                assert torch.allclose(a, b, atol=1e-10, rtol=0), (seed, chunk, name, float((a - b).abs().max()))
+
+
+def test_attention_chunks_fit_their_budget() -> None:
+    assert attention_chunk_rows(256, 64, 512, 512, 2, budget=64 << 20) >= 1
+    per_row = 256 * (2 * 1024 * 2 + 3 * 64 * 4)
+    assert attention_chunk_rows(256, 64, 512, 512, 2, budget=64 << 20) == (64 << 20) // per_row
+    assert attention_chunk_rows(10**9, 64, 512, 512, 2, budget=1) == 1
+    with pytest.raises(ValueError, match="chunk_rows must be positive, got 0"):
+        sparse_attention(torch.zeros(1, 1, 1), torch.zeros(1, 1), lambda a, b: (None, None), scale=1.0,
+                         chunk_rows=0)
+
+
+pytest.importorskip("transformers.models.deepseek_v4", reason="transformers >= 5.8 (DeepseekV4) not installed")
+
+import v4_bounded_tasks  # noqa: E402
+import v4_tasks  # noqa: E402
+from multirank import pool_of, results_or_raise  # noqa: E402
+from test_deepseek_v4 import assert_matches_oracle  # noqa: E402
+
+
+def test_the_smallest_chunks_equal_the_model_run_per_document() -> None:
+    """One attention row per chunk, two selector rows per chunk and key chunks of top-k keys (so
+    every running top-k merge runs), with activation checkpointing, on 2 ranks; with the KL, its
+    value and the indexer's gradients equal the default chunks' run."""
+    lengths = (1, 2, 30, 5, 2, 8)
+    runs = [(lengths, mode, {"tiny_chunks": True, **options}) for mode, options in
+            (("spill", {}), ("hybrid", {"block_size": 4, "zigzag_min_length": 16}),
+             ("spill", {"checkpointing": True}))]
+    runs += [(lengths, "spill", {"kl": 0.5}), (lengths, "spill", {"kl": 0.5, "tiny_chunks": True, "checkpointing": True})]
+    per_rank = results_or_raise(pool_of(2).run(v4_tasks.cp_runs, runs, timeout=600))
+    for index, (_, mode, options) in enumerate(runs[:3]):
+        assert_matches_oracle([rank_results[index] for rank_results in per_rank], lengths, 2,
+                              f"tiny chunks, {mode} {options}")
+    for rank, results in enumerate(per_rank):
+        default, tiny = results[3], results[4]
+        assert tiny["kl"] == pytest.approx(default["kl"], rel=1e-12) and default["kl"] > 0
+        for name, grad in default["grads"].items():
+            scale = max(float(grad.abs().max()), 1e-12)
+            assert float((tiny["grads"][name] - grad).abs().max()) <= 1e-9 * scale, (rank, name)
+
+
+def test_a_forward_syncs_the_host_a_fixed_number_of_times_whatever_its_layer_count() -> None:
+    """The forward's one agreement (one read of its checks, one all-gather of verdicts); every
+    layer after it runs with no host read, in the forward, the recompute and the backward."""
+    per_rank = {layers: results_or_raise(pool_of(2).run(v4_bounded_tasks.host_syncs, layers, True, timeout=300))
+                for layers in (4, 8)}
+    for layers, results in per_rank.items():
+        for rank, counts in enumerate(results):
+            assert sum(counts["backward"].values()) == 0, (layers, rank, counts["backward"])
+            assert sum(counts["forward"].values()) == 2, (layers, rank, counts["forward"])
+            kinds = sorted(site.split()[-1] for site in counts["forward"])
+            assert kinds == ["all_gather_object", "tolist"], (layers, rank, counts["forward"])
+
+
+def test_replay_records_die_with_their_backward() -> None:
+    """Checkpointed training steps with the KL, each followed by an evaluation forward: no forward
+    context outlives its backward, and memory after 30 steps equals memory after 2."""
+    results = results_or_raise(pool_of(2).run(v4_bounded_tasks.records_after_steps, (2, 30), timeout=300))
+    for rank, seen in enumerate(results):
+        assert seen["contexts"] == {2: 0, 30: 0}, (rank, seen)
+        assert seen["tensors"][30] == seen["tensors"][2], (rank, seen)
+
+
+def test_a_rank_gathers_only_the_index_k_rows_its_selections_can_see() -> None:
+    """Many documents on 4 ranks: each rank's Index K gather is the union of its segments' key
+    ranges, a fraction of the whole bank (which every rank used to all-gather)."""
+    lengths = (40, 3, 9, 20, 1, 31, 12, 4)
+    results = results_or_raise(pool_of(4).run(v4_bounded_tasks.index_bank_rows, lengths, "spill", timeout=300))
+    for rank, rows in enumerate(results):
+        assert rows["gathered"] <= rows["segments_rows"], (rank, rows)
+        assert rows["gathered"] < rows["whole"], (rank, rows)

@@ -1,0 +1,141 @@
+"""Rank tasks for test_v4_bounded.py: host syncs counted per forward and backward, replay
+records' lifetime, and the Index K rows a rank gathers."""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+import v4_tasks
+
+_PACKAGE = os.sep + "sparsecp" + os.sep
+# Host reads: each blocks the host until the device has produced the value (on a GPU).
+_TENSOR_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
+_OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "all_reduce", "barrier", "all_gather")
+# A read that runs only on CPU tensors, where it waits for nothing (kl.py's backward: an
+# incoming gradient of exactly 1 hands its saved gradients over without a copy).
+_CPU_ONLY = ("backward",)
+
+
+@contextmanager
+def counting_host_syncs() -> Iterator[Counter]:
+    """Counts the host reads of tensor data and the object / verdict collectives that
+    sparsecp's own code makes (the caller's frame is in the sparsecp package), by call site."""
+    counts: Counter = Counter()
+    patched: list[tuple[Any, str, Any]] = []
+
+    def wrap(owner: Any, name: str) -> None:
+        original = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            frame = sys._getframe(1)
+            where = frame.f_code.co_filename
+            if _PACKAGE in where and not (where.endswith("kl.py") and frame.f_code.co_name in _CPU_ONLY):
+                counts[f"{os.path.basename(where)}:{frame.f_lineno} {name}"] += 1
+            return original(*args, **kwargs)
+        setattr(owner, name, counted)
+        patched.append((owner, name, original))
+
+    for name in _TENSOR_READS:
+        wrap(torch.Tensor, name)
+    wrap(torch, "equal")
+    for name in _OBJECT_COLLECTIVES:
+        wrap(dist, name)
+    try:
+        yield counts
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+
+
+def _layer_types(layers: int) -> dict[str, Any]:
+    base = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+            "compressed_sparse_attention"]
+    types = (base * (layers // 4 + 1))[:layers]
+    return {"num_hidden_layers": layers, "layer_types": types, "mlp_layer_types": ["hash_moe"] + ["moe"] * (layers - 1)}
+
+
+def host_syncs(rank: int, size: int, layers: int, kl: bool) -> dict[str, Any]:
+    """One checkpointed training step of a ``layers``-layer model, after one warm-up step (the
+    batch's layout is planned and moved then): the host syncs of its forward and backward."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = v4_tasks.tiny_model(torch.float64, **_layer_types(layers))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=0.1 if kl else None)
+    lengths = (13, 17, 11, 7)
+    input_ids = v4_tasks.packed_ids(lengths)
+    ids, positions = cp_v4.shard_batch(input_ids, lengths)
+    labels = cp_v4.shard_labels(input_ids, lengths)
+    counts = {}
+    for step in range(2):
+        with counting_host_syncs() as forward:
+            logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+            kl_loss = cp_v4.indexer_kl_loss(model) if kl else 0
+        loss = cp_v4.causal_lm_loss(logits, labels, lengths) + kl_loss
+        with counting_host_syncs() as backward:
+            loss.backward()
+        counts = {"forward": dict(forward), "backward": dict(backward)}
+    return counts
+
+
+def records_after_steps(rank: int, size: int, steps: tuple[int, ...]) -> dict[str, Any]:
+    """Checkpointed training steps, each followed by an evaluation forward: after each count in
+    ``steps``, the forward contexts still alive and the tensors gc can see."""
+    from sparsecp.models import _v4_state
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = v4_tasks.tiny_model(torch.float64)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=0.1)
+    lengths = (13, 17, 11, 7)
+    input_ids = v4_tasks.packed_ids(lengths)
+    ids, positions = cp_v4.shard_batch(input_ids, lengths)
+    labels = cp_v4.shard_labels(input_ids, lengths)
+    seen: dict[str, Any] = {"contexts": {}, "tensors": {}}
+    done = 0
+    for target in steps:
+        while done < target:
+            model.train()
+            logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+            loss = cp_v4.causal_lm_loss(logits, labels, lengths) + cp_v4.indexer_kl_loss(model)
+            loss.backward()
+            model.zero_grad(set_to_none=False)  # the gradient buffers stay: the same tensors every step
+            del logits, loss
+            model.eval()
+            with torch.no_grad():
+                model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+            done += 1
+        gc.collect()
+        state = cp_v4.context_parallel_state(model)
+        state.kl_losses = []  # the last training forward's KL: a caller's to drop
+        gc.collect()
+        seen["contexts"][target] = sum(isinstance(o, _v4_state.ForwardContext) for o in gc.get_objects())
+        seen["tensors"][target] = sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+    return seen
+
+
+def index_bank_rows(rank: int, size: int, lengths: tuple[int, ...], mode: str) -> dict[str, int]:
+    """The Index K rows this rank gathers for its selection against the whole bank's."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = v4_tasks.tiny_model(torch.float64)
+    cp_v4.context_parallel(model, None, mode)
+    state = cp_v4.context_parallel_state(model)
+    input_ids = v4_tasks.packed_ids(lengths)
+    ids, positions = cp_v4.shard_batch(input_ids, lengths)
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+    layout = state.batch(lengths).on(torch.device("cpu"), state.compressions, lambda ratio: [], False)
+    tables = layout.compressions[(4, True)]
+    assert tables.index_bank is not None
+    plan = tables.index_bank.plan
+    return {"gathered": plan.rows, "received": plan.received_rows, "whole": tables.layout.entries,
+            "segments_rows": int(sum(int(ke) - int(kb) for _, _, kb, ke, _ in tables.route.segments.array.tolist()))}
