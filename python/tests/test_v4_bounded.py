@@ -6,6 +6,7 @@ and the model paths on 2 gloo ranks against the per-document oracle (test_deepse
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -56,12 +57,30 @@ def test_row_gather_plans_agree_with_each_rank_reading_its_rows_directly() -> No
         assert all(plan.exchange == plans[0].exchange for plan in plans), seed
 
 
+def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, s: torch.Tensor | None,
+                     index: torch.Tensor, valid: torch.Tensor, scale: float) -> torch.Tensor:
+    """The model's eager math: gather, mask, softmax with the sink column appended then dropped."""
+    shared = k.ndim == 2
+    gathered, values = k[index], (k if v is None else v)[index]
+    logits = torch.einsum("hld,lcd->hlc" if shared else "hld,lchd->hlc", q, gathered) * scale
+    logits = logits.masked_fill(~valid[None], float("-inf"))
+    if s is not None:
+        sink = s[:, None, None].expand(-1, q.shape[1], 1)
+        probs = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
+    else:
+        probs = torch.nan_to_num(torch.softmax(logits, -1))
+    return torch.einsum("hlc,lcd->hld" if shared else "hlc,lchd->hld", probs, values)
+
+
+def _columns_of(index: torch.Tensor, valid: torch.Tensor) -> Any:
+    return lambda start, stop: (index[start:stop], valid[start:stop])
+
+
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("sinks", [True, False])
 def test_sparse_attention_equals_the_dense_masked_softmax(shared: bool, sinks: bool) -> None:
-    """Forward and every gradient against the model's eager math (gather, mask, softmax with the
-    sink column appended then dropped), for chunks of 1 row, a prime, and all rows; a row that
-    sees nothing outputs zeros."""
+    """Forward and every gradient against the model's eager math, for chunks of 1 row, a prime,
+    and all rows; a row that sees nothing outputs zeros (or, with a sink, only the sink's mass)."""
     seed = _seed()
     generator = torch.Generator().manual_seed(seed)
     for heads, rows, dim, keys, columns in ((3, 7, 5, 11, 4), (1, 1, 2, 1, 1), (2, 13, 3, 5, 7)):
@@ -75,27 +94,14 @@ def test_sparse_attention_equals_the_dense_masked_softmax(shared: bool, sinks: b
         index = torch.randint(0, keys, (rows, columns), generator=generator)
         valid = torch.rand(rows, columns, generator=generator) > 0.3
         valid[0] = False
-
-        def reference() -> torch.Tensor:
-            gathered, values = k[index], (k if v is None else v)[index]
-            pattern = "hld,lcd->hlc" if shared else "hld,lchd->hlc"
-            logits = torch.einsum(pattern, q, gathered) * 0.7
-            logits = logits.masked_fill(~valid[None], float("-inf"))
-            if s is not None:
-                probs = torch.softmax(torch.cat([logits, s[:, None, None].expand(-1, rows, 1)], -1), -1)[..., :-1]
-            else:
-                probs = torch.nan_to_num(torch.softmax(logits, -1))
-            return torch.einsum("hlc,lcd->hld" if shared else "hlc,lchd->hld", probs, values)
-
         inputs = [t for t in (q, k, v, s) if t is not None]
         grad = torch.randn(heads, rows, dim, generator=generator, dtype=torch.float64)
-        want = reference()
+        want = _dense_attention(q, k, v, s, index, valid, 0.7)
         want_grads = torch.autograd.grad(want, inputs, grad)
         for chunk in (1, 3, rows):
-            got = sparse_attention(q, k, lambda a, b: (index[a:b], valid[a:b]), scale=0.7, values=v, sinks=s,
-                                   chunk_rows=chunk)
+            got = sparse_attention(q, k, _columns_of(index, valid), scale=0.7, values=v, sinks=s, chunk_rows=chunk)
             assert torch.allclose(got, want, atol=1e-12, rtol=0), (seed, chunk)
-            assert torch.all(got[:, 0] == 0) or s is not None
+            assert bool(torch.all(got[:, 0] == 0)), (seed, chunk)  # row 0 sees no key: zero output
             for name, a, b in zip("qkvs", torch.autograd.grad(got, inputs, grad), want_grads):
                 assert torch.allclose(a, b, atol=1e-10, rtol=0), (seed, chunk, name, float((a - b).abs().max()))
 
@@ -126,7 +132,8 @@ def test_the_smallest_chunks_equal_the_model_run_per_document() -> None:
     runs = [(lengths, mode, {"tiny_chunks": True, **options}) for mode, options in
             (("spill", {}), ("hybrid", {"block_size": 4, "zigzag_min_length": 16}),
              ("spill", {"checkpointing": True}))]
-    runs += [(lengths, "spill", {"kl": 0.5}), (lengths, "spill", {"kl": 0.5, "tiny_chunks": True, "checkpointing": True})]
+    runs += [(lengths, "spill", {"kl": 0.5}),
+             (lengths, "spill", {"kl": 0.5, "tiny_chunks": True, "checkpointing": True})]
     per_rank = results_or_raise(pool_of(2).run(v4_tasks.cp_runs, runs, timeout=600))
     for index, (_, mode, options) in enumerate(runs[:3]):
         assert_matches_oracle([rank_results[index] for rank_results in per_rank], lengths, 2,

@@ -6,12 +6,12 @@ import gc
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
-
 import v4_tasks
 
 _PACKAGE = os.sep + "sparsecp" + os.sep
@@ -75,7 +75,7 @@ def host_syncs(rank: int, size: int, layers: int, kl: bool) -> dict[str, Any]:
     ids, positions = cp_v4.shard_batch(input_ids, lengths)
     labels = cp_v4.shard_labels(input_ids, lengths)
     counts = {}
-    for step in range(2):
+    for _ in range(2):  # the second step: the layout is planned and moved by the first
         with counting_host_syncs() as forward:
             logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
             kl_loss = cp_v4.indexer_kl_loss(model) if kl else 0
