@@ -29,9 +29,18 @@ worker selection); at the end, medians per strategy: step time, the selection wo
 compressor rows, bank prefixes, Index K bank; selection exchange), and each rank's peak memory
 against one process running the whole batch (resident set growth during the steps).
 
+With ``--dp D`` it trains the way large models are trained: D x ``--ranks`` gloo processes on a
+``(dp, cp)`` DeviceMesh, each dp row its own packed batch, ``context_parallel`` over
+``mesh["cp"]``, then FSDP2 (``fully_shard``) of every layer and the model over the flattened
+dp x cp mesh (no hand all-reduce), the loss the mean over the valid tokens of the global batch
+(``causal_lm_loss(..., group=flat)``) plus the KL times the CP size. Each rank then reports its
+parameter, gradient and AdamW-state bytes (the replicated run reports them too: every rank holds
+the whole model).
+
 Usage::
 
     python python/examples/train_deepseek_v4.py --ranks 4
+    python python/examples/train_deepseek_v4.py --ranks 2 --dp 2 --modes spill --steps 2 --tokens 4096
     python python/examples/train_deepseek_v4.py --ranks 4 --steps 5 --selector fused --json out.json
 """
 from __future__ import annotations
@@ -88,13 +97,15 @@ def build_models(args: argparse.Namespace) -> Any:
     return model
 
 
-def batch(args: argparse.Namespace, step: int) -> tuple[tuple[int, ...], Any]:
+def batch(args: argparse.Namespace, step: int, row: int = 0) -> tuple[tuple[int, ...], Any]:
+    """Step ``step``'s packed batch of dp row ``row`` (row 0: the replicated run's batch)."""
     import torch
 
     import sparsecp
 
-    lengths = tuple(int(n) for n in sparsecp.generate_batch("lognormal", args.tokens, args.ranks, args.seed + step))
-    generator = torch.Generator().manual_seed(args.seed + step)
+    seed = args.seed + step + 7919 * row
+    lengths = tuple(int(n) for n in sparsecp.generate_batch("lognormal", args.tokens, args.ranks, seed))
+    generator = torch.Generator().manual_seed(seed)
     return lengths, torch.randint(0, 512, (1, sum(lengths)), generator=generator)
 
 
@@ -149,6 +160,22 @@ def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def memory_bytes(model: Any, optimizer: Any) -> dict[str, int]:
+    """This rank's bytes of parameters, gradients and optimizer state (a DTensor counts its
+    local shard only: what FSDP2 keeps between steps)."""
+    def local(tensor: Any) -> Any:
+        return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+    def size(tensor: Any) -> int:
+        return local(tensor).numel() * local(tensor).element_size()
+
+    parameters = list(model.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values() if hasattr(v, "numel") and v.ndim > 0]
+    return {"param_bytes": sum(size(p) for p in parameters),
+            "grad_bytes": sum(size(p.grad) for p in parameters if p.grad is not None),
+            "optimizer_bytes": sum(size(v) for v in state)}
+
+
 def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -160,6 +187,15 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=600))
     try:
+        dp = getattr(args, "dp", 1)
+        cp_group: Any = None
+        flat: Any = None
+        row = 0
+        if dp > 1:  # FSDP2 over the flattened dp x cp mesh
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (dp, size // dp), mesh_dim_names=("dp", "cp"))
+            cp_group, flat, row = mesh["cp"], mesh["dp", "cp"]._flatten(), mesh["dp"].get_local_rank()
         base = build_models(args)
         models, optimizers = {}, {}
         calibrated = {}
@@ -173,17 +209,24 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
             if mode.endswith(CALIBRATED):
                 options["cost_model"] = calibrated[selector]
             model = copy.deepcopy(base)
-            cp_v4.context_parallel(model, None, mode.removesuffix(CALIBRATED), selector=selector,
+            cp_v4.context_parallel(model, cp_group, mode.removesuffix(CALIBRATED), selector=selector,
                                    indexer_kl_coeff=args.kl, **options)
+            if flat is not None:  # after context_parallel: FSDP2 wraps the CP forwards and hooks
+                from torch.distributed.fsdp import fully_shard
+
+                for layer in model.model.layers:
+                    fully_shard(layer, mesh=flat)
+                fully_shard(model, mesh=flat)
             model.train()
             models[variant] = model
             optimizers[variant] = torch.optim.AdamW(model.parameters(), lr=args.lr)
         del base
         resident = rss_bytes()
+        memories: dict[str, dict[str, int]] = {}
         for step in range(args.steps):
-            lengths, input_ids = batch(args, step)
-            ids, positions = cp_v4.shard_batch(input_ids, lengths)
-            labels = cp_v4.shard_labels(input_ids, lengths)
+            lengths, input_ids = batch(args, step, row)
+            ids, positions = cp_v4.shard_batch(input_ids, lengths, cp_group)
+            labels = cp_v4.shard_labels(input_ids, lengths, cp_group)
             for mode in args.variants:
                 model, optimizer = models[mode], optimizers[mode]
                 state = cp_v4.context_parallel_state(model)
@@ -195,20 +238,32 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
                 start = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
                 out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
-                loss = cp_v4.causal_lm_loss(out.logits, labels, lengths)
-                kl = cp_v4.indexer_kl_loss(model)
-                (loss + kl if kl is not None else loss).backward()
-                cp_v4.all_reduce_gradients(model)
+                if flat is None:  # replicated: shares summed over the CP ranks
+                    loss = cp_v4.causal_lm_loss(out.logits, labels, lengths)
+                    kl = cp_v4.indexer_kl_loss(model)
+                    (loss + kl if kl is not None else loss).backward()
+                    cp_v4.all_reduce_gradients(model)
+                else:  # FSDP2 averages over dp x cp: each term scaled for that mean
+                    loss = cp_v4.causal_lm_loss(out.logits, labels, lengths, group=flat)
+                    kl = cp_v4.indexer_kl_loss(model)
+                    (loss + (size // dp) * kl if kl is not None else loss).backward()
+                if step == 0:  # after backward, before the step: parameters and gradients (AdamW's
+                    # state from the first step on, so it is read after the step)
+                    memories[mode] = memory_bytes(model, optimizer)
                 optimizer.step()
                 seconds = time.perf_counter() - start
-                summed = torch.tensor([float(loss.detach()), float(kl.detach()) if kl is not None else 0.0])
+                if step == 0:
+                    memories[mode]["optimizer_bytes"] = memory_bytes(model, optimizer)["optimizer_bytes"]
+                # reported: the global mean loss and the mean over dp rows of each row's KL
+                summed = torch.tensor([float(loss.detach()) / (size if flat is not None else 1),
+                                       float(kl.detach()) / dp if kl is not None else 0.0])
                 dist.all_reduce(summed)
                 queue.put({"rank": rank, "step": step, "mode": mode, "seconds": seconds,
                            "loss": float(summed[0]), "kl": float(summed[1]), "documents": len(lengths),
                            "longest": max(lengths), "indexer_seconds": state.stats.indexer_seconds,
                            "selector_seconds": state.clock.seconds,
                            "dispatch_bytes": state.stats.dispatch_bytes,
-                           "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"]})
+                           "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"], **memories[mode]})
         queue.put({"rank": rank, "peak_growth": peak_bytes() - resident})
     except BaseException as error:
         queue.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
@@ -255,7 +310,7 @@ def spawn(target: Any, size: int, args: argparse.Namespace, report: Any) -> list
             continue
         key = (record["step"], record["mode"])
         pending.setdefault(key, []).append(record)
-        if len(pending[key]) == size and report is not None:
+        if len(pending[key]) == len(processes) and report is not None:
             report(sorted(pending.pop(key), key=lambda r: r["rank"]))
     for process in processes:
         process.join()
@@ -265,9 +320,13 @@ def spawn(target: Any, size: int, args: argparse.Namespace, report: Any) -> list
 def print_step(ranks: list[dict[str, Any]]) -> None:
     first = ranks[0]
     shares = " ".join(f"{100 * r['indexer_seconds'] / r['seconds']:3.0f}%" for r in ranks)
+    mib = 2 ** -20
+    memory = "  per rank MiB: " + " ".join(f"params {r['param_bytes'] * mib:.2f} grads {r['grad_bytes'] * mib:.2f} "
+                                           f"adamw {r['optimizer_bytes'] * mib:.2f}" for r in ranks[:1])
     print(f"step {first['step']}  {first['mode']:16s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
           f"step {max(r['seconds'] for r in ranks):6.2f} s  indexer share per rank {shares}  "
-          f"({first['documents']} documents, longest {first['longest']})", flush=True)
+          f"({first['documents']} documents, longest {first['longest']})"
+          + (memory if first["step"] == 0 else ""), flush=True)
 
 
 def median(values: list[float]) -> float:
@@ -308,6 +367,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=4, help="CP ranks (gloo on loopback)")
+    parser.add_argument("--dp", type=int, default=1,
+                        help="data-parallel rows: with D > 1, D x --ranks processes, FSDP2 over the flattened "
+                             "dp x cp mesh (each dp row its own batch) instead of replicated weights")
     parser.add_argument("--modes", default="none,zigzag,hybrid,spill,spill-calibrated",
                         help="strategies, interleaved every step; NAME-calibrated plans NAME (spill, auto) on a cost "
                              "model fitted to the worker selector's own times first (sparsecp.torch.calibrate)")
@@ -339,11 +401,14 @@ def main() -> int:
     print(f"# DeepSeek-V4 (transformers) under CP {args.ranks}: {args.tokens} tokens/step, lognormal documents, "
           f"selector {args.selector}, modes {','.join(args.modes)}; {cpu_model()}, "
           f"{os.cpu_count()} cores, kernel ISA {sparsecp.kernel_isa()}, torch {torch.__version__}", flush=True)
-    records = spawn(run_rank, args.ranks, args, print_step)
+    if args.dp < 1:
+        parser.error("--dp must be at least 1")
+    records = spawn(run_rank, args.ranks * args.dp, args, print_step)
     single: list[dict[str, Any]] = []
     if not args.no_single:
         one = copy.copy(args)
         one.ranks, one.modes, one.variants, one.steps = 1, args.modes[:1], args.variants[:1], min(args.steps, 2)
+        one.dp = 1
         single = spawn(single_process_peak, 1, one, None)
     result = summary(records, single, args)
     print("\nmedians per strategy over the steps (step: the slowest rank's wall time; selection: the selector's "
@@ -363,6 +428,12 @@ def main() -> int:
     one = result["peak_growth_one_process"]
     print(f"peak memory growth per rank (MiB): {peaks}" + (f"; one process, whole batch: {one / 2**20:.0f} MiB"
                                                            if one is not None else ""))
+    first = [r for r in records if r.get("step") == 0 and r.get("mode") == args.variants[0]]
+    mib = 2 ** -20
+    layout = f"FSDP2 over dp {args.dp} x cp {args.ranks}" if args.dp > 1 else f"replicated over cp {args.ranks}"
+    for name in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+        values = [r[name] * mib for r in sorted(first, key=lambda r: r["rank"])]
+        print(f"{name.removesuffix('_bytes'):9s} MiB per rank ({layout}): " + ", ".join(f"{v:.2f}" for v in values))
     if args.json:
         with open(args.json, "w") as file:
             json.dump(result, file, indent=1)

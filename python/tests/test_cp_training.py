@@ -62,6 +62,23 @@ def test_gradient_accumulation_equals_one_batch() -> None:
     assert_follows_oracle(results, "two micro-batches")
 
 
+def test_fsdp2_with_the_indexer_kl_equals_replicated_weights() -> None:
+    """The KL's graph leaves each layer through the indexer's parameters, not the layer's
+    output (its inputs are detached); FSDP2 still reduces those gradients: two steps with the
+    KL (times the CP size) equal replicated weights whose gradients are averaged over the same
+    flattened mesh, and the indexer moved."""
+    fsdp, replicated = (results_or_raise(pool_of(4).run(
+        functools.partial(training_tasks.fsdp_train, kl=0.5, replicated=flag), DP, STEPS, 1, LR, timeout=300))
+        for flag in (False, True))
+    start = dict(v4_tasks.tiny_model(torch.float64).named_parameters())
+    for rank, (a, b) in enumerate(zip(fsdp, replicated)):
+        for name, value in b["params"][-1].items():
+            gap = float((a["params"][-1][name] - value).abs().max())
+            assert gap <= 1e-12, f"rank {rank}: {name} differs by {gap:.3g} under FSDP2"
+        moved = max(float((b["params"][-1][n] - start[n].detach()).abs().max()) for n in start if ".indexer." in n)
+        assert moved > 0.5 * LR, "the KL did not train the indexer"
+
+
 def test_router_aux_loss_is_the_whole_packed_rows() -> None:
     """out.aux_loss under CP 2 equals transformers' load_balancing_loss_func on the router
     logits of the whole row (each document run alone), and so do the routers' gradients when

@@ -71,13 +71,17 @@ def oracle_steps(model: Any, rows: list[tuple[torch.Tensor, tuple[int, ...], tor
 
 
 def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr: float,
-               checkpointing: bool = False) -> dict[str, Any]:
+               checkpointing: bool = False, kl: float | None = None, replicated: bool = False) -> dict[str, Any]:
     """The issue's contract on a dp x cp mesh: context_parallel over mesh['cp'], fully_shard of
     every layer and the model over the flattened mesh, shard_batch / shard_labels with the user's
     labels, causal_lm_loss over the flattened mesh, FSDP2's default reduction, AdamW.
 
     With ``micro_batches`` = 2 each dp rank's row is split into two micro-batches (its documents
     halved), whose losses share ``num_items_in_batch`` (the valid labels of both, every rank).
+    With ``kl`` the indexer KL joins the loss, times the CP size (``indexer_kl_loss`` is this
+    rank's share of its row's KL, shares summed over the CP ranks; FSDP2 averages over dp x cp).
+    ``replicated``: no fully_shard, the same loss, gradients averaged over the flattened mesh by
+    ``all_reduce_gradients(..., average=True)`` (DDP's convention, mathematically FSDP2's).
     Returns the global mean loss per step and (every rank) the full parameters after each step."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -91,10 +95,11 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr
     if checkpointing:
         model.activation_checkpointing_enable()
     model.train()
-    cp_v4.context_parallel(model, mesh["cp"], "spill")
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=flat)
-    fully_shard(model, mesh=flat)
+    cp_v4.context_parallel(model, mesh["cp"], "spill", indexer_kl_coeff=kl)
+    if not replicated:
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=flat)
+        fully_shard(model, mesh=flat)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
 
     input_ids, lengths, labels = batch_row(mesh["dp"].get_local_rank())
@@ -117,12 +122,18 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr
         for ids, positions, shard_labels, lens in shards:
             logits = model(input_ids=ids, position_ids=positions, document_lengths=lens).logits
             loss = cp_v4.causal_lm_loss(logits, shard_labels, lens, group=flat, num_items_in_batch=total)
-            loss.backward()
             reported += loss.detach()
+            if kl is not None:
+                indexer_kl = cp_v4.indexer_kl_loss(model)
+                assert indexer_kl is not None
+                loss = loss + cp * indexer_kl
+            loss.backward()
+        if replicated:
+            cp_v4.all_reduce_gradients(model, flat, average=True)
         dist.all_reduce(reported, group=flat.get_group())
         losses.append(float(reported) / flat.size())  # the mean over flat of the returned values
         optimizer.step()
-        params.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
+        params.append({n: (p if replicated else p.full_tensor()).detach().clone() for n, p in model.named_parameters()})
     return {"losses": losses, "params": params, "sharded": type(next(model.parameters())).__name__}
 
 
