@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Per-rank peak memory, step time and bank bytes of one DeepSeek-V4 training step under CP.
+
+For each configuration (tokens x pack x selector x activation checkpointing) two fresh gloo ranks
+(``--ranks``) on this machine build the same random ``DeepseekV4ForCausalLM``, make it
+context-parallel (``sparsecp.models.deepseek_v4``, ``mode="spill"``), and run one training step on
+their shard: forward, indexer KL (0.01), backward. Each rank reports:
+
+* its peak resident memory growth during the step (``ru_maxrss`` after the step against the
+  resident size before it, in fresh processes: the step's own peak), and per local row;
+* the step's wall time (the slowest rank);
+* per CSA layer, the Index K bank bytes it received against what the whole-bank all-gather it
+  replaced moved to it (``(ranks - 1) x the widest rank's owned entries``), and the bytes of every
+  row it gathered for the sliding-window halo, compressor windows and bank prefixes.
+
+The model (the sizes of the issue that asked for this): hidden 128, four layers (sliding, CSA,
+HCA, CSA), window 128, CSA ratio 4, HCA ratio 128, 4 attention heads of 64, an indexer of 32 heads
+of 64 with top-k 128, 4 experts (2 active), float32. ``--baseline`` adds the same model with every
+layer sliding and a window of 4: the memory of everything but the attention layers.
+
+Packs: ``one`` (one document of all the tokens) and ``lognormal`` (sparsecp's long-tailed
+generator, ``sparsecp.generate_batch("lognormal", tokens, ranks, seed)``).
+
+Usage::
+
+    python python/benchmarks/v4_memory.py --tokens 16384,32768 --packs lognormal --selectors model
+    python python/benchmarks/v4_memory.py --tokens 131072 --packs lognormal --checkpointing on --json out.json
+    python python/benchmarks/v4_memory.py --svg memory.svg --from out.json   # plot saved runs
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+KL_COEFF = 0.01
+
+
+def model_config(baseline: bool) -> Any:
+    from transformers import DeepseekV4Config
+
+    types = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+             "compressed_sparse_attention"]
+    return DeepseekV4Config(
+        vocab_size=512, hidden_size=128, moe_intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=64, q_lora_rank=64, num_experts_per_tok=2, n_routed_experts=4,
+        n_shared_experts=1, layer_types=["sliding_attention"] * 4 if baseline else types,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"], sliding_window=4 if baseline else 128, o_groups=2,
+        o_lora_rank=64, index_n_heads=32, index_head_dim=64, index_topk=128, hc_mult=2, hc_sinkhorn_iters=5,
+        max_position_embeddings=1 << 21, attn_implementation="eager", experts_implementation="eager")
+
+
+def lengths_of(pack: str, tokens: int, ranks: int) -> tuple[int, ...]:
+    import sparsecp
+
+    if pack == "one":
+        return (tokens,)
+    return tuple(int(n) for n in sparsecp.generate_batch("lognormal", tokens, ranks, 1))
+
+
+def _resident_kib() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def rank_main(rank: int, size: int, port: int, job: dict[str, Any], results: Any) -> None:
+    try:
+        results.put((rank, run_rank(rank, size, port, job)))
+    except BaseException:  # the parent reports it
+        results.put((rank, {"error": traceback.format_exc()}))
+
+
+def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from transformers import DeepseekV4ForCausalLM
+
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=3600))
+    torch.manual_seed(0)
+    model = DeepseekV4ForCausalLM(model_config(job["baseline"]))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("sinks", "position_bias")):
+                parameter.normal_(0, 0.5)
+    if job["checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    cp_v4.context_parallel(model, None, "spill", selector=job["selector"], indexer_kl_coeff=KL_COEFF)
+    state = cp_v4.context_parallel_state(model)
+    lengths = lengths_of(job["pack"], job["tokens"], size)
+    input_ids = torch.randint(0, 512, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
+    ids, positions = cp_v4.shard_batch(input_ids, lengths)
+    labels = cp_v4.shard_labels(input_ids, lengths)
+    del input_ids
+    dist.barrier()
+    before = _resident_kib()
+    start = time.perf_counter()
+    logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+    loss = cp_v4.causal_lm_loss(logits, labels, lengths)
+    kl = cp_v4.indexer_kl_loss(model)
+    (loss + kl).backward()
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    dist.barrier()
+    banks = []
+    if not job["baseline"]:
+        layout = state.batch(lengths).on(ids.device, state.compressions, lambda ratio: [], True)
+        tables = layout.compressions[(4, True)]
+        assert tables.index_bank is not None
+        owners = tables.layout.owners
+        widest = max(owners[q + 1] - owners[q] for q in range(size))
+        row_bytes = 64 * 4
+        banks.append({"index_bank_received": tables.index_bank.plan.received_rows * row_bytes,
+                      "whole_bank_gather": (size - 1) * widest * row_bytes,
+                      "index_bank_rows": tables.index_bank.plan.rows, "bank_entries": tables.layout.entries})
+    local = sum(lengths) // size
+    growth = max(0, peak - before)
+    return {"rank": rank, "local_rows": local, "documents": len(lengths), "longest": max(lengths),
+            "peak_growth_kib": growth, "kib_per_row": growth / local, "seconds": seconds,
+            "selector_seconds": state.clock.seconds, "dispatch_bytes": state.stats.dispatch_bytes, "banks": banks,
+            "loss": float(loss.detach()), "kl": float(kl.detach())}
+
+
+def run_job(job: dict[str, Any], ranks: int) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=rank_main, args=(r, ranks, port, job, results)) for r in range(ranks)]
+    for process in processes:
+        process.start()
+    out = [results.get() for _ in processes]
+    for process in processes:
+        process.join()
+    by_rank = [value for _, value in sorted(out, key=lambda item: item[0])]
+    for value in by_rank:
+        if "error" in value:
+            raise RuntimeError(value["error"])
+    return by_rank
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def svg(rows: list[dict[str, Any]]) -> str:
+    """Memory per local row (KB, the busiest rank) against tokens, one line per configuration."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        name = f"{row['pack']}, {row['selector']}" + (", checkpointing" if row["checkpointing"] else "") + \
+            (" (baseline: all sliding, window 4)" if row["baseline"] else "")
+        series.setdefault(name, []).append((row["tokens"], row["kb_per_row"]))
+    width, height, left, bottom, top, right = 720, 380, 70, 50, 20, 250
+    xs = sorted({t for points in series.values() for t, _ in points})
+    top_y = max(v for points in series.values() for _, v in points) * 1.15
+    import math
+
+    def x(tokens: int) -> float:
+        span = math.log2(xs[-1] / xs[0]) if len(xs) > 1 else 1.0
+        return left + (width - left - right) * (math.log2(tokens / xs[0]) / span if span else 0.5)
+
+    def y(value: float) -> float:
+        return top + (height - top - bottom) * (1 - value / top_y)
+
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<line x1="{left}" y1="{y(0)}" x2="{width - right}" y2="{y(0)}" stroke="black"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{y(0)}" stroke="black"/>',
+             f'<text x="{(left + width - right) / 2}" y="{height - 12}" text-anchor="middle">tokens (2 ranks)</text>',
+             f'<text x="16" y="{(top + height - bottom) / 2}" transform="rotate(-90 16 {(top + height - bottom) / 2})" '
+             'text-anchor="middle">peak growth per local row (KB)</text>']
+    for tokens in xs:
+        parts.append(f'<text x="{x(tokens)}" y="{y(0) + 16}" text-anchor="middle">{tokens // 1024}K</text>')
+    for step in range(5):
+        value = top_y * step / 5
+        parts.append(f'<text x="{left - 6}" y="{y(value) + 4}" text-anchor="end">{value:.0f}</text>')
+        parts.append(f'<line x1="{left}" y1="{y(value)}" x2="{width - right}" y2="{y(value)}" stroke="#ddd"/>')
+    for index, (name, points) in enumerate(sorted(series.items())):
+        color = colors[index % len(colors)]
+        points.sort()
+        path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for t, v in points:
+            parts.append(f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="3" fill="{color}"/>')
+        legend_y = top + 16 * index + 8
+        parts.append(f'<line x1="{width - right + 10}" y1="{legend_y}" x2="{width - right + 30}" y2="{legend_y}" '
+                     f'stroke="{color}" stroke-width="2"/>')
+        parts.append(f'<text x="{width - right + 34}" y="{legend_y + 4}">{name}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=2, help="gloo ranks (default 2)")
+    parser.add_argument("--tokens", default="16384,32768,65536,131072",
+                        help="comma-separated batch sizes in tokens (default 16384,32768,65536,131072)")
+    parser.add_argument("--packs", default="one,lognormal", help="'one' (a single document), 'lognormal' (default both)")
+    parser.add_argument("--selectors", default="model,fused", help="worker selectors (default model,fused)")
+    parser.add_argument("--checkpointing", default="off,on", help="activation checkpointing: off, on (default both)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run every size with every layer sliding and a window of 4")
+    parser.add_argument("--json", help="append each configuration's result to this JSON file as it finishes")
+    parser.add_argument("--svg", help="write the memory-per-row plot here")
+    parser.add_argument("--from", dest="source", help="read results from this JSON file instead of running")
+    args = parser.parse_args()
+    if args.ranks < 1:
+        parser.error(f"--ranks must be positive, got {args.ranks}")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",") if t]
+    except ValueError:
+        parser.error(f"--tokens must be comma-separated integers, got {args.tokens!r}")
+    bad = [t for t in tokens if t < args.ranks or t % args.ranks]
+    if bad:
+        parser.error(f"--tokens {bad}: each must be a positive multiple of --ranks {args.ranks}")
+    packs = [p for p in args.packs.split(",") if p]
+    if set(packs) - {"one", "lognormal"} or not packs:
+        parser.error(f"--packs takes 'one' and/or 'lognormal', got {args.packs!r}")
+    selectors = [s for s in args.selectors.split(",") if s]
+    if set(selectors) - {"model", "fused"} or not selectors:
+        parser.error(f"--selectors takes 'model' and/or 'fused', got {args.selectors!r}")
+    checkpointing = [c for c in args.checkpointing.split(",") if c]
+    if set(checkpointing) - {"on", "off"} or not checkpointing:
+        parser.error(f"--checkpointing takes 'off' and/or 'on', got {args.checkpointing!r}")
+
+    rows: list[dict[str, Any]] = []
+    if args.source:
+        with open(args.source) as source:
+            rows = json.load(source)["rows"]
+    else:
+        import sparsecp
+
+        header = {"cpu": cpu_model(), "isa": sparsecp.kernel_isa(), "cores": os.cpu_count(),
+                  "date": datetime.date.today().isoformat(), "ranks": args.ranks, "command": " ".join(sys.argv)}
+        print(f"# {header['cpu']}, kernels {header['isa']}, {header['cores']} cores, {args.ranks} ranks, "
+              f"{header['date']}")
+        print("# tokens  pack       selector ckpt  peak/rank MiB  KB/row  step s  selector s  "
+              "Index K recv MB (whole-bank MB)")
+        jobs = [{"tokens": t, "pack": p, "selector": s, "checkpointing": c == "on", "baseline": False}
+                for t in tokens for p in packs for s in selectors for c in checkpointing]
+        if args.baseline:
+            jobs += [{"tokens": t, "pack": "lognormal", "selector": "model", "checkpointing": False, "baseline": True}
+                     for t in tokens]
+        for job in jobs:
+            ranks = run_job(job, args.ranks)
+            busiest = max(ranks, key=lambda r: r["peak_growth_kib"])
+            bank = " ".join(f"{b['index_bank_received'] / 1e6:.2f} ({b['whole_bank_gather'] / 1e6:.2f})"
+                            for r in ranks for b in r["banks"])
+            row = {**job, "peak_mib": busiest["peak_growth_kib"] / 1024,
+                   "kb_per_row": busiest["peak_growth_kib"] * 1.024 / busiest["local_rows"],
+                   "step_seconds": max(r["seconds"] for r in ranks),
+                   "selector_seconds": max(r["selector_seconds"] for r in ranks), "ranks": ranks}
+            rows.append(row)
+            print(f"{job['tokens']:>8}  {job['pack']:<10} {job['selector']:<8} {'on ' if job['checkpointing'] else 'off'}"
+                  f"{'' if not job['baseline'] else ' (baseline)'}  {row['peak_mib']:>13.0f}  {row['kb_per_row']:>6.0f}"
+                  f"  {row['step_seconds']:>6.1f}  {row['selector_seconds']:>10.1f}  {bank}", flush=True)
+            if args.json:
+                with open(args.json, "w") as out:
+                    json.dump({"header": header, "rows": rows}, out, indent=1)
+    if args.svg:
+        with open(args.svg, "w") as out:
+            out.write(svg(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
