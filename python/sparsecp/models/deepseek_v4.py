@@ -1,6 +1,6 @@
 """Context parallelism for transformers' DeepSeek-V4 (``DeepseekV4ForCausalLM``), with sparsecp.
 
-transformers (5.8 and later) ships ``DeepseekV4ForCausalLM``: sliding-window attention,
+transformers (5.8 and later; this module tests 5.23) ships ``DeepseekV4ForCausalLM``: sliding-window attention,
 compressed sparse attention (CSA: ratio 4, overlapped compressor windows, a Lightning Indexer
 with its own compressor), heavily compressed attention (HCA), attention sinks, grouped output
 projection, hyper-connections and hash / routed MoE, with no context parallelism. This module
@@ -15,6 +15,17 @@ makes it context-parallel over a process group, in place, for training on packed
     loss = cp_v4.causal_lm_loss(out.logits, labels, lengths)      # this rank's share
     loss.backward()
     cp_v4.all_reduce_gradients(model, group)                      # then optimizer.step()
+
+Weights may instead be sharded by FSDP2 over the flattened dp x cp mesh (torchtitan's
+``dp_shard_cp``), with no hand all-reduce; the order matters (``_cp_training``'s docstring,
+docs/guide/deepseek-v4.md "Training with FSDP2 over data x context")::
+
+    cp_v4.context_parallel(model, mesh["cp"], mode="spill")       # a 1-D DeviceMesh or a group
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=flat)                              # flat = mesh["dp", "cp"]._flatten()
+    fully_shard(model, mesh=flat)
+    labels = cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=user_labels)  # -100 kept
+    loss = cp_v4.causal_lm_loss(out.logits, labels, lengths, group=flat)  # for FSDP2's mean
 
 ``out.logits`` are this rank's rows' logits, equal to the unmodified model run on each
 document alone (not to the model run on the packed row, which attends across documents).
@@ -38,7 +49,9 @@ of its first forward (no selector call, no selection collective).
 (``sparsecp.torch.calibrate``), then pass ``cost_model=`` to ``context_parallel``.
 
 transformers is an optional dependency (``pip install 'sparsecp[models]'``), imported when a
-function here is first called.
+function here is first called. The tested version is 5.23; any other runs only if the upstream
+modules this integration re-implements have the same source (``UPSTREAM_FINGERPRINTS``),
+otherwise ``ImportError`` names the version and the modules that differ.
 """
 from __future__ import annotations
 
@@ -131,9 +144,11 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
     """Make a ``DeepseekV4ForCausalLM`` / ``DeepseekV4Model`` context-parallel over ``group``, in place.
 
     Args:
-        model: transformers' DeepSeek-V4 model, the same weights on every rank (they stay
-            replicated; sum their gradients with ``all_reduce_gradients``).
-        group: The CP process group (None: the default group), in sequence-shard rank order.
+        model: transformers' DeepSeek-V4 model, the same weights on every rank, not yet
+            sharded (replicated: reduce gradients with ``all_reduce_gradients``; or call
+            ``fully_shard`` over the dp x cp mesh after this call).
+        group: The CP process group (None: the default group) or a 1-D DeviceMesh (``mesh["cp"]``),
+            in sequence-shard rank order; a mesh of more dimensions is refused.
         mode: The indexer selection's balancing strategy, as ``balanced_indexer_select`` takes
             it: the seed's 'zigzag', 'greedy', 'hybrid', or 'none' and sparsecp's own
             ('spill', 'auto', ...).
@@ -152,7 +167,8 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
 
     Raises:
         TypeError: ``model`` is not a transformers DeepSeek-V4 model.
-        ValueError: the model is already context-parallel, or an option is invalid.
+        ValueError: the model is already context-parallel or already sharded by ``fully_shard``,
+            ``group`` is a mesh of more than one dimension, or an option is invalid.
     """
     modeling = _modeling()
     _cp_training.refuse_fsdp_before(model, "context_parallel")
