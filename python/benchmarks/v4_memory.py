@@ -220,7 +220,8 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks (default 2)")
     parser.add_argument("--tokens", default="16384,32768,65536,131072",
                         help="comma-separated batch sizes in tokens (default 16384,32768,65536,131072)")
-    parser.add_argument("--packs", default="one,lognormal", help="'one' (a single document), 'lognormal' (default both)")
+    parser.add_argument("--packs", default="one,lognormal",
+                        help="'one' (a single document), 'lognormal' (default both)")
     parser.add_argument("--selectors", default="model,fused", help="worker selectors (default model,fused)")
     parser.add_argument("--checkpointing", default="off,on", help="activation checkpointing: off, on (default both)")
     parser.add_argument("--baseline", action="store_true",
@@ -276,9 +277,11 @@ def main() -> int:
                    "step_seconds": max(r["seconds"] for r in ranks),
                    "selector_seconds": max(r["selector_seconds"] for r in ranks), "ranks": ranks}
             rows.append(row)
-            print(f"{job['tokens']:>8}  {job['pack']:<10} {job['selector']:<8} {'on ' if job['checkpointing'] else 'off'}"
-                  f"{'' if not job['baseline'] else ' (baseline)'}  {row['peak_mib']:>13.0f}  {row['kb_per_row']:>6.0f}"
-                  f"  {row['step_seconds']:>6.1f}  {row['selector_seconds']:>10.1f}  {bank}", flush=True)
+            ckpt = "on " if job["checkpointing"] else "off"
+            tag = " (baseline)" if job["baseline"] else ""
+            print(f"{job['tokens']:>8}  {job['pack']:<10} {job['selector']:<8} {ckpt}{tag}  {row['peak_mib']:>13.0f}  "
+                  f"{row['kb_per_row']:>6.0f}  {row['step_seconds']:>6.1f}  {row['selector_seconds']:>10.1f}  {bank}",
+                  flush=True)
             if args.json:
                 with open(args.json, "w") as out:
                     json.dump({"header": header, "rows": rows}, out, indent=1)

@@ -165,9 +165,19 @@ def test_float32_and_bfloat16_train(dtype: torch.dtype) -> None:
     ("use_cache", "generation is out of scope", None),
     ("labels", "shard_labels and causal_lm_loss", None),
     ("shard_batch", "document_lengths sum to 48, but the sequence has 47 tokens", None),
+    ("base labels", "shard_labels and causal_lm_loss", None),
+    ("labels by position", "shard_labels and causal_lm_loss", None),
+    ("token past the vocabulary", "input_ids holds token id 97, outside the vocabulary [0, 97)", None),
+    ("output_attentions", "output_attentions=True is not supported", None),
+    ("weights differ", "the CP ranks hold different weights", None),
+    ("another batch's shard", "ranks disagree on the batch: rank", "shard_batch's digest of the whole batch"),
+    ("both ranks bad", "rank", None),
+    ("no positions", "position_ids are missing", None),
 ])
 def test_bad_input_raises_on_every_rank(case: str, every_rank: str, single: str | None) -> None:
     errors = results_or_raise(pool_of(2).run(v4_tasks.bad_input, case, timeout=120))
+    if case == "both ranks bad":  # each rank reports its own error, not its peer's
+        assert "position_ids must restart at 0" in errors[0] and "position_ids are missing" in errors[1], errors
     for rank, error in enumerate(errors):
         assert every_rank in error, f"rank {rank}: {error!r}"
     if single is not None:
@@ -207,3 +217,27 @@ def test_recompute_replays_its_own_forwards_selection() -> None:
     for rank, (a, b) in enumerate(zip(plain, recomputed)):
         for name, grad in a.items():
             assert torch.equal(grad, b[name]), f"rank {rank}: {name} differs under recompute"
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_strategies_whose_workers_may_receive_no_rows(size: int) -> None:
+    """'snake' and 'lpt-search' can leave a worker with no rows to select: the model selector
+    returns no ids for it (it used to raise reshaping an empty tensor), and the run equals the
+    model run per document."""
+    runs = [(AWKWARD, mode, {}) for mode in ("snake", "lpt-search")]
+    per_rank = results_or_raise(pool_of(size).run(v4_tasks.cp_runs, runs, timeout=600))
+    for index, (_, mode, _) in enumerate(runs):
+        assert_matches_oracle([rank_results[index] for rank_results in per_rank], AWKWARD, size,
+                              f"{size} ranks, {mode}")
+
+
+def test_uses_that_used_to_mislead() -> None:
+    """Nine micro-batches of different lengths under checkpointing before one backward give the
+    gradients of nine backwards; the KL survives an evaluation forward; reentrant checkpointing
+    with the KL names the cause; document_lengths may be a generator."""
+    for rank, out in enumerate(results_or_raise(pool_of(2).run(v4_tasks.misuse_runs, timeout=600))):
+        assert out["nine micro-batches"] <= 1e-12, (rank, out)
+        first, after_eval = out["kl after eval"]
+        assert first == after_eval and first > 0, (rank, out)
+        assert out["generator lengths"] == 0, (rank, out)
+        assert "use_reentrant=True" in out["reentrant"], (rank, out)

@@ -297,13 +297,16 @@ def bad_input(rank: int, size: int, case: str) -> str:
     """Runs one bad-input case on every rank; returns this rank's error text ('' if none)."""
     from sparsecp.models import deepseek_v4 as cp_v4
 
-    model = tiny_model(torch.float64)
+    model = tiny_model(torch.float64, seed=1 if case == "weights differ" and rank == 1 else 0)
     lengths = (13, 17, 11, 7)
     input_ids = packed_ids(lengths)
     try:
         if case == "not a model":
             cp_v4.context_parallel(torch.nn.Linear(2, 2))
-        cp_v4.context_parallel(model, None, "spill")
+        if case == "base labels":  # the inner model made CP, the outer CausalLM called with labels
+            cp_v4.context_parallel(model.model, None, "spill")
+        else:
+            cp_v4.context_parallel(model, None, "spill")
         if case == "twice":
             cp_v4.context_parallel(model, None, "spill")
         ids, positions = cp_v4.shard_batch(input_ids, lengths)
@@ -324,6 +327,23 @@ def bad_input(rank: int, size: int, case: str) -> str:
             kwargs["labels"] = ids
         elif case == "shard_batch":
             cp_v4.shard_batch(input_ids[:, :-1], lengths)
+        elif case == "base labels":
+            kwargs["labels"] = ids
+        elif case == "labels by position":
+            model(ids, None, positions, None, None, ids, document_lengths=lengths)
+        elif case == "token past the vocabulary":
+            if rank == 1:
+                kwargs["input_ids"] = ids.clone()
+                kwargs["input_ids"][0, 3] = VOCAB
+        elif case == "output_attentions":
+            kwargs["output_attentions"] = True
+        elif case == "another batch's shard":
+            if rank == 1:
+                kwargs["input_ids"] = cp_v4.shard_batch(packed_ids(lengths, seed=4), lengths)[0]
+        elif case == "both ranks bad":
+            kwargs["position_ids"] = positions + 1 if rank == 0 else None
+        elif case == "no positions":
+            del kwargs["position_ids"]
         model(**kwargs)
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
@@ -367,3 +387,60 @@ def two_forwards_then_backward(rank: int, size: int, checkpointing: bool) -> dic
     (losses[0] + losses[1]).backward()
     cp_v4.all_reduce_gradients(model)
     return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def misuse_runs(rank: int, size: int) -> dict[str, Any]:
+    """Uses that used to fail or mislead (issue 35): nine micro-batches of different lengths
+    under checkpointing before one backward; the KL read after an evaluation forward; reentrant
+    checkpointing with the KL; document_lengths as a generator."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    out: dict[str, Any] = {}
+    batches = [(13, 17, 11, 7), (48,), (1,) * 8 + (40,), (20, 28), (3, 3, 3, 3, 36), (7, 41), (30, 18), (2, 46),
+               (24, 24)]
+    grads = []
+    for together in (False, True):
+        model = tiny_model(torch.float64)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        cp_v4.context_parallel(model, None, "spill")
+        losses = []
+        for index, lengths in enumerate(batches):
+            input_ids = packed_ids(lengths, seed=index)
+            ids, positions = cp_v4.shard_batch(input_ids, lengths)
+            logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+            loss = cp_v4.causal_lm_loss(logits, cp_v4.shard_labels(input_ids, lengths), lengths)
+            if together:
+                losses.append(loss)
+            else:
+                loss.backward()
+        if together:
+            torch.stack(losses).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    out["nine micro-batches"] = max(float((grads[1][n] - g).abs().max()) / max(float(g.abs().max()), 1e-12)
+                                    for n, g in grads[0].items())
+
+    lengths = (13, 17, 11, 7)
+    input_ids = packed_ids(lengths)
+    model = tiny_model(torch.float64)
+    cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=0.5)
+    ids, positions = cp_v4.shard_batch(input_ids, lengths)
+    model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+    first = float(cp_v4.indexer_kl_loss(model).detach())
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+    out["kl after eval"] = (first, float(cp_v4.indexer_kl_loss(model).detach()))
+    generated = model(input_ids=ids, position_ids=positions, document_lengths=(n for n in lengths)).logits
+    out["generator lengths"] = float((generated - model(input_ids=ids, position_ids=positions,
+                                                        document_lengths=lengths).logits).abs().max())
+
+    model = tiny_model(torch.float64)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=0.5)
+    model.train()
+    model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+    try:
+        cp_v4.indexer_kl_loss(model)
+        out["reentrant"] = ""
+    except ValueError as error:
+        out["reentrant"] = str(error)
+    return out

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ._cp_checks import BATCH_DIGEST, batch_digest
+
 __all__ = [
     "all_reduce_gradients", "causal_lm_loss", "count_valid_tokens", "document_lengths", "group_shape",
     "load_balancing_loss", "pad_to_multiple", "positions_in_documents", "refuse_fsdp_before", "resolve_group",
@@ -146,7 +148,11 @@ def shard_batch(input_ids: torch.Tensor, lengths: Any, group: Any = None) -> tup
     ids = _one_row(input_ids, "shard_batch's input_ids")
     values, _, rank, local = shard_shape(lengths, int(ids.shape[1]), group)
     positions = torch.from_numpy(positions_in_documents(values)[rank * local:(rank + 1) * local]).to(ids.device)
-    return ids[:, rank * local:(rank + 1) * local], positions[None]
+    shard = ids[:, rank * local:(rank + 1) * local]
+    # The forward's agreement compares this digest across ranks: a rank handed another batch's
+    # shard (same lengths, other tokens) is refused (lost if the shard is copied, e.g. .to()).
+    setattr(shard, BATCH_DIGEST, batch_digest(ids))
+    return shard, positions[None]
 
 
 def shard_labels(input_ids: torch.Tensor, lengths: Any, group: Any = None, labels: torch.Tensor | None = None,

@@ -64,6 +64,7 @@ import torch
 import torch.distributed as dist
 
 from . import _cp_training
+from ._cp_checks import BATCH_DIGEST, agree_parameters
 from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v4_attention import cp_attention_forward
 from ._v4_selector import FusedSelector, ModelSelector
@@ -193,6 +194,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), window=int(config.sliding_window),
         rope_dim=int(config.qk_rope_head_dim), rope=modeling.apply_rotary_pos_emb)
     _check_strategy(state, config)
+    agree_parameters(base, group, "context_parallel")
     compressions = set()
     for layer in base.layers:
         attention = layer.self_attn
@@ -201,6 +203,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
             compressions.add((int(attention.compressor.compress_rate), hasattr(attention.compressor, "indexer")))
     state.compressions = tuple(sorted(compressions))
     config.use_cache = False
+    _refuse_model_loss_under_cp()
     base.register_forward_pre_hook(functools.partial(_before_model_forward, state), with_kwargs=True)
     if model is not base:
         model.register_forward_pre_hook(_before_causal_lm_forward, with_kwargs=True)
@@ -221,10 +224,38 @@ def _check_strategy(state: ContextParallelState, config: Any) -> None:
                   state.zigzag_min_length, **state.strategy_params)
 
 
+_LABELS_TEXT = ("labels= would be shifted inside this rank's shard (crossing shards and documents); under context "
+                "parallelism use sparsecp.models.deepseek_v4.shard_labels and causal_lm_loss")
+_LABELS_POSITION = 5  # DeepseekV4ForCausalLM.forward(input_ids, attention_mask, position_ids, past_key_values,
+#                       inputs_embeds, labels, ...)
+
+
 def _before_causal_lm_forward(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-    if kwargs.get("labels") is not None:
-        raise ValueError("labels= would be shifted inside this rank's shard (crossing shards and documents); under "
-                         "context parallelism use sparsecp.models.deepseek_v4.shard_labels and causal_lm_loss")
+    if kwargs.get("labels") is not None or (len(args) > _LABELS_POSITION and args[_LABELS_POSITION] is not None):
+        raise ValueError(_LABELS_TEXT)
+
+
+def _refuse_model_loss_under_cp() -> None:
+    """transformers' causal-LM loss refuses a context-parallel forward's logits, however the CP
+    model was wrapped: ``context_parallel(model.model)`` leaves the outer ``DeepseekV4ForCausalLM``
+    unhooked, and its ``labels=`` would shift labels inside each shard. The outer forward hands
+    its keyword arguments (``document_lengths``, which only a CP forward takes) to the loss, so
+    the loss function in ``LOSS_MAPPING`` is wrapped once per process to refuse exactly those
+    calls; every other call goes to transformers' function unchanged."""
+    from transformers.loss import loss_utils
+
+    original = loss_utils.LOSS_MAPPING.get("ForCausalLM")
+    if original is None or getattr(original, "_sparsecp_refuses_cp", False):
+        return
+
+    @functools.wraps(original)
+    def causal_lm_loss_outside_cp(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("document_lengths") is not None:
+            raise ValueError(_LABELS_TEXT)
+        return original(*args, **kwargs)
+
+    causal_lm_loss_outside_cp._sparsecp_refuses_cp = True  # type: ignore[attr-defined]
+    loss_utils.LOSS_MAPPING["ForCausalLM"] = causal_lm_loss_outside_cp
 
 
 def _after_causal_lm_forward(module: Any, args: tuple, output: Any) -> Any:
@@ -260,9 +291,10 @@ def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
 
 
 def _fingerprint(state: ContextParallelState, lengths: tuple[int, ...], local: int,
-                 dtype: Any) -> tuple[tuple[str, Any], ...]:
+                 dtype: Any, batch: str | None) -> tuple[tuple[str, Any], ...]:
     digest = hashlib.sha256(np.asarray(lengths, dtype=np.int64).tobytes()).hexdigest()[:16]
     return (("document count", len(lengths)), ("total tokens", sum(lengths)), ("document lengths", digest),
+            ("batch (shard_batch's digest of the whole batch)", batch),
             ("shard length", local), ("dtype", str(dtype)), ("grad enabled", torch.is_grad_enabled()),
             ("mode", state.mode), ("indexer_kl_coeff", state.kl_coeff), ("selector", state.selector))
 
@@ -317,7 +349,8 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
         if input_ids is not None and (values[1] < 0 or values[2] >= vocab):
             bad = values[1] if values[1] < 0 else values[2]
             raise ValueError(f"rank {state.rank}: input_ids holds token id {bad}, outside the vocabulary [0, {vocab})")
-        fingerprint = _fingerprint(state, lengths, local, tokens.dtype if embeds is not None else None)
+        fingerprint = _fingerprint(state, lengths, local, tokens.dtype if embeds is not None else None,
+                                   getattr(input_ids, BATCH_DIGEST, None))
     except ValueError as caught:
         error = caught
     if state.size > 1:
@@ -330,7 +363,7 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
                 raise ValueError(f"rank {rank} rejected its inputs: {message}")
         for rank, (_, theirs) in enumerate(everyone):
             for (name, mine), (_, other) in zip(fingerprint or (), theirs or ()):
-                if mine != other:
+                if mine != other and not (name.startswith("batch") and None in (mine, other)):
                     raise ValueError(f"context-parallel ranks disagree on the batch: rank {state.rank} has {name} "
                                      f"{mine!r}, rank {rank} has {other!r}")
     elif error is not None:

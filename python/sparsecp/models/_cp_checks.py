@@ -1,0 +1,60 @@
+"""Model-agnostic checks a context-parallel model makes across its CP ranks.
+
+* ``agree_parameters``: at ``context_parallel`` time, every rank must hold the same weights (a
+  rank that loaded another checkpoint, or initialised with another seed, would compute silently
+  wrong logits for the rows whose keys it owns). One all-reduce of per-parameter checksums, made
+  once; a difference raises on every rank, naming the first parameter that differs.
+* ``batch_digest``: a short digest of a whole packed batch, which ``shard_batch`` attaches to
+  the shard it returns; the forward's agreement compares it across ranks, so a rank handed
+  another batch's shard (same lengths, other tokens) is refused instead of training on a mix.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["BATCH_DIGEST", "agree_parameters", "batch_digest"]
+
+BATCH_DIGEST = "_sparsecp_batch_digest"  # the attribute shard_batch sets on the shards it returns
+
+
+def agree_parameters(module: torch.nn.Module, group: Any, what: str) -> None:
+    """Raise on every rank of ``group`` unless every rank's parameters and buffers match (their
+    float64 sums and sums of squares, within float64 rounding of the same values).
+
+    Parameters on the meta device (deferred initialisation) are skipped: they hold no values yet.
+    """
+    if dist.get_world_size(group) == 1:
+        return
+    names, sums = [], []
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if tensor.device.type == "meta" or tensor.dtype.is_complex:
+            continue
+        with torch.no_grad():
+            values = tensor.detach().to(torch.float64)
+            sums.append(torch.stack([values.sum(), (values * values).sum()]))
+        names.append(name)
+    if not names:
+        return
+    device = torch.device("cpu") if "gloo" in str(dist.get_backend(group)).lower() else sums[0].device
+    local = torch.stack(sums).to(device)
+    smallest, largest = local.clone(), local.clone()
+    dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+    gap = (largest - smallest).abs() > 1e-9 * largest.abs().clamp_min(1.0)
+    gap |= torch.isnan(largest) != torch.isnan(smallest)
+    differing = [name for name, bad in zip(names, gap.any(dim=1).tolist()) if bad]
+    if differing:
+        raise ValueError(f"{what}: the CP ranks hold different weights ({len(differing)} of {len(names)} parameters "
+                         f"and buffers differ, first {differing[0]!r}): every CP rank must load the same checkpoint "
+                         "(or initialise with the same seed) before context_parallel")
+
+
+def batch_digest(input_ids: torch.Tensor) -> str:
+    """A short digest of a whole packed batch's token ids (host bytes; made once per batch at
+    data-preparation time)."""
+    data = input_ids.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
