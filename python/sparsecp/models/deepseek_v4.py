@@ -244,7 +244,7 @@ def _refuse_model_loss_under_cp() -> None:
     calls; every other call goes to transformers' function unchanged."""
     from transformers.loss import loss_utils
 
-    original = loss_utils.LOSS_MAPPING.get("ForCausalLM")
+    original: Any = loss_utils.LOSS_MAPPING.get("ForCausalLM")
     if original is None or getattr(original, "_sparsecp_refuses_cp", False):
         return
 
@@ -255,7 +255,7 @@ def _refuse_model_loss_under_cp() -> None:
         return original(*args, **kwargs)
 
     causal_lm_loss_outside_cp._sparsecp_refuses_cp = True  # type: ignore[attr-defined]
-    loss_utils.LOSS_MAPPING["ForCausalLM"] = causal_lm_loss_outside_cp
+    loss_utils.LOSS_MAPPING["ForCausalLM"] = causal_lm_loss_outside_cp  # type: ignore[assignment]
 
 
 def _after_causal_lm_forward(module: Any, args: tuple, output: Any) -> Any:
