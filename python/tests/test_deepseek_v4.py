@@ -241,3 +241,17 @@ def test_uses_that_used_to_mislead() -> None:
         assert first == after_eval and first > 0, (rank, out)
         assert out["generator lengths"] == 0, (rank, out)
         assert "use_reentrant=True" in out["reentrant"], (rank, out)
+
+
+def test_the_indexer_kl_skips_the_padding_document() -> None:
+    """A batch padded to a multiple of the CP size (``pad_to_multiple``) with ``padding_tokens=``:
+    the KL and the indexer's gradients equal the unpadded batch's (its rows count neither in the
+    sum nor in the mean's denominator)."""
+    results = results_or_raise(pool_of(2).run(v4_tasks.padding_kl, timeout=300))
+    for rank, out in enumerate(results):
+        plain, padded = out["plain"], out["padded"]
+        assert padded["padding"] > 0, out
+        assert padded["kl"] == pytest.approx(plain["kl"], rel=1e-12) and plain["kl"] > 0, (rank, out)
+        for name, grad in plain["grads"].items():
+            scale = max(float(grad.abs().max()), 1e-12)
+            assert float((padded["grads"][name] - grad).abs().max()) <= 1e-9 * scale, (rank, name)

@@ -444,3 +444,31 @@ def misuse_runs(rank: int, size: int) -> dict[str, Any]:
     except ValueError as error:
         out["reentrant"] = str(error)
     return out
+
+
+def padding_kl(rank: int, size: int) -> dict[str, Any]:
+    """The indexer KL of a batch padded with a document of its own (``pad_to_multiple``,
+    ``padding_tokens=``) and of the same batch unpadded: values and indexer gradients."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    out = {}
+    lengths = (13, 17, 11, 5)
+    for padded in (False, True):
+        model = tiny_model(torch.float64)
+        cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=0.5)
+        input_ids = packed_ids(lengths)
+        batch_lengths, padding = lengths, 0
+        if padded:
+            input_ids, batch_lengths, _ = cp_v4.pad_to_multiple(input_ids, lengths, 4 * size)
+            padding = sum(batch_lengths) - sum(lengths)
+        ids, positions = cp_v4.shard_batch(input_ids, batch_lengths)
+        model(input_ids=ids, position_ids=positions, document_lengths=batch_lengths, padding_tokens=padding)
+        kl = cp_v4.indexer_kl_loss(model)
+        kl.backward()
+        summed = kl.detach().clone()
+        dist.all_reduce(summed)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None and ".indexer." in n}
+        for grad in grads.values():
+            dist.all_reduce(grad)
+        out["padded" if padded else "plain"] = {"kl": float(summed), "grads": grads, "padding": padding}
+    return out

@@ -198,25 +198,27 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
 
     if ids is not None and state.kl_coeff is not None and torch.is_grad_enabled():
         assert tables is not None and index_bank is not None and index_rope is not None
-        loss = _indexer_kl(attn, state, batch, tables, hidden_states, q_residual, q, keys[window.shape[0]:],
+        loss = _indexer_kl(attn, state, context, tables, hidden_states, q_residual, q, keys[window.shape[0]:],
                            ids, index_bank, index_rope, rope)
         if not _in_recompute():
             context.kl_losses.append(loss)
     return result, None
 
 
-def _indexer_kl(attn: Any, state: ContextParallelState, batch: Any, tables: DeviceCompression,
+def _indexer_kl(attn: Any, state: ContextParallelState, context: ForwardContext, tables: DeviceCompression,
                 hidden: torch.Tensor, q_residual: torch.Tensor, q: torch.Tensor, bank_block: torch.Tensor,
                 ids: torch.Tensor, index_bank: torch.Tensor, index_rope: tuple[torch.Tensor, torch.Tensor],
                 rope: Any) -> torch.Tensor:
-    """This rank's share of the layer's indexer KL: ``coeff / S`` times its rows' losses."""
+    """This rank's share of the layer's indexer KL: ``coeff / S`` times its rows' losses (``S``
+    and the rows without the padding document's, when the forward names one)."""
+    batch = context.layout.batch
     indexer, local = attn.compressor.indexer, batch.local
     cos, sin = index_rope
     index_q = indexer.q_b_proj(q_residual.detach()).view(1, local, -1, indexer.head_dim).transpose(1, 2)
     index_q = rope(index_q, cos, sin).transpose(1, 2)  # [1, local, heads, head_dim]
     scorer = indexer.scorer
     merge = scorer.weights_proj(hidden.detach()) * (scorer.weights_scaling * scorer.softmax_scale)
-    total = batch.boundaries[-1]
+    total = context.kl_tokens
     assert state.kl_coeff is not None  # the caller computes the KL only when it is on
     if bank_block.shape[0] == 0:  # no row of this rank sees a key: a zero loss, still connected to
         # the gathered bank so that this rank's backward runs the same collectives as its peers'
@@ -227,7 +229,9 @@ def _indexer_kl(attn: Any, state: ContextParallelState, batch: Any, tables: Devi
     first = tables.index_bank.plan.locate(layout.bank_start) if tables.index_bank is not None else 0
     student = index_bank[first:first + bank_block.shape[0]]
     local_ids = torch.where(ids >= 0, ids - layout.bank_start, ids)
+    if context.kl_rows is not None:  # a padding row keeps no id: it adds nothing to the loss
+        local_ids = torch.where(context.kl_rows[:, None], local_ids, torch.full_like(local_ids, -1))
     return indexer_kl_loss_any_topk(
         index_q, student[None], merge, q.detach(), bank_block.detach()[None], local_ids[None],
-        attn.sinks.detach(), attention_scale=attn.scaling, loss_coeff=state.kl_coeff * local / total,
+        attn.sinks.detach(), attention_scale=attn.scaling, loss_coeff=state.kl_coeff * local / max(total, 1),
         trusted_ids=True)

@@ -23,8 +23,16 @@ class ForwardContext:
     own forward whatever ran in between, and everything here dies with the last reference to
     the forward (its autograd graph, or the caller's ``indexer_kl_loss``)."""
 
-    def __init__(self, number: int, layout: DeviceLayout, grad: bool) -> None:
+    def __init__(self, number: int, layout: DeviceLayout, grad: bool, padding_tokens: int = 0) -> None:
         self.number, self.layout, self.grad = number, layout, grad
+        batch = layout.batch
+        # The indexer KL's rows: every row but the padding document's (the last ``padding_tokens``
+        # of the batch), and the count its mean is over.
+        self.kl_tokens = batch.boundaries[-1] - padding_tokens
+        self.kl_rows: torch.Tensor | None = None
+        if padding_tokens and batch.first + batch.local > self.kl_tokens:
+            rows = torch.arange(batch.first, batch.first + batch.local) < self.kl_tokens
+            self.kl_rows = rows.to(layout.device)
         self.kl_losses: list[torch.Tensor] = []
         self._records: dict[int, torch.Tensor] = {}
 
@@ -86,6 +94,7 @@ class ContextParallelState:
     forwards_with_grad: int = 0
     kl_losses: list[torch.Tensor] = field(default_factory=list)  # the last forward with gradients' KL losses
     last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
+    calibration: Any = None  # spill's cost model on the layer's selector (_cp_calibration.SelectionCalibration)
 
     def context(self, forward: Any) -> ForwardContext:
         """The forward a layer runs in (from its keyword arguments)."""
@@ -118,18 +127,23 @@ class ContextParallelState:
             self.layouts[lengths] = BatchLayout(lengths, self.size, self.rank, self.window)
         return self.layouts[lengths]
 
-    def start_forward(self, lengths: tuple[int, ...], device: torch.device) -> ForwardContext:
-        """Plan (host) and move (device, once per batch) everything this forward's layers read."""
+    def start_forward(self, lengths: tuple[int, ...], device: torch.device, padding_tokens: int = 0) -> ForwardContext:
+        """Plan (host) and move (device, once per batch) everything this forward's layers read.
+        ``padding_tokens``: the batch's last document is padding of this many tokens (the KL
+        skips its rows)."""
         from ..torch import indexer_route
+
+        params = self.strategy_params if self.calibration is None else \
+            self.calibration.strategy_params(self, lengths, device)  # spill's calibrated / refitted cost model
 
         def selection(ratio: int) -> list[Any]:
             return [indexer_route(lengths, self.size, q, ratio, self.mode, self.block_size, self.zigzag_min_length,
-                                  **self.strategy_params) for q in range(self.size)]
+                                  **params) for q in range(self.size)]
 
         grad = torch.is_grad_enabled()
         layout = self.batch(lengths).on(device, self.compressions, selection, self.kl_coeff is not None and grad)
         self.forwards += 1
-        context = ForwardContext(self.forwards, layout, grad)
+        context = ForwardContext(self.forwards, layout, grad, padding_tokens)
         if grad:  # an evaluation forward in between keeps the training forward's KL
             self.kl_losses = context.kl_losses
             self.forwards_with_grad += 1

@@ -67,6 +67,7 @@ from . import _cp_training
 from ._cp_checks import BATCH_DIGEST, agree_parameters
 from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v4_attention import cp_attention_forward
+from ._v4_calibration import v4_calibration
 from ._v4_selector import FusedSelector, ModelSelector
 from ._v4_state import ContextParallelState, ContextParallelStats, lengths_key
 
@@ -154,7 +155,11 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
             it: the seed's 'zigzag', 'greedy', 'hybrid', or 'none' and sparsecp's own
             ('spill', 'auto', ...).
         block_size, zigzag_min_length, **strategy_params: The strategy's options (the seed's
-            names; sparsecp strategies' parameters).
+            names; sparsecp strategies' parameters). For 'spill' and 'auto', without
+            ``cost_model=``, the cost model is calibrated on the layer's own selector in the
+            first forward (cached per process) and refitted from every rank's measured
+            selection times: ``calibrate=False`` turns that off, ``calibrate="once"`` keeps
+            the first fit (``context_parallel_state(model).calibration.report``).
         selector: Where workers score rows: 'model' (the model's own indexer math in torch,
             any device and dtype) or 'fused' (sparsecp's fused C++ kernel, CPU, float32).
         indexer_kl_coeff: Enables the indexer KL loss with this coefficient (the seed's
@@ -193,6 +198,9 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         strategy_params=dict(strategy_params), selector=selector,
         kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), window=int(config.sliding_window),
         rope_dim=int(config.qk_rope_head_dim), rope=modeling.apply_rotary_pos_emb)
+    # -- spill's cost model on the layer's own selector (_cp_calibration: issue 36) --
+    calibrate = state.strategy_params.pop("calibrate", True)
+    # --
     _check_strategy(state, config)
     agree_parameters(base, group, "context_parallel")
     compressions = set()
@@ -202,6 +210,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         if attention.compressor is not None:
             compressions.add((int(attention.compressor.compress_rate), hasattr(attention.compressor, "indexer")))
     state.compressions = tuple(sorted(compressions))
+    state.calibration = v4_calibration(state, base, calibrate)  # checks calibrate=; None without a CSA layer
     config.use_cache = False
     _refuse_model_loss_under_cp()
     base.register_forward_pre_hook(functools.partial(_before_model_forward, state), with_kwargs=True)
@@ -291,10 +300,10 @@ def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
 
 
 def _fingerprint(state: ContextParallelState, lengths: tuple[int, ...], local: int,
-                 dtype: Any, batch: str | None) -> tuple[tuple[str, Any], ...]:
+                 dtype: Any, batch: str | None, padding: int) -> tuple[tuple[str, Any], ...]:
     digest = hashlib.sha256(np.asarray(lengths, dtype=np.int64).tobytes()).hexdigest()[:16]
     return (("document count", len(lengths)), ("total tokens", sum(lengths)), ("document lengths", digest),
-            ("batch (shard_batch's digest of the whole batch)", batch),
+            ("batch (shard_batch's digest of the whole batch)", batch), ("padding_tokens", padding),
             ("shard length", local), ("dtype", str(dtype)), ("grad enabled", torch.is_grad_enabled()),
             ("mode", state.mode), ("indexer_kl_coeff", state.kl_coeff), ("selector", state.selector))
 
@@ -308,7 +317,7 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     embeds = kwargs.get("inputs_embeds")
     tokens = input_ids if input_ids is not None else embeds
-    error, fingerprint, lengths = None, None, None
+    error, fingerprint, lengths, padding = None, None, None, 0
     try:
         if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
             raise ValueError("sparsecp context parallelism trains on packed batches: use_cache=True / past_key_values "
@@ -321,6 +330,10 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
                              "its rows to a few gathered keys in bounded memory and never forms the [heads, S, S] "
                              "attention matrix")
         lengths = lengths_key(kwargs.get("document_lengths"))
+        padding = kwargs.get("padding_tokens", 0) or 0
+        if isinstance(padding, bool) or not isinstance(padding, int) or padding not in (0, lengths[-1]):
+            raise ValueError(f"padding_tokens must be 0 or the length of the batch's last document ({lengths[-1]}: "
+                             f"the padding is a document of its own, as pad_to_multiple makes it), got {padding!r}")
         if tokens is None or tokens.ndim < 2 or tokens.shape[0] != 1:
             shape = None if tokens is None else tuple(tokens.shape)
             raise ValueError(f"a context-parallel DeepSeek-V4 takes one packed sequence, input_ids [1, S / cp]; "
@@ -350,7 +363,7 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
             bad = values[1] if values[1] < 0 else values[2]
             raise ValueError(f"rank {state.rank}: input_ids holds token id {bad}, outside the vocabulary [0, {vocab})")
         fingerprint = _fingerprint(state, lengths, local, tokens.dtype if embeds is not None else None,
-                                   getattr(input_ids, BATCH_DIGEST, None))
+                                   getattr(input_ids, BATCH_DIGEST, None), padding)
     except ValueError as caught:
         error = caught
     if state.size > 1:
@@ -370,12 +383,13 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
         raise error
     assert lengths is not None and tokens is not None
     state.stats.forwards += 1
-    context = state.start_forward(lengths, tokens.device)
+    context = state.start_forward(lengths, tokens.device, padding)
     kwargs = dict(kwargs)
     # The forward's context travels to its layers in their keyword arguments; transformers hands a
     # checkpointed layer's recompute the same ones, so a recompute replays its own forward's ids.
     kwargs["sparsecp_forward"] = context
     kwargs["document_lengths"] = lengths  # a generator given by the caller is consumed once, here
+    kwargs.pop("padding_tokens", None)
     kwargs["attention_mask"] = {"sparsecp": None}  # no [S, S] mask: the CP layers mask by document
     kwargs["use_cache"] = False
     return args, kwargs
