@@ -29,7 +29,15 @@ from ..torch.select import segment_array
 __all__ = ["BankView", "FusedSelector", "ModelSelector", "SelectorClock"]
 
 _CHUNK_ROWS = 256  # worker rows projected and scored at once
-_SCORE_BYTES = 32 << 20  # scores [rows, heads, keys] float32 per key chunk
+# Scratch of the per-head scores [rows, heads, keys] (float32) of one key slice. On a CPU it
+# stays in a core's L2 cache (measured on the example's indexer, 32 heads of 64: 256 rows x
+# 64-128 keys score at ~50 ns per row and key; 1024-key slices, 32 MiB, at ~240 ns, and the
+# time per key then grew with the slice, i.e. with the document's length, which made the
+# selector's time non-linear in its work). The head-summed scores [rows, keys] of one top-k
+# merge take the same budget; the merge keeps at least top-k keys. Accelerators take larger
+# slices (fewer kernel launches).
+_SCORE_BYTES = 2 << 20
+_DEVICE_SCORE_BYTES = 32 << 20
 _SENTINEL = torch.iinfo(torch.int32).max
 
 
@@ -44,6 +52,10 @@ class SelectorClock:
     def __init__(self) -> None:
         self.calls = 0
         self.seconds = 0.0
+        # Never reset by callers (who zero calls / seconds per step): the cost-model refit
+        # (_cp_calibration) takes each forward's difference.
+        self.lifetime_calls = 0
+        self.lifetime_seconds = 0.0
 
     def timed(self, selector: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         def run(*args: Any) -> torch.Tensor:
@@ -51,8 +63,11 @@ class SelectorClock:
             try:
                 return selector(*args)
             finally:
+                spent = time.thread_time() - start
                 self.calls += 1
-                self.seconds += time.thread_time() - start
+                self.seconds += spent
+                self.lifetime_calls += 1
+                self.lifetime_seconds += spent
         return run
 
 
@@ -69,9 +84,11 @@ class ModelSelector:
     """The model's indexer math on worker rows (see the module docstring).
 
     Bounded memory: rows go in chunks of at most ``_CHUNK_ROWS`` (projected, rotated and scored
-    per chunk), keys in chunks of at most ``_SCORE_BYTES`` of scores, with a running top-k whose
-    merge keeps the model's order (score descending, ties to the lower id). A chunk scores only
-    the keys its last row can see, so the work is the causal work, not rows x document keys.
+    per chunk), keys in merges of at most ``_SCORE_BYTES`` of head-summed scores, each scored in
+    slices of at most ``_SCORE_BYTES`` of per-head scores (cache-resident on a CPU), with a
+    running top-k whose merge keeps the model's order (score descending, ties to the lower id).
+    A chunk scores only the keys its last row can see, so the work is the causal work, not rows
+    x document keys, and its time is linear in it (spill's per-row cost model fits it).
 
     Args:
         indexer: The layer's ``DeepseekV4Indexer``.
@@ -110,28 +127,51 @@ class ModelSelector:
                 w = weights[0, start:stop].float()
                 positions = torch.arange(first + start - q_begin, first + stop - q_begin, device=q.device)
                 visible = torch.div(positions + 1, ratio, rounding_mode="floor")
-                key_chunk = max(topk, _SCORE_BYTES // (4 * (stop - start) * q.shape[1]))
+                budget = _SCORE_BYTES if q.device.type == "cpu" else _DEVICE_SCORE_BYTES
+                merge_keys = max(topk, budget // (4 * (stop - start)))  # head-summed scores per merge
+                slice_keys = max(1, budget // (4 * (stop - start) * q.shape[1]))  # per-head scores per slice
                 best_scores: torch.Tensor | None = None
                 best_ids: torch.Tensor | None = None
-                for k0 in range(0, last_visible, key_chunk):
-                    k1 = min(last_visible, k0 + key_chunk)
-                    keys = self.bank[base + k0:base + k1].float().transpose(0, 1)[None]  # [1, d, keys]
-                    scores = torch.relu(torch.matmul(q, keys)) * scale  # [r, heads, keys]
-                    scores = (scores * w[:, :, None]).sum(dim=1)
+                for k0 in range(0, last_visible, merge_keys):
+                    k1 = min(last_visible, k0 + merge_keys)
+                    scores = torch.empty(stop - start, k1 - k0, dtype=torch.float32, device=q.device)
+                    for s0 in range(k0, k1, slice_keys):
+                        s1 = min(k1, s0 + slice_keys)
+                        keys = self.bank[base + s0:base + s1].float().transpose(0, 1)  # [d, keys]
+                        head = torch.relu_(torch.matmul(q, keys))  # [r, heads, keys], in place: the model's
+                        head.mul_(scale).mul_(w[:, :, None])  # relu(q . k) * scale * w, in its order
+                        torch.sum(head, dim=1, out=scores[:, s0 - k0:s1 - k0])
                     columns = torch.arange(k0, k1, device=q.device)
-                    scores = scores.masked_fill(columns[None, :] >= visible[:, None], float("-inf"))
+                    scores.masked_fill_(columns[None, :] >= visible[:, None], float("-inf"))
                     ids = columns[None, :].expand(stop - start, -1)
-                    if best_scores is not None and best_ids is not None:  # earlier (lower) ids first:
+                    if best_scores is not None and best_ids is not None:  # earlier (lower) ids first
                         scores = torch.cat([best_scores, scores], dim=1)
-                        ids = torch.cat([best_ids, ids], dim=1)  # stable ties keep them first
-                    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :topk]
-                    best_scores, best_ids = scores.gather(1, order), ids.gather(1, order)
+                        ids = torch.cat([best_ids, ids], dim=1)
+                    best_scores, best_ids = _top(scores, ids, topk)
                 assert best_ids is not None
-                kept = torch.arange(best_ids.shape[1], device=q.device)[None, :] < visible[:, None]
+                kept = best_ids < visible[:, None]  # a masked key's id is at or past the row's visible count
                 ids = torch.where(kept, best_ids + key_begin, torch.full_like(best_ids, _SENTINEL))
                 ids = torch.sort(ids, dim=1).values
                 out[start:stop, :ids.shape[1]] = torch.where(ids == _SENTINEL, -1, ids).to(torch.int32)
         return out[None]
+
+
+def _top(scores: torch.Tensor, ids: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``topk`` best columns in the model's order (score descending, ties to the
+    lower column), returned in column order: ``scores`` and ``ids`` [rows, n] hold ascending ids.
+
+    ``torch.topk`` finds each row's k-th score in linear time (a stable sort of every merge cost
+    2.5x more per key); the columns above it are taken, then the lowest columns equal to it up
+    to ``topk`` (``topk``'s own pick among ties is unspecified)."""
+    count = min(topk, scores.shape[1])
+    if count == scores.shape[1]:
+        return scores, ids
+    kth = torch.topk(scores, count, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    above = scores > kth
+    equal = scores == kth
+    chosen = above | (equal & (equal.cumsum(dim=1) <= count - above.sum(dim=1, keepdim=True)))
+    columns = chosen.nonzero()[:, 1].view(scores.shape[0], count)  # row-major: ascending columns
+    return scores.gather(1, columns), ids.gather(1, columns)
 
 
 class FusedSelector:

@@ -368,13 +368,19 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
         error = caught
     if state.size > 1:
         everyone: list[Any] = [None] * state.size
-        dist.all_gather_object(everyone, (None if error is None else str(error), fingerprint), group=state.group)
+        # The agreement also carries this rank's selection time of the last forward: spill's
+        # cost-model refit (_cp_calibration) needs every rank's, and gets it with no collective of its own.
+        times = None if state.calibration is None else state.calibration.local_times(state)
+        dist.all_gather_object(everyone, (None if error is None else str(error), fingerprint, times),
+                               group=state.group)
         if error is not None:  # this rank's own error first
             raise error
-        for rank, (message, _) in enumerate(everyone):
+        for rank, (message, _, _) in enumerate(everyone):
             if message is not None:
                 raise ValueError(f"rank {rank} rejected its inputs: {message}")
-        for rank, (_, theirs) in enumerate(everyone):
+        if state.calibration is not None:
+            state.calibration.received_times([entry[2] for entry in everyone])
+        for rank, (_, theirs, _) in enumerate(everyone):
             for (name, mine), (_, other) in zip(fingerprint or (), theirs or ()):
                 if mine != other and not (name.startswith("batch") and None in (mine, other)):
                     raise ValueError(f"context-parallel ranks disagree on the batch: rank {state.rank} has {name} "

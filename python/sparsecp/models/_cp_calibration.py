@@ -1,0 +1,238 @@
+"""spill's cost model for a context-parallel model's own selector, fitted without being asked.
+
+``spill`` (and ``auto``) balance a per-row cost model, ``a + b * vis + c * min(topk, vis)`` ns a
+row (SYSTEM.md, "Cost models"); its default (causal pairs: ``b`` alone) ignores the fixed
+per-row work of a real selector (the query projection and rotary, ~11 us a row for the
+example's 32-head DeepSeek-V4 indexer against ~80 ns a visible key), so it sheds too many rows
+from long documents. A model's integration attaches a ``SelectionCalibration`` that gives spill
+the layer's own selector's model:
+
+1. **Calibrated** on the first forward, before its routes are planned: rank 0 of the CP group
+   times the layer's own selector (``make_selector(bank)`` over a random Index K bank, on the
+   model's device and dtype) with ``sparsecp.torch.calibrate`` (interleaved repeats, medians,
+   non-negative fit) and broadcasts the fit, so every rank plans with the same model. The fit is
+   cached in the process, keyed by the selector and everything its time depends on (selector
+   kind, heads, head widths, ratio, top-k, dtype, device, torch threads): a second model with the
+   same indexer shape (another strategy's copy, a restarted run in the same process) reuses it.
+   The synthetic points leave out rows that see no key (the selectors skip them, so a point of
+   them alone would price a row's projection at nothing; in a packed batch they are only each
+   document's first ``ratio - 1`` rows).
+2. **Refitted** from the job's own times (``calibrate=True``, the default, where the selector
+   runs on the CPU): each forward's agreement (the integration's one all-gather) carries every
+   rank's selector CPU seconds of the previous forward, paired here with the sums of the routes
+   that forward ran, known on every rank (every rank plans every rank's route): no collective
+   or host read of its own. ``sparsecp.CostModelRefit`` fits
+   the window, identically on every rank. spill plans with the refit once the window holds
+   ``_REFIT_MIN_STEPS`` forwards (a fit of three coefficients on one step's few ranks follows
+   their noise) and its fit is not refused (rms relative residual over 0.25 keeps the previous model).
+3. **Given or off:** ``cost_model=`` (the user's own) skips both; ``calibrate=False`` plans with
+   the strategy's default model; ``calibrate="once"`` calibrates without the refit.
+
+What it cost, and what it fitted, is in ``report`` (``context_parallel_state(model).calibration``).
+Model-agnostic: an integration supplies the selector factory and the indexer's dimensions.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["COST_MODEL_MODES", "CalibrationReport", "SelectionCalibration", "calibrate_option", "clear_cache"]
+
+COST_MODEL_MODES = ("spill", "auto")  # the strategies that plan on a cost model
+_REFIT_WINDOW = 8  # forwards whose per-rank times the refit fits
+_REFIT_MIN_STEPS = 3
+_CACHE: dict[tuple[Any, ...], tuple[Any, float, float]] = {}  # key -> (CostModel, residual, cpu seconds)
+
+
+def clear_cache() -> None:
+    """Forget every cached calibration of this process (tests)."""
+    _CACHE.clear()
+
+
+def calibrate_option(value: Any) -> bool | str:
+    """``calibrate=``'s value, checked: True, False or "once"."""
+    if value is True or value is False or value == "once":
+        return value
+    raise ValueError(f"calibrate must be True (calibrate spill's cost model on the layer's selector, then refit it "
+                     f"from measured times), 'once' (no refit) or False, got {value!r}")
+
+
+@dataclass
+class CalibrationReport:
+    """What the calibration did (the same on every rank)."""
+
+    source: str = "off"  # "off", "given", "calibrated", "cached"
+    seconds: float = 0.0  # rank 0's wall seconds in the calibration (0 when cached)
+    cpu_seconds: float = 0.0  # the timed selector calls' CPU seconds (those of the original fit when cached)
+    rms_relative_residual: float = 0.0  # of the calibration's fit
+    model: Any = None  # the CostModel spill plans the next forward with
+    refits: int = 0  # forwards whose refit replaced the model
+    refit_residual: float = 0.0  # rms relative residual of the last accepted refit
+    history: list[str] = field(default_factory=list)  # one line per model change
+
+    def __str__(self) -> str:
+        if self.model is None:
+            return f"cost model: {self.source}"
+        m = self.model
+        return (f"cost model ({self.source}, {self.seconds:.2f} s, residual {self.rms_relative_residual:.3f}; "
+                f"{self.refits} refits): a {m.a:.4g} + b {m.b:.4g} * vis + c {m.c:.4g} * min(topk, vis) {m.unit}")
+
+
+class SelectionCalibration:
+    """Gives spill the layer's own selector's cost model (see the module docstring).
+
+    Args:
+        mode, strategy_params: the integration's strategy and its parameters (``cost_model``
+            given there turns calibration off).
+        option: ``calibrate=``: True, "once" or False.
+        make_selector: ``make_selector(bank)`` -> the worker selector over an Index K bank
+            ``[keys, head_dim]`` (the callable ``balanced_indexer_select`` calls).
+        selector_name: what the cache tells selectors apart by ("model", "fused", ...).
+        dims: the selector's shapes, as ``sparsecp.torch.calibrate`` takes them and the cache
+            keys them: ``q_rank``, ``heads``, ``head_dim``, ``rope_dim``, ``ratio``, ``topk``.
+        parameter: a parameter of the indexer (its device and dtype are the selector's).
+        layer_ratios: the compression ratio of each layer that selects (its routes' sums add up
+            to a forward's refit sample).
+        rows: rows of each calibration point (a few of the selector's row chunks).
+    """
+
+    def __init__(self, mode: str, strategy_params: dict[str, Any], option: bool | str,
+                 make_selector: Callable[[torch.Tensor], Any], selector_name: str, dims: dict[str, int],
+                 parameter: torch.Tensor, layer_ratios: list[int], rows: int = 512) -> None:
+        self.option = calibrate_option(option)
+        self.make_selector, self.selector_name, self.dims = make_selector, selector_name, dict(dims)
+        self.parameter, self.layer_ratios, self.rows = parameter, list(layer_ratios), rows
+        self.report = CalibrationReport()
+        self.active = mode in COST_MODEL_MODES and bool(layer_ratios) and self.option is not False
+        if strategy_params.get("cost_model") is not None:
+            self.active = False
+            self.report.source = "given"
+        self.refit: Any = None
+        self._pending: list[tuple[float, ...]] | None = None  # last forward's per-rank sums
+        self._clock_mark: tuple[int, float] = (0, 0.0)
+        self._times: list[tuple[float, int] | None] | None = None
+
+    def strategy_params(self, state: Any, lengths: tuple[int, ...], device: torch.device) -> dict[str, Any]:
+        """The strategy parameters to plan this forward with: the first call calibrates, later
+        ones refit from the previous forward's times. Collective over ``state.group`` when
+        active (every rank calls it once per forward, in the model's forward hook)."""
+        params = state.strategy_params
+        if not self.active:
+            return params
+        if self.report.model is None:
+            self._calibrate(state, lengths, device)
+        elif self.refit is not None:
+            self._refit(state)
+        params = {**params, "cost_model": self.report.model}
+        self._pending = self._sums(state, lengths, params) if self.refit is not None else None
+        self._clock_mark = (state.clock.lifetime_calls, state.clock.lifetime_seconds)
+        return params
+
+    # -- the first forward: rank 0 calibrates, every rank gets its fit ----------------------
+
+    def _key(self, device: torch.device) -> tuple[Any, ...]:
+        return (self.selector_name, tuple(sorted(self.dims.items())), str(self.parameter.dtype), str(device),
+                torch.get_num_threads(), self.rows)
+
+    def _calibrate(self, state: Any, lengths: tuple[int, ...], device: torch.device) -> None:
+        found: list[Any] = [None]
+        if state.rank == 0:
+            try:
+                found[0] = self._fit(lengths, device)
+            except Exception as error:  # every rank must leave the broadcast: send the failure
+                found[0] = f"{type(error).__name__}: {error}"
+        if state.size > 1:
+            source = 0 if state.group is None else dist.get_global_rank(state.group, 0)
+            dist.broadcast_object_list(found, src=source, group=state.group)
+        if isinstance(found[0], str):
+            raise RuntimeError(f"sparsecp: calibrating spill's cost model on rank 0's selector failed ({found[0]}); "
+                               "pass cost_model= or calibrate=False to context_parallel")
+        model, residual, cpu, wall, source = found[0]
+        self.report.source, self.report.seconds, self.report.cpu_seconds = source, wall, cpu
+        self.report.rms_relative_residual, self.report.model = residual, model
+        self.report.history.append(f"forward {state.forwards + 1}: {source} {self.report}")
+        if self.option is True and device.type == "cpu":
+            import sparsecp
+            self.refit = sparsecp.CostModelRefit(model, window=_REFIT_WINDOW)
+        state.layouts.clear()  # a batch planned before (no forward has run yet) replans with the model
+
+    def _fit(self, lengths: tuple[int, ...], device: torch.device) -> tuple[Any, float, float, float, str]:
+        key = self._key(device)
+        if key in _CACHE:
+            model, residual, cpu = _CACHE[key]
+            return model, residual, cpu, 0.0, "cached"
+        from ..torch.calibrate import calibrate
+
+        d = self.dims
+        ratio, topk = d["ratio"], d["topk"]
+        longest = max(1, max(lengths) // ratio)  # the batch's deepest visible-key count
+        targets = [t for t in (topk // 2, topk, 2 * topk, 4 * topk, 8 * topk, 16 * topk, 32 * topk) if t >= 1]
+        targets = sorted({t for t in targets if t <= max(longest, 4 * topk)})
+        while len(targets) < 3:  # calibrate needs three targets
+            targets.append(targets[-1] * 2 if targets else 1)
+        keys = targets[-1] + self.rows  # every point's segment fits
+        generator = torch.Generator().manual_seed(0)
+        bank = torch.randn(keys, d["head_dim"], generator=generator).to(device=device, dtype=self.parameter.dtype)
+        selector = self.make_selector(bank)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        fit = calibrate(selector, q_rank=d["q_rank"], heads=d["heads"], keys=keys, ratio=ratio, topk=topk,
+                        rope_dim=d["rope_dim"], rows=self.rows, visible=targets, device=device,
+                        dtype=self.parameter.dtype, max_residual=0)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        model = fit.model.replace(note=f"{fit.model.note}; calibrated by sparsecp.models for spill")
+        _CACHE[key] = (model, fit.rms_relative_residual, cpu)
+        return model, fit.rms_relative_residual, cpu, wall, "calibrated"
+
+    # -- later forwards: the refit from every rank's measured times --------------------------
+
+    def _sums(self, state: Any, lengths: tuple[int, ...], params: dict[str, Any]) -> list[tuple[float, ...]]:
+        """Every rank's (rows, widths, capped, heap) summed over the selecting layers' routes."""
+        from ..torch import indexer_route
+        from ..torch.calibrate import segment_sums
+
+        model = params["cost_model"]
+        totals = [[0.0, 0.0, 0.0, 0.0] for _ in range(state.size)]
+        for ratio in self.layer_ratios:
+            for q in range(state.size):
+                route = indexer_route(lengths, state.size, q, ratio, state.mode, state.block_size,
+                                      state.zigzag_min_length, **params)
+                sums = segment_sums(route.segments, ratio, model.topk, model.candidates, model.quantum)
+                totals[q] = [t + s for t, s in zip(totals[q], sums)]
+        return [tuple(t) for t in totals]
+
+    def local_times(self, state: Any) -> tuple[float, int] | None:
+        """This rank's selector CPU seconds and calls since the last forward started (None when
+        no refit runs): the integration all-gathers them in its forward's agreement."""
+        if self.refit is None:
+            return None
+        return (state.clock.lifetime_seconds - self._clock_mark[1], state.clock.lifetime_calls - self._clock_mark[0])
+
+    def received_times(self, times: list[tuple[float, int] | None]) -> None:
+        """Every rank's ``local_times``, in rank order (before this forward's ``strategy_params``)."""
+        self._times = times
+
+    def _refit(self, state: Any) -> None:
+        times, self._times = self._times, None
+        if state.size == 1:
+            times = [self.local_times(state)]
+        known = [t for t in times or () if t is not None]
+        if len(known) != state.size or self._pending is None or any(int(c) != len(self.layer_ratios)
+                                                                    for _, c in known):
+            return  # the last forward did not select in every layer on every rank: no sample
+        samples = [(rows, widths, capped, s, heap) for (rows, widths, capped, heap), (s, _) in
+                   zip(self._pending, known) if rows > 0 and s > 0]
+        if not samples:
+            return
+        self.refit.add_step(samples)
+        if self.refit.steps < _REFIT_MIN_STEPS or self.refit.kept_previous:
+            return
+        model = self.refit.model
+        if model.id != self.report.model.id:
+            self.report.model, self.report.refits = model, self.report.refits + 1
+            self.report.refit_residual = self.refit.rms_relative_residual
+            self.report.history.append(f"forward {state.forwards + 1}: refit {self.report}")
+            state.layouts.clear()  # replan a batch seen before with the new model

@@ -1,0 +1,41 @@
+"""spill's cost model under ``sparsecp.models.deepseek_v4.context_parallel``: calibrated on the
+layer's own selector without being asked (once per process: cached), agreed across ranks,
+refitted from measured times; skipped when a model is given, when turned off, or for a strategy
+that plans without one (2 gloo ranks, a tiny float32 model)."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers.models.deepseek_v4", reason="transformers >= 5.23 (DeepseekV4) not installed")
+
+import v4_calibration_tasks  # noqa: E402
+from multirank import pool_of, results_or_raise  # noqa: E402
+
+
+def test_spill_calibrates_once_agreed_across_ranks_and_refits() -> None:
+    results = results_or_raise(pool_of(2).run(v4_calibration_tasks.calibrates_once))
+    for rank, r in enumerate(results):
+        assert r["before"]["active"] and r["before"]["model"] is None, f"rank {rank}: calibrated before a forward"
+        assert r["first"]["source"] == "calibrated", f"rank {rank}: {r['first']}"
+        terms = r["first"]["terms"]
+        assert terms is not None and min(terms) >= 0 and max(terms) > 0, f"rank {rank}: fitted {terms}"
+        assert r["cached"]["source"] == "cached" and r["cached"]["seconds"] == 0.0, f"rank {rank}: {r['cached']}"
+        assert r["cached"]["model"] == r["first"]["model"], f"rank {rank}: the cached fit is another model"
+        assert r["later"]["refit_steps"] == 3, f"rank {rank}: the refit saw {r['later']['refit_steps']} forwards"
+    # rank 0 fitted (its cache holds the fit); rank 1 only received it
+    assert [r["cache_size"] for r in results] == [1, 0]
+    for key in ("first", "later"):
+        assert results[0][key]["model"] == results[1][key]["model"], \
+            f"ranks plan with different models after the {key} forwards: {results[0][key]} / {results[1][key]}"
+
+
+@pytest.mark.parametrize("case, source", [("given", "given"), ("off", "off"), ("zigzag", "off")])
+def test_a_given_model_calibrate_false_or_another_strategy_skip_it(case: str, source: str) -> None:
+    for rank, r in enumerate(results_or_raise(pool_of(2).run(v4_calibration_tasks.skips, case))):
+        assert not r["active"] and r["source"] == source and r["model"] is None, f"{case}: rank {rank}: {r}"
+        assert r["refit_steps"] is None and r["cache_size"] == 0, f"{case}: rank {rank} calibrated: {r}"
+
+
+def test_a_bad_calibrate_option_is_named() -> None:
+    for message in results_or_raise(pool_of(2).run(v4_calibration_tasks.bad_option)):
+        assert "calibrate must be True" in message and "'yes'" in message, message
