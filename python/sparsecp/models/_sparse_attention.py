@@ -70,10 +70,6 @@ def _probabilities(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return torch.exp(logits - safe[..., None])
 
 
-def _values(keys: torch.Tensor, values: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor:
-    return keys[index] if values is None else values[index]
-
-
 class _SparseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None,
@@ -85,10 +81,12 @@ class _SparseAttention(torch.autograd.Function):
         for start in range(0, rows, chunk):
             stop = min(rows, start + chunk)
             index, valid = columns(start, stop)
-            logits = _chunk_scores(q[:, start:stop], keys[index], valid, scale)
+            gathered_keys = keys[index]
+            logits = _chunk_scores(q[:, start:stop], gathered_keys, valid, scale)
             lse[:, start:stop] = _log_sum_exp(logits, sinks)
             probs = _probabilities(logits, lse[:, start:stop]).to(q.dtype)
-            gathered = _values(keys, values, index)
+            gathered = gathered_keys if values is None else values[index]
+            del gathered_keys
             if gathered.ndim == 3:
                 out[:, start:stop] = torch.einsum("hrc,rcd->hrd", probs, gathered)
             else:
@@ -113,7 +111,7 @@ class _SparseAttention(torch.autograd.Function):
             index, valid = columns(start, stop)
             q_chunk, d_out = q[:, start:stop], grad_out[:, start:stop]
             gathered_keys = keys[index]
-            gathered_values = _values(keys, values, index)
+            gathered_values = gathered_keys if values is None else values[index]
             logits = _chunk_scores(q_chunk, gathered_keys, valid, scale)
             probs = _probabilities(logits, lse[:, start:stop])  # [heads, rows, columns]
             # rowsum(dO * O): the softmax's backward without the full probability matrix.
@@ -129,6 +127,11 @@ class _SparseAttention(torch.autograd.Function):
             d_logits = (d_logits * scale).to(q.dtype)
             probs = probs.to(q.dtype)
             flat = index.reshape(-1)
+            if shared and values is None:  # K = V: both gradients in one product over [2 heads]
+                grad_q[:, start:stop] = torch.einsum("hrc,rcd->hrd", d_logits, gathered_keys)
+                d_keys = torch.einsum("hrc,hrd->rcd", torch.cat([d_logits, probs]), torch.cat([q_chunk, d_out]))
+                grad_keys.index_add_(0, flat, d_keys.reshape(flat.shape[0], *keys.shape[1:]))
+                continue
             if shared:
                 grad_q[:, start:stop] = torch.einsum("hrc,rcd->hrd", d_logits, gathered_keys)
                 d_keys = torch.einsum("hrc,hrd->rcd", d_logits, q_chunk)
@@ -138,11 +141,11 @@ class _SparseAttention(torch.autograd.Function):
                 d_keys = torch.einsum("hrc,hrd->rchd", d_logits, q_chunk)
                 d_values = torch.einsum("hrc,hrd->rchd", probs, d_out)
             # Columns that are not valid carry zero gradient (their probability and d_logits are 0).
-            if grad_values is None:
+            if grad_values is None:  # per-head K = V
                 grad_keys.index_add_(0, flat, (d_keys + d_values).reshape(flat.shape[0], *keys.shape[1:]))
             else:
                 grad_keys.index_add_(0, flat, d_keys.reshape(flat.shape[0], *keys.shape[1:]))
-                grad_values.index_add_(0, flat, d_values.reshape(flat.shape[0], *values.shape[1:]))
+                grad_values.index_add_(0, flat, d_values.reshape(flat.shape[0], *grad_values.shape[1:]))
         grad_sinks_out = None if grad_sinks is None else grad_sinks.to(sinks.dtype)
         return grad_q, grad_keys, grad_values, grad_sinks_out, None, None, None
 
