@@ -349,7 +349,8 @@ def cost_model_routes_pickle_and_replay(rank: int, size: int, seed: int) -> dict
 
 def replay_with_routes(rank: int, size: int, mode: str, options: dict, seed: int) -> dict:
     """Record the fixed-capacity path (both entry points), replay it: the recorded ids, no
-    collective; a replay given another batch's routes raises as outside a replay."""
+    collective; a replay given another batch's routes raises as outside a replay (at the
+    step's verify_replays)."""
     group = dist.group.WORLD
     lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
     case = make_case(rank, size, seed, lengths=lengths)
@@ -377,8 +378,82 @@ def replay_with_routes(rank: int, size: int, mode: str, options: dict, seed: int
                                                        recorded[0]))
     try:
         with replay.replay():
-            sct.balanced_indexer_select(*select_args, routes=stale, **options)
+            sct.balanced_indexer_select(*select_args, routes=stale, **options)  # held: no collective
+        sct.verify_replays(group)  # the step's agreement raises it, on every rank
         out["stale"] = None
     except ValueError as error:
         out["stale"] = str(error)
+    return out
+
+
+def compiled_step_other_layout(rank: int, size: int, seed: int, backend: str) -> dict:
+    """Issue 35 item 8: a compiled fixed-capacity step given another layout's numbers on one
+    rank (the last passes worker_rows of a capacity 8 rows larger, and another owner_rows):
+    that rank raised "key_begin must be int64 [W + 8]" after the first all-to-all and its peer
+    waited in the second ("connection closed" when it exited). The compiled functions take the
+    layout from the agreed index: every rank's ids are the dynamic path's."""
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    case = make_case(rank, size, seed, lengths=lengths)
+    capacity = sct.fixed_capacity([lengths], size, [RATIO], "spill")
+    routes = sct.prebuild(lengths, size, rank, [RATIO], "spill", capacity=capacity)
+    index = sct.fixed_step_indices(case.qr, case.weights, (case.cos, case.sin), lengths, RATIO, "spill", group,
+                                   routes=routes)
+    other = sct.prebuild(lengths, size, rank, [RATIO], "spill", capacity=capacity + 8).layer(RATIO).indices
+    layout = routes.layer(RATIO).indices
+    assert other is not None and layout is not None
+    odd = rank == size - 1
+    worker_rows = other.worker_rows if odd else layout.worker_rows
+    owner_rows = layout.owner_rows + 3 if odd else layout.owner_rows
+    wq_b, key = case.selector.wq_b, case.selector.key
+
+    def step(qr: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             index: sct.FixedIndexTensors) -> torch.Tensor:
+        worker_qr, worker_weights, worker_cos, worker_sin = sct.fixed_inputs_to_workers(
+            [qr, weights, cos, sin], index, worker_rows, group)
+        query = _project_torch(worker_qr, wq_b, worker_cos, worker_sin, HEAD_DIM, ROPE_DIM)
+        ids = torch.ops.sparsecp.select_rows(query, key, worker_weights, index.key_begin, index.visible, KL_TOPK)
+        return sct.fixed_results_to_owners(ids, index, owner_rows, group)
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend=backend)(case.qr, case.weights, case.cos, case.sin, index)
+    eager = step(case.qr, case.weights, case.cos, case.sin, index)
+    selector = IndexerSelector(wq_b, key, RATIO, KL_TOPK, head_dim=HEAD_DIM, rope_dim=ROPE_DIM, threads=1)
+    dynamic = sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], selector, lengths, RATIO, "spill", group)
+    return {"compiled_equal": bool(torch.equal(compiled, dynamic[0])),
+            "eager_equal": bool(torch.equal(eager, dynamic[0])),
+            "layout": (index.worker_rows, index.owner_rows, index.slots), "given": (worker_rows, owner_rows)}
+
+
+def absurd_staging_on_one_rank(rank: int, size: int, seed: int) -> dict:
+    """Issue 35 item 8: a capacity whose exchange buffers a rank cannot hold (here: the last
+    rank's memory limit lowered to 64 KiB) is refused before anything is allocated, naming the
+    capacity and the bytes, on every rank (the launch's agreement: the peers name the rank
+    and its reason); the group works on."""
+    from sparsecp.torch import _prebuilt
+
+    group = dist.group.WORLD
+    lengths = batch_lengths(seed, size, TOKENS_PER_RANK)
+    case = make_case(rank, size, seed, lengths=lengths)
+    capacity = 4096  # index arrays 8 * (2 * P * C + 2 * Q + 2 * W) bytes: about 200 KiB a rank at P = 2
+    routes = sct.prebuild(lengths, size, rank, [RATIO], "spill", capacity=capacity)
+    limit = _prebuilt.memory_limit
+    if rank == size - 1:
+        _prebuilt.memory_limit = lambda device: 64 << 10  # type: ignore[assignment]
+    out: dict[str, Any] = {"staging made": len(_prebuilt._STAGING)}
+    try:
+        sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, "spill", group,
+                                    routes=routes)
+        out["error"] = None
+    except ValueError as error:
+        out["error"] = str(error)
+    finally:
+        _prebuilt.memory_limit = limit  # type: ignore[assignment]
+    out["staging made"] = len(_prebuilt._STAGING) - out["staging made"]
+    out["after_equal"] = bool(torch.equal(
+        sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, "spill", group),
+        sct.balanced_indexer_select(*case.inputs[:2], case.inputs[2], case.selector, lengths, RATIO, "spill", group,
+                                    routes=sct.prebuild(lengths, size, rank, [RATIO], "spill", capacity=64))))
     return out

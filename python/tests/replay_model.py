@@ -206,12 +206,15 @@ def new_counts() -> dict[str, int]:
 def step(rank: int, size: int, variant: str, seed: int) -> dict[str, Any]:
     """One forward and backward of ``variant``: counts, top-k and every parameter's gradient."""
     model, batch = Model(seed), make_batch(seed + 1, rank, size)
-    counts = new_counts()
+    counts, verify_counts = new_counts(), new_counts()
     with counted_collectives(counts):
         loss, topks = forward(model, batch, dist.group.WORLD, variant, counts)
         forward_counts = dict(counts)
         loss.backward()
+    with counted_collectives(verify_counts):  # the step's one agreement on what its recompute replayed
+        replayed = sct.verify_replays(dist.group.WORLD)
     return {"counts": counts, "forward counts": forward_counts, "loss": float(loss.detach()),
+            "verify collectives": verify_counts["collectives"], "replayed calls": replayed,
             "topk": [t.numpy() for t in topks],
             "grads": {name: p.grad.numpy() for name, p in model.named_parameters() if p.grad is not None},
             "parameters": sorted(name for name, p in model.named_parameters() if p.requires_grad)}
@@ -243,23 +246,26 @@ def mismatched_replay(rank: int, size: int, seed: int) -> dict[str, str]:
              "group": lambda: layer(x, batch, alone, counts),
              "entry point": lambda: model.layers[1](x, batch, dist.group.WORLD, counts)}
     errors = {}
-    collectives = new_counts()
+    collectives, replayed = new_counts(), new_counts()
     with counted_collectives(collectives):
         for name, call in cases.items():
             try:
-                with replay.replay():
-                    call()
+                with counted_collectives(replayed), replay.replay():
+                    call()  # held: the failed call returns all -1 ids and moves nothing
+                sct.verify_replays(dist.group.WORLD)  # the step's agreement raises it, on every rank
                 errors[name] = "no error"
             except ValueError as error:
                 errors[name] = str(error)
         try:
-            with replay.replay():
+            with counted_collectives(replayed), replay.replay():
                 layer(x, batch, dist.group.WORLD, counts)
                 layer(x, batch, dist.group.WORLD, counts)
+            sct.verify_replays(dist.group.WORLD)
             errors["past the end"] = "no error"
         except RuntimeError as error:
             errors["past the end"] = str(error)
     errors["collectives"] = str(collectives["collectives"])
+    errors["replayed collectives"] = str(replayed["collectives"])
     return errors
 
 
@@ -305,7 +311,9 @@ def handle_semantics(rank: int, size: int, seed: int) -> dict[str, Any]:
                                  tuple(exchange.route.input_splits))
         selected = selector(*worker[:2], worker[2:], exchange.route.segments)[0]
         out["replayed selected"] = tuple(selected.shape)
-        out["non-empty result"] = errors(lambda: exchange.launch_result(torch.zeros(3, TOPK, dtype=torch.int32)))
+        # Held, not raised at the call: the step's verify_replays raises it on every rank.
+        out["non-empty result"] = errors(lambda: (exchange.launch_result(torch.zeros(3, TOPK, dtype=torch.int32)),
+                                                  sct.verify_replays(dist.group.WORLD)))
         pending = exchange.launch_result(selected)
         out["replayed ids"] = pending.wait().numpy()
         out["replayed pending twice"] = errors(pending.wait)
@@ -324,9 +332,9 @@ def handle_semantics(rank: int, size: int, seed: int) -> dict[str, Any]:
 
 def rl_replay(rank: int, size: int, seed: int) -> dict[str, Any]:
     """RL: record the rollout's selections (no grad), run another step on another batch, then
-    replay the rollout in a training forward and backward whose activations differ (the other
     batch: the rollout's choice is kept); ranks start replaying one after another in reverse
-    rank order (each replayed call's agreement waits for the others), then replay again."""
+    rank order (no replayed call waits for the others), then replay again; the step's
+    verify_replays agrees on all of it."""
     model = Model(seed)
     rollout_batch, other_batch = make_batch(seed + 1, rank, size), make_batch(seed + 2, rank, size)
     counts, replay = new_counts(), sct.SelectionReplay()
@@ -341,8 +349,12 @@ def rl_replay(rank: int, size: int, seed: int) -> dict[str, Any]:
             loss.backward()
         with replay.replay():
             _, again = forward(model, other_batch, dist.group.WORLD, "plain", replayed_counts)
+    verify_counts = new_counts()
+    with counted_collectives(verify_counts):
+        verified = sct.verify_replays(dist.group.WORLD)
     return {"rollout": [t.numpy() for t in rollout_topk], "training": [t.numpy() for t in training_topk],
             "other": [t.numpy() for t in other_topk], "counts": replayed_counts, "calls": replay.calls(),
+            "verified": verified, "verify collectives": verify_counts["collectives"],
             "nbytes": replay.nbytes, "again": [t.numpy() for t in again]}
 
 
@@ -462,7 +474,8 @@ def early_stop_rl(rank: int, size: int, seed: int, early_stop: bool) -> dict[str
 def one_rank_replay_mismatch(rank: int, size: int, seed: int, case: str) -> tuple[str, str] | None:
     """Record two balanced selections on every rank, then replay them with one rank (the last)
     differing (``case``): its lengths, its mode, a call past the end of its recording, or
-    another batch's ``routes=``. Returns (type, text) of the error this rank raised, or None."""
+    another batch's ``routes=``; then the step's ``verify_replays``. Returns (type, text) of the
+    error this rank raised, or None."""
     model, batch = Model(seed), make_batch(seed + 1, rank, size)
     layer, group = model.layers[0], dist.group.WORLD
     x = model.embed(batch.hidden).detach()
@@ -498,7 +511,8 @@ def one_rank_replay_mismatch(rank: int, size: int, seed: int, case: str) -> tupl
     try:
         with (short if odd and case == "past the end" else full).replay():
             select()
-            second[case]()
+            second[case]()  # held on the odd rank: no collective, all -1 ids
+        sct.verify_replays(group)  # the step's one agreement: every rank raises
     except (RuntimeError, ValueError) as error:
         return type(error).__name__, str(error)
     return None
@@ -531,3 +545,73 @@ def exception_inside_a_recording(rank: int, size: int, seed: int) -> tuple[str, 
         rows = q.shape[0]  # one document of this rank's rows
         sct.select_indices(q, key, weights[0], [(0, rows, 0, rows // layer.ratio, rows % layer.ratio)], layer.ratio, 8)
     return replay.calls()
+
+
+def past_the_end_against_a_real_call(rank: int, size: int, seed: int, then: str) -> dict[str, Any]:
+    """Issue 35 item 7: the last rank replays past the end of its recording while the others
+    have left their replay and make a real call (it aborted the process in gloo: the ranks
+    took different branches of the agreement). ``then``: what the last rank does next, the
+    step's ``verify_replays`` ("verify") or the same real call ("call"). Returns each rank's
+    error, the collectives the last rank's replay made, and whether the group still works."""
+    model, batch = Model(seed), make_batch(seed + 1, rank, size)
+    layer, group = model.layers[0], dist.group.WORLD
+    x = model.embed(batch.hidden).detach()
+    qr, weights = layer.q_a(x).detach(), layer.weights_proj(x).detach()
+    compressed = batch.compressed[layer.ratio][0]
+    selector = sct.IndexerSelector(layer.q_b.weight.detach(), layer.key_proj(compressed)[0].detach(), layer.ratio,
+                                   TOPK, head_dim=HEAD_DIM, rope_dim=ROPE_DIM, threads=1)
+
+    def select() -> torch.Tensor:
+        return sct.balanced_indexer_select(qr, weights, (batch.cos, batch.sin), selector, LENGTHS, layer.ratio,
+                                           "spill", group)
+
+    short = sct.SelectionReplay()
+    with short.record():
+        recorded = select()
+    counts = new_counts()
+    out: dict[str, Any] = {"error": None}
+    try:
+        if rank == size - 1:
+            with counted_collectives(counts), short.replay():
+                select()
+                stand_in = select()  # past the end: held, all -1 ids, no collective
+            out["stand-in"] = (tuple(stand_in.shape), int(stand_in.max()))
+            if then == "verify":
+                sct.verify_replays(group)
+            else:
+                select()
+        else:
+            with short.replay():
+                select()
+            select()  # a real call, while the last rank is still replaying
+    except (RuntimeError, ValueError) as error:
+        out["error"] = (type(error).__name__, str(error))
+    out["replay collectives"] = counts["collectives"]
+    out["after equal"] = bool(torch.equal(select(), recorded))  # a real call on every rank: the group works
+    return out
+
+
+def agreement_branches(rank: int, size: int, case: str) -> str:
+    """Every rank takes the same branch of the agreement, decided by reduced values only:
+    ``flags`` (rank 0 invalid, reporting invalid ranks first; the others valid with another
+    fingerprint, comparing fingerprints first: the pairing that aborted gloo), ``points``
+    (every rank valid, rank 0 at another agreement point), ``replays`` (rank 0 replayed a
+    call the others did not). Returns this rank's error text."""
+    from sparsecp.torch._agreement import REPLAYS, agree
+    from sparsecp.torch._plans import empty_fingerprint
+
+    group = dist.group.WORLD
+    fingerprint = empty_fingerprint().add("setting", rank)
+    error = ValueError("rank 0's own failure") if rank == 0 and case == "flags" else None
+    what = "Indexer result exchange" if rank == 0 and case == "points" else "Indexer input exchange"
+    if rank == 0 and case == "replays":
+        REPLAYS.note("balanced_indexer_select:a call only rank 0 replayed")
+    try:
+        if case == "replays":
+            sct.verify_replays(group)
+        else:
+            agree(group, torch.device("cpu"), error, fingerprint if case == "flags" else empty_fingerprint(), what,
+                  invalid_first=rank == 0)
+    except ValueError as raised:
+        return str(raised)
+    return "no error"

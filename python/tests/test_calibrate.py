@@ -267,3 +267,27 @@ def test_prebuilt_routes_with_a_cost_model_pickle_and_match_an_equal_model() -> 
     assert layer.route == routes.route(RATIO)
     with pytest.raises(ValueError, match="differ in params"):
         prebuilt_layer(copy, lengths, 2, 1, RATIO, "spill", None, None, {"cost_model": equal.replace(a=4)})
+
+
+@pytest.mark.parametrize("returns, text", [
+    (lambda rows: None, r"returned NoneType, not ids \[1, 16, 32\] \(int32 or int64\)"),
+    (lambda rows: torch.zeros((rows, TOPK), dtype=torch.int32),
+     r"returned torch.int32 \(16, 32\) on cpu; ids must be \[1, 16, 32\]"),
+    (lambda rows: torch.zeros((1, rows, TOPK // 2), dtype=torch.int32),
+     r"returned torch.int32 \(1, 16, 16\) on cpu; ids must be \[1, 16, 32\]"),
+    (lambda rows: torch.zeros((1, rows, TOPK)),
+     r"returned torch.float32 \(1, 16, 32\) on cpu; ids must be int32 or int64"),
+])
+def test_a_selector_that_does_not_return_ids_is_refused_naming_what_it_returned(returns, text) -> None:
+    """Issue 35 item 8: calibrate fitted a selector that returns None or a wrong shape."""
+    calls = []
+
+    def selector(qr, weights, rope, segments):  # noqa: ANN001, ANN202
+        calls.append(qr.shape[1])
+        return returns(qr.shape[1])
+
+    with pytest.raises(ValueError, match=r"^calibrate: the selector test_a_selector_that_does_not_return_ids_is_"
+                                         r"refused_naming_what_it_returned.<locals>.selector " + text):
+        sct.calibrate(selector, q_rank=8, heads=2, keys=2000, ratio=RATIO, topk=TOPK, rope_dim=4, rows=16,
+                      visible=(0, 16, 32, 48), repeats=1, timer=lambda call: (call(), 1e-3)[1])
+    assert calls == [16]  # refused at the first call, before any fit

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -51,6 +52,53 @@ def test_fixed_capacity_and_over_capacity_raise_naming_both():
     padding = sct.padding_bytes(routes, input_row_bytes=100, topk=8)
     slots = 3 * capacity * (100 + 8 * 4)
     assert padding["padding"] + padding["payload"] == slots
+
+
+@pytest.mark.parametrize("headroom", [float("inf"), float("-inf"), float("nan"), 0.5, "2", True, None])
+def test_fixed_capacity_refuses_a_headroom_that_is_not_a_finite_number_from_one(headroom):
+    """Issue 35 item 8: headroom=inf raised "cannot convert float infinity to integer"."""
+    with pytest.raises(ValueError, match=rf"headroom must be a finite number of at least 1\.0, got "
+                                         rf"{re.escape(repr(headroom))}$"):
+        sct.fixed_capacity([batch_lengths(3, 2, 48)], 2, [RATIO], "spill", headroom=headroom)
+    assert sct.fixed_capacity([batch_lengths(3, 2, 48)], 2, [RATIO], "spill", headroom=np.float32(1.5)) >= 8
+
+
+@pytest.mark.parametrize("capacity", [2**31, 2**45])
+def test_an_absurd_capacity_is_refused_naming_it_and_its_bytes_before_allocating(capacity):
+    """Issue 35 item 8: capacity=2**31 failed allocating 32 GiB in prebuild without naming the
+    capacity. The padded index arrays' bytes are counted first (8 * (2 P C + 2 Q + 2 W) a
+    ratio) and a capacity over half the host's memory is refused naming both."""
+    from sparsecp.torch import _prebuilt
+
+    lengths, size = batch_lengths(3, 2, 48), 2
+    nbytes = 2 * _prebuilt.index_bytes(size, capacity, 48)  # two ratios
+    limit = _prebuilt.memory_limit(None)
+    if limit is None or nbytes <= limit:
+        pytest.skip(f"this host holds {nbytes} bytes of index arrays")
+    with pytest.raises(ValueError, match=rf"^Indexer fixed-capacity exchange: capacity {capacity} rows per peer "
+                                         rf"would allocate {nbytes} bytes \([0-9.]+ GiB\) of padded index arrays on "
+                                         r"this host, more than half of its [0-9.]+ GiB of memory; this batch's ranks "
+                                         r"hold 48 rows each"):
+        sct.prebuild(lengths, size, 0, [RATIO, 2 * RATIO], "spill", capacity=capacity)
+
+
+def test_exchange_buffers_one_rank_cannot_hold_are_refused_on_every_rank():
+    results = results_or_raise(pool_of(2).run(fixed_tasks.absurd_staging_on_one_rank, 41, timeout=60))
+    own = results[1]["error"]
+    assert own is not None and own.startswith("Indexer fixed-capacity exchange: capacity 4096 rows per peer would "
+                                              "allocate "), own
+    assert " MiB) of exchange buffers on this host, more than half of its 128.0 KiB of memory" in own, own
+    assert results[0]["error"] == f"Indexer input exchange aborted: rank 1 rejected its inputs: {own}", results[0]
+    for result in results:
+        assert result["staging made"] == 0 and result["after_equal"], result
+
+
+def test_a_compiled_step_given_another_layout_on_one_rank_takes_the_agreed_one():
+    results = results_or_raise(pool_of(2).run(fixed_tasks.compiled_step_other_layout, 43, "aot_eager", timeout=240))
+    assert results[0]["layout"] == results[1]["layout"]
+    assert results[1]["given"] != results[1]["layout"][:2]
+    for result in results:
+        assert result["compiled_equal"] and result["eager_equal"], result
 
 
 @pytest.mark.parametrize("mode, options", [("spill", {}), ("greedy", {"block_size": 16})])

@@ -1,7 +1,7 @@
 """Selection record and replay (sparsecp.torch.SelectionReplay, selection_replay_contexts):
-activation recompute and RL replay return the recorded ids with no planning, no all-to-all and
-no selection work, bit for bit (one 3-value agreement per replayed call), and a replay of a
-different call raises naming the difference, on every rank.
+activation recompute and RL replay return the recorded ids with no planning, no collective at
+all and no selection work, bit for bit, and a replay of a different call raises naming the
+difference, on every rank, at the step's one agreement (verify_replays).
 
 The multi-rank tests run the two-layer indexer model of replay_model.py on 4 gloo ranks; the
 others run the selection ops in this process."""
@@ -62,9 +62,12 @@ def test_recompute_replays_every_selection_bit_for_bit():
             got, want = runs[variant][rank], plain[rank]
             for key in ("selector calls", "selector rows"):
                 assert got["counts"][key] == want["counts"][key], (variant, rank, key, got["counts"])
-            # The recompute's only collectives: one 3-value agreement per replayed call (layer 0's
-            # balanced_indexer_select, layer 1's launch and launch_result), never an all-to-all.
-            assert got["counts"]["collectives"] == want["counts"]["collectives"] + 3, (variant, rank, got["counts"])
+            # The recompute moves nothing: no collective for any replayed call (layer 0's
+            # balanced_indexer_select, layer 1's launch and launch_result), neither all-to-all
+            # nor agreement; the step's verify_replays agrees on the three once.
+            assert got["counts"]["collectives"] == want["counts"]["collectives"], (variant, rank, got["counts"])
+            assert got["counts"]["collectives"] - got["forward counts"]["collectives"] == 0, (variant, rank)
+            assert got["replayed calls"] == 3 and got["verify collectives"] == 1, (variant, rank, got)
             # The overlapped layer's recompute hands the selector zero rows (its code calls it).
             assert got["counts"]["empty selector calls"] == 1, (variant, rank, got["counts"])
             assert got["forward counts"]["collectives"] == want["counts"]["collectives"], (variant, rank)
@@ -74,6 +77,9 @@ def test_recompute_replays_every_selection_bit_for_bit():
             assert set(got["grads"]) == set(want["grads"]), variant
             for name, grad in want["grads"].items():
                 assert np.array_equal(got["grads"][name], grad), (variant, rank, name)
+    for rank in range(SIZE):  # nothing replayed: the step's agreement still makes its one all-reduce
+        assert plain[rank]["replayed calls"] == twice[rank]["replayed calls"] == 0
+        assert plain[rank]["verify collectives"] == twice[rank]["verify collectives"] == 1
     for rank in range(SIZE):  # without replay the recompute selects again: the same ids, the same gradients
         for name, grad in plain[rank]["grads"].items():
             assert np.array_equal(twice[rank]["grads"][name], grad), (rank, name)
@@ -95,17 +101,17 @@ def test_a_replay_of_another_call_raises_naming_the_difference():
                                          "recording: the recording has balanced_indexer_select here"), errors
         assert errors["past the end"] == ("Selection replay: call 2 (balanced_indexer_select) is past the end of "
                                           "the recording (1 calls recorded)"), errors
-        # Each failed replayed call: its agreement and the reason's all-reduce (6 calls, the
-        # last past the end after one replayed call that agreed): no all-to-all.
-        assert errors["collectives"] == "13", errors
+        # The failed replays made no collective; each case's verify_replays made its agreement
+        # and the reason's all-reduce (6 cases): no all-to-all.
+        assert errors["replayed collectives"] == "0", errors
+        assert errors["collectives"] == "12", errors
 
 
-def test_rl_rollout_recording_replays_in_training_with_only_its_agreements():
+def test_rl_rollout_recording_replays_in_training_with_one_agreement():
     """Recorded in a no-grad rollout, replayed after another step in the training forward and
     backward on other activations (another batch): the rollout's ids, no selector call and no
-    all-to-all; each replayed call agrees with the other ranks (one 3-value all-reduce: a
-    mismatch on one rank raises on every rank), so ranks that start replaying at different
-    times wait for each other."""
+    collective; the step's verify_replays agrees once on the six replayed calls (one
+    all-reduce: a mismatch on one rank raises on every rank)."""
     seed = SEED + 303
     print(f"seed {seed}")
     results = results_or_raise(pool_of(SIZE).run(replay_model.rl_replay, seed, timeout=120))
@@ -113,7 +119,8 @@ def test_rl_rollout_recording_replays_in_training_with_only_its_agreements():
         assert result["calls"] == ("balanced_indexer_select", "launch_indexer_inputs")
         assert result["nbytes"] == 2 * LOCAL * replay_model.TOPK * 4  # int32 [local, topk] per layer
         counts = result["counts"]
-        assert counts["collectives"] == 2 * 3 and counts["selector calls"] == 0, counts  # 3 calls, twice
+        assert counts["collectives"] == 0 and counts["selector calls"] == 0, counts
+        assert result["verified"] == 2 * 3 and result["verify collectives"] == 1, result  # 3 calls, twice
         for layer in range(2):
             assert np.array_equal(result["training"][layer], result["rollout"][layer]), (rank, layer)
             assert np.array_equal(result["again"][layer], result["rollout"][layer]), (rank, layer)
@@ -145,8 +152,9 @@ def test_rl_replay_under_checkpoint_early_stop_keeps_the_rollout_ids(early_stop)
 def test_a_replay_mismatch_on_one_rank_raises_on_every_rank(case):
     """Issue 30 item 3: a replayed call made no collective, so one that differed on one rank
     raised there alone and the others blocked in their next collective until the group's
-    timeout. Now every replayed call agrees (one 3-value all-reduce): every rank raises, the
-    odd rank its own error, the others naming it and its reason."""
+    timeout. Now the failed call is held on its rank (it returns all -1 ids and keeps the rank
+    in step) and the step's verify_replays (one all-reduce) raises on every rank, the odd rank
+    its own error, the others naming it and its reason."""
     seed = SEED + 310
     print(f"seed {seed}")
     pool = pool_of(SIZE)
@@ -165,6 +173,50 @@ def test_a_replay_mismatch_on_one_rank_raises_on_every_rank(case):
         assert errors[rank][0] == "ValueError", errors[rank]
         assert errors[rank][1].startswith(f"Selection replay aborted: rank {odd} rejected its inputs: "), errors[rank]
         assert expected in errors[rank][1], errors[rank]
+    assert all(results_or_raise(pool.run(rank_tasks.still_works)))
+
+
+@pytest.mark.parametrize("then", ["verify", "call"])
+def test_a_replay_past_the_end_against_a_peer_s_real_call_raises_on_both_ranks(then):
+    """Issue 35 item 7: one rank replays past the end of its recording while its peer has left
+    the replay and makes a real call. The ranks took different branches of the agreement (one
+    all-reduced the 512-value reason, the other the fingerprint's components) and gloo aborted
+    the process. Now the replayed call makes no collective and is held; the last rank's next
+    agreement (its verify_replays, or a real call of its own) pairs with the peer's real call's,
+    and both take the branch the reduced verdict names: both raise, and the group works on."""
+    pool = pool_of(2)
+    results = results_or_raise(pool.run(replay_model.past_the_end_against_a_real_call, SEED + 312, then, timeout=60))
+    past = "Selection replay: call 2 (balanced_indexer_select) is past the end of the recording (1 calls recorded)"
+    assert results[1]["error"] == ("RuntimeError", past), results[1]
+    assert results[1]["replay collectives"] == 0 and results[1]["stand-in"] == ((1, LOCAL * 2, replay_model.TOPK), -1)
+    assert results[0]["error"] == ("ValueError", f"Indexer input exchange aborted: rank 1 rejected its inputs: "
+                                                 f"RuntimeError: {past}"), results[0]
+    assert all(result["after equal"] for result in results)
+    assert all(results_or_raise(pool.run(rank_tasks.still_works)))
+
+
+@pytest.mark.parametrize("case", ["flags", "points", "replays"])
+def test_every_rank_takes_the_agreement_branch_the_reduced_verdict_names(case):
+    """The agreement decides every branch from values all ranks reduced: a rank reporting
+    invalid ranks first (a failed selector, a replay) paired with one comparing fingerprints
+    first, ranks at different agreement points, ranks whose replays differ: each raises on
+    both ranks, and nothing aborts."""
+    pool = pool_of(2)
+    errors = results_or_raise(pool.run(replay_model.agreement_branches, case, timeout=60))
+    if case == "flags":
+        assert errors == ["rank 0's own failure",
+                          "Indexer input exchange aborted: rank 0 rejected its inputs: rank 0's own failure"], errors
+    elif case == "points":
+        for rank, error in enumerate(errors):
+            at = "Indexer result exchange" if rank == 0 else "Indexer input exchange"
+            assert error.startswith(f"{at}: the CP ranks are at different sparsecp collectives (this rank at {at}; "
+                                    "the ranks' points include "), error
+            assert "Indexer result exchange" in error.split("include")[1], error
+            assert "Indexer input exchange" in error.split("include")[1], error
+    else:
+        for rank, error in enumerate(errors):
+            assert error.startswith("Selection replay: the CP ranks replayed different selection calls since their "
+                                    f"last agreement (0 to 1 replayed calls; this rank {1 - rank})"), error
     assert all(results_or_raise(pool.run(rank_tasks.still_works)))
 
 

@@ -20,8 +20,9 @@ For activation recompute and RL: ``selection_replay_contexts`` (the ``context_fn
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``) and ``SelectionReplay``
 (``record()`` / ``replay()``): every selection entry point records its int32 result in the
 first forward and returns it in the recompute with no planning, no data movement and no
-selection work (one 3-value agreement per replayed call, so a mismatch raises on every
-rank; ``4 * topk`` bytes per owned row and call retained).
+selection work and no collective; ``verify_replays(group)``, once per step, agrees on every
+call replayed since the last agreement (one small all-reduce), so a mismatch on one rank
+raises on every rank (``4 * topk`` bytes per owned row and call retained).
 
 Layout, in layers (no module imports one above it; ``_route.py`` lists them):
 ``indexer_balance.py`` (the seed's module: its names only) on top; below it
@@ -73,7 +74,7 @@ from ._prebuilt import (  # noqa: E402
     padding_bytes,
     prebuild,
 )
-from ._replay import SelectionReplay, selection_replay_contexts  # noqa: E402
+from ._replay import SelectionReplay, selection_replay_contexts, verify_replays  # noqa: E402
 from ._worker_time import step_cost_samples  # noqa: E402
 from .calibrate import Calibration, CalibrationPoint, calibrate  # noqa: E402
 from .indexer_balance import (  # noqa: E402
@@ -162,4 +163,5 @@ __all__ = [
     "sliding_window_route",
     "step_cost_samples",
     "validate_indexer_hybrid_threshold",
+    "verify_replays",
 ]

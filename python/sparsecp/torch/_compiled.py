@@ -10,11 +10,23 @@ The step outside and inside the compiled region:
 
 * eager, once per step: ``fixed_step_indices(...)`` checks the call against the prebuilt
   routes and agrees with every rank (the one small all-reduce every launch makes), then
-  returns the batch's padded index tensors (``FixedIndexTensors``) on the device;
+  returns the batch's padded index tensors (``FixedIndexTensors``) on the device: their
+  shapes are the step's layout (``index.worker_rows``, ``index.owner_rows``,
+  ``index.capacity``), the same on every rank since the routes' capacity and the batch were
+  agreed;
 * compiled: ``fixed_inputs_to_workers`` (owner fields -> worker rows [W, width]), the
   worker's projection and ``torch.ops.sparsecp.select_rows`` (ids [W, topk]),
   ``fixed_results_to_owners`` (-> [Q, topk]), the KL loss (``ops.indexer_kl_loss``), and
   its backward.
+
+The compiled functions take the layout from the index they are given, never from another
+source: the ``worker_rows`` / ``owner_rows`` arguments are optional and, where a rank passes
+a value that differs from its index's (another layout's number on one rank), the rows still
+move as the agreed index says and the function returns the index's rows. A compiled region
+cannot raise on every rank without a collective and a host read of its own, and it needs
+neither: what the ranks must agree on was agreed by ``fixed_step_indices``. Pass the index
+of this step's ``fixed_step_indices`` call (another step's index of another capacity would
+give the ranks' all-to-alls different sizes).
 """
 from __future__ import annotations
 
@@ -43,6 +55,21 @@ class FixedIndexTensors(NamedTuple):
     @classmethod
     def of(cls, indices: FixedIndices, device: torch.device) -> FixedIndexTensors:
         return cls(*(torch.from_numpy(getattr(indices, name)).to(device) for name in cls._fields))
+
+    @property
+    def worker_rows(self) -> int:
+        """W: the worker rows a rank can hold (the fields' rows on the worker side)."""
+        return int(self.key_begin.shape[0])
+
+    @property
+    def owner_rows(self) -> int:
+        """Q: this rank's own rows."""
+        return int(self.keep_from.shape[0])
+
+    @property
+    def slots(self) -> int:
+        """P * C: the rows of each all-to-all (``capacity`` rows per peer)."""
+        return int(self.send_rows.shape[0])
 
 
 def fixed_step_indices(query_residual: torch.Tensor, weights: torch.Tensor, embeddings: tuple, lengths: Any,
@@ -73,11 +100,13 @@ def _move(tensor: torch.Tensor, gather: torch.Tensor, scatter: torch.Tensor, kee
     return out[:rows_out]
 
 
-def fixed_inputs_to_workers(fields: Sequence[torch.Tensor], index: FixedIndexTensors, worker_rows: int,
+def fixed_inputs_to_workers(fields: Sequence[torch.Tensor], index: FixedIndexTensors, worker_rows: int | None,
                             group: Any) -> list[torch.Tensor]:
     """Owner fields, each [1, Q, width] -> worker rows, each [W, width] (fields of one
     dtype packed side by side, one all-to-all per dtype group). Rows past the route's
-    ``query_count`` are zero (``visible`` 0)."""
+    ``query_count`` are zero (``visible`` 0). W is ``index.worker_rows`` (``worker_rows``
+    may be None; a different value is not used: the module docstring says why)."""
+    worker_rows = index.worker_rows
     outputs: list[Any] = [None] * len(fields)
     for indices in dtype_groups(fields):
         packed = torch.cat([fields[i][0] for i in indices], dim=-1)
@@ -88,7 +117,9 @@ def fixed_inputs_to_workers(fields: Sequence[torch.Tensor], index: FixedIndexTen
     return outputs
 
 
-def fixed_results_to_owners(selected: torch.Tensor, index: FixedIndexTensors, owner_rows: int,
+def fixed_results_to_owners(selected: torch.Tensor, index: FixedIndexTensors, owner_rows: int | None,
                             group: Any) -> torch.Tensor:
-    """Worker ids [W, topk] -> this rank's own rows' ids [Q, topk]."""
+    """Worker ids [W, topk] -> this rank's own rows' ids [Q, topk]; Q is ``index.owner_rows``
+    (``owner_rows`` may be None; a different value is not used)."""
+    owner_rows = index.owner_rows
     return _move(selected, index.receive_rows, index.send_rows, index.keep_to, index.keep_from, owner_rows, group)

@@ -44,6 +44,9 @@ the capacity, ``W = Q + (P - 1) * C`` the worker rows it can ever hold):
 """
 from __future__ import annotations
 
+import math
+import numbers
+import os
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -242,6 +245,7 @@ def prebuild(lengths: Sequence[int], size: int, rank: int, ratios: Iterable[int]
     size, rank = integer("size", size, 1), integer("rank", rank, 0)
     if capacity is not None:
         capacity = integer("capacity", capacity, 1)
+    ratios = tuple(ratios)
 
     layers: dict[int, PrebuiltLayer] = {}
     for ratio in ratios:
@@ -250,6 +254,10 @@ def prebuild(lengths: Sequence[int], size: int, rank: int, ratios: Iterable[int]
         core = entry.route(rank, IndexerRoute.from_core).core
         assert core is not None  # the plan cache's routes wrap C++ routes
         arrays = {name: np.array(getattr(core, name)) for name in _ROUTE_ARRAYS}
+        if capacity is not None and not layers:  # before any padded array is allocated
+            owner_rows = len(arrays["send_rows"]) + len(arrays["local_sources"])
+            refuse_absurd_capacity(capacity, len(ratios) * index_bytes(size, capacity, owner_rows),
+                                   "padded index arrays", None, owner_rows)
         needed = _rows_needed(entry, size)
         if capacity is not None and needed > capacity:
             raise ValueError(f"Indexer fixed-capacity exchange: this batch needs {needed} rows from one rank to "
@@ -272,8 +280,10 @@ def fixed_capacity(batches: Iterable[Sequence[int]], size: int, ratios: Iterable
     """
     ratios = tuple(ratios)
     multiple = integer("multiple", multiple, 1)
-    if not headroom >= 1.0:
-        raise ValueError(f"headroom must be at least 1.0, got {headroom!r}")
+    if (isinstance(headroom, bool) or not isinstance(headroom, numbers.Real) or not math.isfinite(headroom)
+            or not headroom >= 1.0):
+        raise ValueError(f"headroom must be a finite number of at least 1.0, got {headroom!r}")
+    headroom = float(headroom)
     most = 0
     for lengths in batches:
         for ratio in ratios:
@@ -282,6 +292,59 @@ def fixed_capacity(batches: Iterable[Sequence[int]], size: int, ratios: Iterable
             most = max(most, _rows_needed(entry, size))
     wanted = int(np.ceil(most * headroom))
     return max(multiple, -(-wanted // multiple) * multiple)
+
+
+def index_bytes(size: int, capacity: int, owner_rows: int) -> int:
+    """Bytes of one layer's padded index arrays (``FixedIndices``: int64 send / receive rows
+    [P * C], keep from / to [Q], key begin / visible [W])."""
+    worker_rows = owner_rows + (size - 1) * capacity
+    return 8 * (2 * size * capacity + 2 * owner_rows + 2 * worker_rows)
+
+
+def staging_bytes(size: int, capacity: int, owner_rows: int, fields: Sequence[tuple[int, torch.dtype]]) -> int:
+    """Bytes ``StagingBuffers`` allocates for this layout (results not counted: they are
+    ``topk`` wide, allocated at the first result)."""
+    worker_rows, slots = owner_rows + (size - 1) * capacity, size * capacity
+    total = index_bytes(size, capacity, owner_rows)
+    for indices in dtype_groups([torch.empty(0, dtype=dtype) for _, dtype in fields]):
+        row = sum(fields[i][0] for i in indices) * fields[indices[0]][1].itemsize
+        total += row * ((owner_rows + 1) + 2 * slots + owner_rows + (worker_rows + 1))
+    return total + sum(width * dtype.itemsize * worker_rows for width, dtype in fields)
+
+
+def memory_limit(device: torch.device | None) -> int | None:
+    """The most bytes the fixed exchange may allocate up front on ``device`` (None: this
+    host's memory): half of it; None where it cannot be told."""
+    try:
+        if device is not None and device.type == "cuda":
+            return int(torch.cuda.get_device_properties(device).total_memory) // 2
+        if device is None or device.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return None
+    return None
+
+
+def refuse_absurd_capacity(capacity: int, nbytes: int, what: str, device: torch.device | None,
+                           owner_rows: int) -> None:
+    """Raise ValueError, before anything is allocated, when a capacity's buffers would take
+    more than ``memory_limit``: naming the capacity and the bytes."""
+    limit = memory_limit(device)
+    if limit is None or nbytes <= limit:
+        return
+    where = "this host" if device is None or device.type == "cpu" else str(device)
+    raise ValueError(f"Indexer fixed-capacity exchange: capacity {capacity} rows per peer would allocate {nbytes} "
+                     f"bytes ({_binary(nbytes)}) of {what} on {where}, more than half of its {_binary(2 * limit)} of "
+                     f"memory; this batch's ranks hold {owner_rows} rows each, and no rank sends a peer more than "
+                     "its own rows (choose the capacity with sparsecp.torch.fixed_capacity)")
+
+
+def _binary(nbytes: int) -> str:
+    """Bytes in KiB, MiB or GiB (one decimal)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.1f} {unit}"
+    return f"{nbytes / 1024:.1f} KiB"
 
 
 def padding_bytes(routes: PrebuiltRoutes, input_row_bytes: int, topk: int, index_bytes: int = 4) -> dict[str, int]:
@@ -613,7 +676,14 @@ def _prebuilt_checks(inputs: tuple, lengths: Any, ratio: Any, mode: Any, group: 
 
             raise ValueError(BATCH_TEXT)
         check_inputs(inputs, size, sum(layer.inputs.lengths), axes_text)
-        if layer.indices is not None and _staging_in_use(layer.indices, inputs, group, size):
+        indices = layer.indices
+        if indices is not None and _STAGING.get(_cache_key(*_staging_key(indices, inputs, group, size))) is None:
+            # Buffers this launch would allocate: refused here, before the agreement, so that
+            # every rank raises (the peers naming this rank and its reason).
+            fields = tuple((int(tensor.shape[-1]), tensor.dtype) for tensor in inputs)
+            refuse_absurd_capacity(indices.capacity, staging_bytes(size, indices.capacity, indices.owner_rows, fields),
+                                   "exchange buffers", inputs[0].device, indices.owner_rows)
+        if indices is not None and _staging_in_use(indices, inputs, group, size):
             raise RuntimeError("Indexer fixed-capacity exchange: the previous launch on these staging buffers "
                                "(same group, device, capacity, owner rows and field layout) has not been waited "
                                "on to its result; wait() its inputs and its launch_result handle (or abort() or drop "

@@ -26,13 +26,24 @@ Retained: one int32 copy of each call's returned ids, nothing else (no worker in
 expanded worker Q, no route): ``4 * topk`` bytes per row this rank owns per selection call,
 e.g. 4096 rows (32K tokens over CP 8) at top-512: 8 MiB per layer (``SelectionReplay.nbytes``).
 
-Every rank, as outside a replay: a replayed call of an entry point that communicates
-(``balanced_indexer_select``, ``launch_indexer_inputs`` and its handle's ``launch_result``)
-makes one agreement with the group's ranks (a 3-value all-reduce, no all-to-all): a replay
-that fails on one rank (another batch, a call past the end of its recording, another batch's
-``routes=``, another selector topk) raises on every rank, the others naming that rank and
-its reason, instead of leaving them blocked in their next collective. ``select_indices`` and
-``packed_indexer_select`` take no group and make none (a mismatch raises where it is made).
+Replay moves nothing: no replayed call makes a collective (no all-to-all, no agreement,
+no host read; ``check_inputs`` aside). Every rank still raises when one rank's replay fails,
+at the step's one agreement instead of at the call: each replayed call of an entry point
+that communicates outside a replay (``balanced_indexer_select``, ``launch_indexer_inputs``
+and its handle's ``launch_result``) is checked on its rank and noted in the process's
+ledger (``_agreement.REPLAYS``: a count, a digest of what every rank's call shares, and the
+first failure). A failed call (another batch, a call past the end of its recording, another
+batch's ``routes=``, another selector topk) does not raise there: it returns all -1 ids of
+the shape the call would return (the handle of a launch gives them from ``launch_result``),
+so that this rank keeps making the collectives its peers make. ``verify_replays(group)``,
+called once per step by every rank (after the backward, before the optimizer step), agrees
+on the ledger (one small all-reduce) and raises on every rank, the failed rank its own error
+and the others ``ValueError("Selection replay aborted: rank r rejected its inputs: <its
+reason>")``, or, when no rank failed but the ranks replayed different calls, a
+``ValueError`` naming the counts. Without it, the next agreement of a communicating sparsecp
+call (which carries the ledger) raises the same, a step late. ``select_indices``,
+``packed_indexer_select`` and ``select_rows`` take no group: a mismatch of theirs raises
+where it is made, as before.
 
 A replayed call must be the recorded one: the entry point, document lengths, ratio, mode
 and options, rank and group size, and the shapes, dtypes and device of the tensors (for
@@ -76,15 +87,14 @@ import torch
 import torch.distributed as dist
 
 from .. import _lengths as lengths_tuple
-from ._agreement import agree, capture, control_device
+from ._agreement import REPLAYS, agree, capture, control_device
 from ._exchange import WorkerInputs
 from ._plans import empty_fingerprint, parameter_key
 from ._route import IndexerRoute
 
-__all__ = ["SelectionReplay", "selection_replay_contexts"]
+__all__ = ["SelectionReplay", "selection_replay_contexts", "verify_replays"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-T = TypeVar("T")
 
 # Entry points a worker's selector calls: inside an open overlapped exchange they belong to it.
 _WORKER_KINDS = ("select_indices", "packed_indexer_select", "select_rows")
@@ -256,7 +266,8 @@ def selection_replay_contexts(contexts: tuple[Any, Any] | None = None) -> tuple[
 
     Returns (forward, recompute) context managers of one fresh SelectionReplay: the forward
     records every selection call of the checkpointed function, the recompute replays them (no
-    planning, no collective, no selection work). ``contexts`` is another pair to enter with
+    planning, no collective, no selection work; ``verify_replays`` agrees on them once per
+    step). ``contexts`` is another pair to enter with
     them, e.g. selective checkpointing's::
 
         context_fn=lambda: selection_replay_contexts(create_selective_checkpoint_contexts(policy))
@@ -346,13 +357,21 @@ def _resolve(sessions: list[_Session], kind: str, call: Call, execute: Callable[
         return execute()
     session = sessions[-1]
     if session.replaying:
-        if kind in _COLLECTIVE_KINDS:  # the every-rank promise: one tiny agreement per replayed call
-            entry = _agreed(arguments["group"], arguments["query_residual"], "Selection replay",
-                            lambda: _replayed_entry(session, kind, call, arguments), ("replayed call", session.cursor))
-        else:
-            entry = _replayed_entry(session, kind, call, arguments)
-        if kind == _LAUNCH:
-            return _ReplayedInputExchange(entry, arguments, call, session if top else None)
+        if kind in _COLLECTIVE_KINDS:  # no collective: checked here, noted in the ledger for the next agreement
+            index = session.cursor
+            entry, error = capture(lambda: _replayed_entry(session, kind, call, arguments))
+            if error is not None and session.cursor == index and index < len(session.replay._entries):
+                session.cursor += 1  # the failed call takes its recorded place: later calls stay aligned
+            REPLAYS.note(_shared_text(call), error)
+            template = entry if entry is not None and entry.ids is not None else _template(session.replay, index)
+            if kind == _LAUNCH:
+                return _ReplayedInputExchange(entry, template, arguments, call, session if top else None)
+            with _hidden():
+                if entry is not None and entry.ids is not None:
+                    return entry.ids.clone()
+                return _stand_in(arguments["query_residual"], 1, getattr(arguments.get("selector"), "topk", None),
+                                 template, batched=True)
+        entry = _replayed_entry(session, kind, call, arguments)
         assert entry.ids is not None
         with _hidden():
             return entry.ids.clone()
@@ -386,18 +405,76 @@ def _replayed_entry(session: _Session, kind: str, call: Call, arguments: dict[st
     return entry
 
 
-def _agreed(group: Any, tensor: Any, what: str, check: Callable[[], T], setting: tuple[str, int]) -> T:
-    """``check()`` on this rank, then one agreement (a 3-value all-reduce) with every rank of
-    ``group``: a replayed call that fails on one rank (another batch, a call past the end,
-    routes of another batch) raises on every rank instead of leaving its peers in their next
-    collective; ranks at different replay positions raise too. Hidden from SAC like the
-    recorded call's own collectives."""
-    result, error = capture(check)
-    with _hidden():
-        hint = tensor.device if isinstance(tensor, torch.Tensor) else None
-        agree(group, control_device(group, hint), error, empty_fingerprint().add(*setting), what,
-              invalid_first=True)
-    return cast(T, result)
+def _template(replay: SelectionReplay, index: int) -> _Entry | None:
+    """A recorded entry whose ids give a failed call's stand-in its topk and dtype: the one
+    at the failed call's place, else the last one with ids."""
+    entries = replay._entries
+    if index < len(entries) and entries[index].ids is not None:
+        return entries[index]
+    return next((entry for entry in reversed(entries) if entry.ids is not None), None)
+
+
+def _stand_in(query: Any, dim: int, topk: Any, template: _Entry | None, batched: bool) -> torch.Tensor:
+    """What a failed replayed call returns until the next agreement raises on every rank:
+    all -1 ids ("sees no key") of the shape the call would return, [1, rows, topk] or
+    [rows, topk] (rows from ``query``'s dimension ``dim``; topk the selector's, else the
+    recording's), so that this rank runs in step with its peers until then."""
+    ids = template.ids if template is not None else None
+    if not (isinstance(topk, int) and not isinstance(topk, bool) and topk >= 0):
+        topk = int(ids.shape[-1]) if ids is not None else 0
+    rows = int(query.shape[dim]) if isinstance(query, torch.Tensor) and query.ndim > dim else 0
+    device = query.device if isinstance(query, torch.Tensor) else torch.device("cpu")
+    dtype = ids.dtype if ids is not None else torch.int32
+    return torch.full((1, rows, topk) if batched else (rows, topk), -1, dtype=dtype, device=device)
+
+
+def _stable(value: Any) -> str:
+    """A value as text that is the same on every rank for equal values (no addresses)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, (tuple, list, torch.Size)):
+        return "(" + ",".join(_stable(item) for item in value) + ")"
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, np.ndarray):
+        return _stable(value.tolist())
+    return type(value).__name__
+
+
+def _shared_text(call: Call) -> str:
+    """What every rank's replayed call shares (the ledger's digest): the entry point and its
+    fields but the rank and the devices."""
+    fields = ";".join(f"{name}={_stable(value)}" for name, value in call.fields
+                      if name != "rank" and not name.endswith(" device"))
+    return f"{call.kind}:{fields}"
+
+
+def verify_replays(group: Any = None) -> int:
+    """Agree once on every selection call replayed since the last agreement; collective.
+
+    Replayed calls (``SelectionReplay.replay()``, the recompute of
+    ``selection_replay_contexts``) make no collective: each is checked on its own rank, and
+    a failure (another call than the recorded one, a call past the end of the recording,
+    another topk, ``routes=`` of another batch, ``check_inputs``' checksum) is held, the
+    call returning all -1 ids of the right shape so that the rank stays in step with its
+    peers. Call this once per step where every rank of ``group`` calls it (after the
+    backward that recomputes, before the optimizer step): it makes one small all-reduce
+    (a second, with the reason, only when a rank failed) and raises on every rank when a
+    rank's replay failed (that rank its own error, the others ``ValueError("Selection
+    replay aborted: rank r rejected its inputs: <its reason>")``) or when the ranks
+    replayed different calls. Without it, the next communicating sparsecp call on any
+    group (its own agreement carries the held verdict) raises instead, one step late.
+
+    Args:
+        group: The CP process group (default: the world).
+
+    Returns:
+        The number of selection calls this rank replayed since the last agreement.
+    """
+    group = dist.group.WORLD if group is None else group
+    calls = REPLAYS.calls
+    agree(group, control_device(group, None), None, empty_fingerprint(), "Selection replay")
+    return calls
 
 
 def _check_routes(call: Call, arguments: dict[str, Any]) -> None:
@@ -510,14 +587,21 @@ class _ReplayedInputExchange:
 
     replayed = True
 
-    def __init__(self, entry: _Entry, arguments: dict[str, Any], call: Call, session: _Session | None) -> None:
+    def __init__(self, entry: _Entry | None, template: _Entry | None, arguments: dict[str, Any], call: Call,
+                 session: _Session | None) -> None:
         fields = dict(call.fields)
-        self._entry = entry
-        self.route = _empty_route(fields["group size"] or 1)
+        self._entry, self._template = entry, template  # entry None: the replayed launch failed (held)
+        size = fields["group size"]
+        self.route = _empty_route(size if isinstance(size, int) and size > 0 else 1)
         self.group = arguments["group"]
-        self.owner_queries = int(arguments["query_residual"].shape[1])
-        inputs = (arguments["query_residual"], arguments["weights"], *arguments["embeddings"])
-        self._empty = [(tensor.dtype, tensor.device, int(tensor.shape[-1])) for tensor in inputs]
+        self._query = arguments["query_residual"]
+        query = self._query
+        self.owner_queries = int(query.shape[1]) if isinstance(query, torch.Tensor) and query.ndim > 1 else 0
+        embeddings = arguments["embeddings"]
+        inputs = (query, arguments["weights"], *(embeddings if isinstance(embeddings, (tuple, list)) else ()))
+        self._empty = [(tensor.dtype, tensor.device, int(tensor.shape[-1]) if tensor.ndim else 0)
+                       if isinstance(tensor, torch.Tensor) else (torch.float32, torch.device("cpu"), 0)
+                       for tensor in inputs]
         self._window = _Window(session)
         self.consumed = False
 
@@ -532,8 +616,8 @@ class _ReplayedInputExchange:
 
     def launch_result(self, selected: Any) -> _ReplayedRows:
         """Takes the selector's output on the zero rows ([0, topk]) or None; returns the handle
-        of the recorded ids. Collective, as outside a replay: one agreement, so that a result
-        refused on one rank raises on every rank."""
+        of the recorded ids. No collective: a result refused here is held (``verify_replays``
+        or the next agreement raises on every rank) and the handle gives all -1 ids."""
         self._window.close()
 
         def check() -> torch.Tensor:
@@ -542,6 +626,8 @@ class _ReplayedInputExchange:
                 shape = tuple(selected.shape) if isinstance(selected, torch.Tensor) else type(selected).__name__
                 raise ValueError(f"Selection replay: a replayed exchange's worker has no rows, so launch_result "
                                  f"takes [0, topk] (or None), got {shape}")
+            if self._entry is None:  # the launch failed: its error is held already (the first one is kept)
+                raise RuntimeError("Selection replay: launch_result of a replayed launch that failed")
             ids = self._entry.ids
             if ids is None:
                 raise RuntimeError("Selection replay: the recorded exchange's result was never waited for while "
@@ -551,9 +637,13 @@ class _ReplayedInputExchange:
                                  f"{ids.shape[1]}")
             return ids
 
-        ids = _agreed(self.group, selected, "Selection replay result", check, ("replayed result", 0))
+        ids, error = capture(check)
+        REPLAYS.note("launch_result", error)
         with _hidden():
-            return _ReplayedRows(ids.clone())
+            if ids is not None:
+                return _ReplayedRows(ids.clone())
+            topk = selected.shape[1] if isinstance(selected, torch.Tensor) and selected.ndim == 2 else None
+            return _ReplayedRows(_stand_in(self._query, 1, topk, self._template, batched=False))
 
 
 class _ReplayedRows:

@@ -14,7 +14,9 @@ Times: on CUDA, CUDA events around each call (device time); elsewhere the callin
 CPU time (``time.thread_time``; the process's with several torch threads). One warm-up
 call, then repeats interleaved (every point once per round), each point keeping its median,
 so that a slow spell of a busy machine hits every point alike. A fit whose rms relative
-residual exceeds ``max_residual`` is refused with a ValueError, never returned.
+residual exceeds ``max_residual`` is refused with a ValueError, never returned, and so is a
+selector whose output is not integer ids [1, rows, topk] on the device (``None``, another
+shape or dtype: it would fit the time of doing something else).
 """
 from __future__ import annotations
 
@@ -95,6 +97,23 @@ def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
     return cpu_time
 
 
+def check_selected(selected: Any, rows: int, topk: int, device: torch.device, name: str) -> None:
+    """A selector's output must be what ``balanced_indexer_select`` takes from it: integer
+    ids [1, rows, topk] on the device; raises ValueError naming what it returned."""
+    if not isinstance(selected, torch.Tensor):
+        raise ValueError(f"calibrate: the selector {name} returned {type(selected).__name__}, not ids "
+                         f"[1, {rows}, {topk}] (int32 or int64): a fit to a selector that selects nothing is refused")
+    what = f"{selected.dtype} {tuple(selected.shape)} on {selected.device}"
+    if tuple(selected.shape) != (1, rows, topk):
+        raise ValueError(f"calibrate: the selector {name} returned {what}; ids must be [1, {rows}, {topk}] "
+                         f"([1, rows, topk] for the {rows} rows it was given, topk {topk})")
+    if selected.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"calibrate: the selector {name} returned {what}; ids must be int32 or int64")
+    if selected.device.type != device.type or device.index not in (None, selected.device.index):
+        raise ValueError(f"calibrate: the selector {name} returned {what}; ids must be on {device}, where it is "
+                         "timed")
+
+
 @torch.no_grad()
 def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: int, ratio: int, topk: int,
               rope_dim: int = 64, rows: int = 64, visible: Sequence[int] = DEFAULT_VISIBLE, repeats: int = 3,
@@ -124,6 +143,11 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
 
     Returns:
         A Calibration: ``model`` (a, b, c, d in ns; unit "ns"; note naming shape and device).
+
+    Raises:
+        ValueError: invalid arguments; a fit over ``max_residual``; a selector that returns
+            other than integer ids [1, rows, topk] on ``device`` (``None``, another shape or
+            dtype), naming what it returned.
     """
     rows = integer("rows", rows, 1)
     repeats = integer("repeats", repeats, 1)
@@ -148,11 +172,15 @@ def calibrate(selector: Callable[..., Any], *, q_rank: int, heads: int, keys: in
 
     def measure(target: int, count: int, segments: tuple[tuple[int, int, int, int, int], ...]) -> float:
         args = (qr[:, :count], weights[:, :count], (cos[:, :count], sin[:, :count]), segments)
-        return clock(lambda: selector(*args))
+        returned: list[Any] = []
+        seconds = clock(lambda: returned.append(selector(*args)))
+        if returned:  # checked outside the timed call
+            check_selected(returned[-1], count, topk, device, name)
+        return seconds
 
+    name = getattr(selector, "__qualname__", type(selector).__name__)
     model, per_call, rms, fitted = calibrate_cost_model(measure, ratio, rows, visible, topk, candidates, quantum,
                                                         keys, repeats, max_residual, heap_term)
-    name = getattr(selector, "__qualname__", type(selector).__name__)
     model = model.replace(note=f"selector {name} heads {heads} q_rank {q_rank} rope_dim {rope_dim} ratio {ratio} "
                                f"{dtype} on {device}")
     points = [CalibrationPoint(*point) for point in fitted]

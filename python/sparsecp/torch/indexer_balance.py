@@ -23,7 +23,7 @@ What is different:
   ratio, mode and options, field widths and dtypes; topk before results return): a
   rank given different inputs, or invalid ones, raises on every rank instead of leaving
   its peers blocked in an all-to-all (``_checks.py``, ``_agreement.py``). This costs
-  one 3-value all-reduce per launch and one per result return.
+  one small all-reduce (11 int64 values) per launch and one per result return.
 * Bytes handed to ``all_to_all_single`` are counted (``exchange_stats``) and equal the
   route's prediction (``expected_exchange_bytes``); both are sparsecp's own, in
   ``sparsecp.torch`` (and importable from here).

@@ -19,7 +19,7 @@ shards along ``dim`` (``all_gather_into_tensor``); its backward is a SUM reduce-
 (``reduce_scatter_tensor``). ``launch_*`` return single-use ``SequenceGatherHandle``s;
 ``DeferredBankLaunch`` (seed ``_DeferredBankLaunch``) launches at a chosen point.
 
-Before data moves the ranks agree (one 3-value all-reduce) on dtype, trailing shape and
+Before data moves the ranks agree (one small all-reduce) on dtype, trailing shape and
 dimension, and for a dispatch on the route's defining inputs (kind, document boundaries,
 window or ratio, raw shard length, CP size), so a mismatched rank raises on every rank,
 naming the difference, instead of hanging or returning rows that were never written. A
