@@ -387,6 +387,9 @@ def train_step(layer: IndexerLayer, optimizer: torch.optim.Optimizer, batch: Bat
     with phases("all_reduce + step"):
         parameters = layer.indexer_parameters()
         if group is not None:
+            # Replayed recomputes make no collective: their calls are agreed here, once per step,
+            # before the update (a rank whose replay failed raises on every rank).
+            indexer_balance.verify_replays(group)
             for _, parameter in parameters:
                 dist.all_reduce(parameter.grad, group=group)
                 parameter.grad /= size
