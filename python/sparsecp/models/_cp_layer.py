@@ -1,0 +1,252 @@
+"""Model-agnostic pieces of a context-parallel sparse-attention model: the per-forward context,
+the forward's one agreement, the balanced selection on an agreed route, the selector clock.
+
+Every sparsecp model integration (``deepseek_v32`` uses this module; ``deepseek_v4`` holds its
+own copies of the same pieces in ``_v4_state``, ``_v4_attention``, ``_v4_selector`` and
+``deepseek_v4._before_model_forward``) runs one forward the same way:
+
+1. the model's forward pre-hook checks the batch on every rank and agrees on it across ranks
+   (``check_and_agree``: one all-gather of each rank's verdict and fingerprint, one host read
+   of the token ids' range and the positions), then plans the batch's layout on the host and
+   moves it to the device once;
+2. the layers receive that forward's ``ForwardContext`` in their keyword arguments (transformers
+   hands a checkpointed layer's recompute the same ones), run their collectives with no further
+   agreement, and record their selections in it;
+3. a layer recomputed by activation checkpointing (``in_recompute``) replays the ids its first
+   forward recorded: no selector call and no selection collective.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..torch._agreement import capture
+from ..torch._exchange import launch_rows, to_owners
+from ..torch._overlapped import launch_on_route
+
+__all__ = ["BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select", "check_and_agree",
+           "in_recompute", "lengths_key"]
+
+
+def in_recompute() -> bool:
+    """True while autograd runs a backward pass: a layer's forward then is a recompute."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class ForwardContext:
+    """One model forward's device layout, the ids each selecting layer chose, and its KL losses.
+
+    The forward hands it to its layers in their keyword arguments, and transformers hands a
+    checkpointed layer's recompute the same ones: the recompute replays the ids of its own
+    forward whatever ran in between, and everything here dies with the last reference to the
+    forward (its autograd graph, or the caller's KL loss)."""
+
+    def __init__(self, number: int, layout: Any, grad: bool,
+                 keep: dict[int, torch.Tensor] | None = None) -> None:
+        self.number, self.layout, self.grad = number, layout, grad
+        self.kl_losses: list[torch.Tensor] = []
+        self._records: dict[int, torch.Tensor] = {}
+        self._keep = keep  # the state's ``last_selection`` when it keeps the last ids (tests)
+
+    def record(self, layer: int, ids: torch.Tensor) -> None:
+        """Keep a layer's selection for its recompute (only a forward with gradients can have one)."""
+        if self.grad:
+            self._records[layer] = ids.to(torch.int32)
+        if self._keep is not None:
+            self._keep[layer] = ids.to(torch.int32)
+
+    def replay(self, layer: int) -> torch.Tensor:
+        """The ids ``layer`` selected in this forward; freed once replayed (a backward recomputes a
+        layer once)."""
+        ids = self._records.pop(layer, None)
+        if ids is None:
+            raise RuntimeError(f"sparsecp: layer {layer} is recomputed for forward {self.number}, whose selection "
+                               "it has already replayed or never recorded (a second backward through one graph "
+                               "(retain_graph=True) with activation checkpointing, or a recompute of a forward run "
+                               "without gradients, is not supported)")
+        return ids.long()
+
+
+class SelectorClock:
+    """Counts selector calls and the CPU seconds of the calling thread spent in them (per rank).
+
+    CPU time, not wall time: with more ranks than cores (tests, an example on a laptop) a rank's
+    wall time counts the time its peers held the core, which makes balanced plans, whose ranks
+    all select at once, look slower than they are. For a CUDA selector this measures the host's
+    share only; time the device with events (``sparsecp.torch.calibrate`` does)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+
+    def timed(self, selector: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def run(*args: Any) -> torch.Tensor:
+            start = time.thread_time()
+            try:
+                return selector(*args)
+            finally:
+                self.calls += 1
+                self.seconds += time.thread_time() - start
+        return run
+
+
+class BankView:
+    """A worker's part of a key bank: the rows it gathered (``bank``), and where each global bank
+    row sits in it (``locate``; a document's prefix is contiguous in both)."""
+
+    def __init__(self, bank: torch.Tensor, locate: Callable[[int], int] | None = None) -> None:
+        self.bank = bank
+        self.locate = locate if locate is not None else (lambda row: row)
+
+
+def balanced_select(route: Any, route_rows: Any, inputs: tuple[torch.Tensor, ...], selector: Any, topk: int,
+                    group: Any) -> torch.Tensor:
+    """``balanced_indexer_select`` on a batch's agreed route, with no agreement round: the owners'
+    rows (``inputs``, each ``[1, own rows, width]``) to their workers, ``selector(qr, weights,
+    (cos, sin), segments)`` there, int32 ids ``[own rows, topk]`` back to the owners.
+
+    ``route`` is this rank's ``IndexerRoute`` (``indexer_route``), ``route_rows`` its row lists on
+    the device (``_exchange._device_rows``), both made once per batch. A selector that raises on
+    one rank still completes the result exchange (with -1 padding) before raising there, so its
+    peers are not left waiting."""
+    exchange = launch_on_route(inputs, route, group)
+    qr, weights, cos, sin = exchange.wait()
+    selected, failure = capture(lambda: selector(qr, weights, (cos, sin), route.segments)[0])
+    back = to_owners(route, route_rows, inputs[0].shape[-2])
+    if failure is not None:
+        padding = torch.full((route.query_count, topk), -1, dtype=torch.int32, device=qr.device)
+        launch_rows(padding, back, group).wait()
+        raise failure
+    return launch_rows(selected, back, group).wait()
+
+
+def lengths_key(lengths: Any, model: str) -> tuple[int, ...]:
+    """``document_lengths`` as a tuple of positive ints (the key of the batch's layout)."""
+    if lengths is None:
+        raise ValueError(f"sparsecp: a context-parallel {model} needs document_lengths=... (the lengths of the "
+                         "packed documents of the whole sequence, identical on every rank) in model(...)")
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.tolist()
+    try:
+        values = tuple(int(v) for v in lengths)
+        exact = all(float(v) == int(v) for v in lengths)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"document_lengths must be a sequence of positive integers, got {lengths!r}") from error
+    if not exact:
+        raise ValueError(f"document_lengths must be integers, got {lengths!r}")
+    if not values or min(values) < 1:
+        raise ValueError(f"document_lengths must be positive, got {values}")
+    return values
+
+
+@dataclass(frozen=True)
+class BatchCheck:
+    """What ``check_and_agree`` needs to know of the model and its CP group."""
+
+    model: str                      # the model's name in messages ("DeepSeek-V3.2")
+    group: Any
+    size: int
+    rank: int
+    vocab: int
+    positions: Callable[[tuple[int, ...]], np.ndarray]  # the expected positions of this rank's rows
+    options: tuple[tuple[str, Any], ...]  # settings every rank must share (mode, KL, selector)
+
+
+def _fingerprint(check: BatchCheck, lengths: tuple[int, ...], local: int, dtype: Any) -> tuple[tuple[str, Any], ...]:
+    digest = hashlib.sha256(np.asarray(lengths, dtype=np.int64).tobytes()).hexdigest()[:16]
+    return (("document count", len(lengths)), ("total tokens", sum(lengths)), ("document lengths", digest),
+            ("shard length", local), ("dtype", str(dtype)), ("grad enabled", torch.is_grad_enabled()),
+            *check.options)
+
+
+def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], int, Any]:
+    """This rank's verdict on its inputs: (lengths, shard rows, embeddings dtype or None), or a
+    ValueError naming the bad value."""
+    if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
+        raise ValueError("sparsecp context parallelism trains on packed batches: use_cache=True / past_key_values "
+                         "(a KV cache) is not supported; generation is out of scope")
+    if kwargs.get("attention_mask") is not None:
+        raise ValueError("attention_mask is not supported under context parallelism: documents are isolated by "
+                         "document_lengths (pack without padding, or make the padding a document of its own)")
+    if kwargs.get("output_attentions"):
+        raise ValueError("output_attentions=True is not supported under context parallelism: each rank attends "
+                         "its rows to a few gathered keys in bounded memory and never forms the [heads, S, S] "
+                         "attention matrix")
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    embeds = kwargs.get("inputs_embeds")
+    tokens = input_ids if input_ids is not None else embeds
+    lengths = lengths_key(kwargs.get("document_lengths"), check.model)
+    if tokens is None or tokens.ndim < 2 or tokens.shape[0] != 1:
+        shape = None if tokens is None else tuple(tokens.shape)
+        raise ValueError(f"a context-parallel {check.model} takes one packed sequence, input_ids [1, S / cp]; "
+                         f"got {shape}")
+    local = int(tokens.shape[1])
+    if local * check.size != sum(lengths):
+        raise ValueError(f"rank {check.rank}'s shard has {local} tokens, but document_lengths sum to "
+                         f"{sum(lengths)} = {check.size} ranks x {sum(lengths) / check.size:g}: pass this rank's "
+                         "shard (shard_batch)")
+    positions = kwargs.get("position_ids")
+    if positions is None:
+        raise ValueError(f"rank {check.rank}: position_ids are missing: pass the positions shard_batch returns "
+                         "(each document's tokens numbered from 0)")
+    if tuple(positions.shape) != (1, local):
+        raise ValueError(f"rank {check.rank}: position_ids must be [1, {local}] (this rank's shard), got "
+                         f"{tuple(positions.shape)}")
+    expected = torch.from_numpy(check.positions(lengths)).to(positions.device)
+    checks = [(positions[0].long() != expected).sum()]
+    if input_ids is not None:
+        checks += [input_ids.min(), input_ids.max()]
+    values = torch.stack([c.long().to(positions.device) for c in checks]).tolist()  # the one host read
+    if values[0]:
+        raise ValueError(f"rank {check.rank}: position_ids must restart at 0 at each document start "
+                         f"({values[0]} of {local} differ from shard_batch's)")
+    if input_ids is not None and (values[1] < 0 or values[2] >= check.vocab):
+        bad = values[1] if values[1] < 0 else values[2]
+        raise ValueError(f"rank {check.rank}: input_ids holds token id {bad}, outside the vocabulary "
+                         f"[0, {check.vocab})")
+    return lengths, local, embeds.dtype if embeds is not None else None
+
+
+def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], Any]:
+    """The forward's one agreement: checks this rank's batch (shapes, positions, token ids in range:
+    one host read), then one all-gather of every rank's verdict and fingerprint, so that bad input
+    raises the same ``ValueError`` on every rank (this rank's own error first, else the first
+    rank's that rejected its inputs, else the first setting two ranks disagree on) instead of a
+    hang in the layers' collectives.
+
+    Returns:
+        ``(document lengths, the tokens tensor)`` once every rank agrees.
+    """
+    error: ValueError | None = None
+    fingerprint = None
+    lengths: tuple[int, ...] | None = None
+    try:
+        lengths, local, dtype = _check_batch(check, args, kwargs)
+        fingerprint = _fingerprint(check, lengths, local, dtype)
+    except ValueError as caught:
+        error = caught
+    if check.size > 1:
+        everyone: list[Any] = [None] * check.size
+        dist.all_gather_object(everyone, (None if error is None else str(error), fingerprint), group=check.group)
+        if error is not None:  # this rank's own error first
+            raise error
+        for rank, (message, _) in enumerate(everyone):
+            if message is not None:
+                raise ValueError(f"rank {rank} rejected its inputs: {message}")
+        for rank, (_, theirs) in enumerate(everyone):
+            for (name, mine), (_, other) in zip(fingerprint or (), theirs or ()):
+                if mine != other:
+                    raise ValueError(f"context-parallel ranks disagree on the batch: rank {check.rank} has {name} "
+                                     f"{mine!r}, rank {rank} has {other!r}")
+    elif error is not None:
+        raise error
+    assert lengths is not None
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    return lengths, input_ids if input_ids is not None else kwargs.get("inputs_embeds")

@@ -1,0 +1,109 @@
+"""What ``deepseek_v32.context_parallel`` attaches to a DeepSeek-V3.2 model: its options, the
+per-batch layouts (``PrefixLayout``), the KL losses of the last forward, and counters."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ._cp_layer import ForwardContext, SelectorClock
+from ._cp_prefix import PrefixLayout
+
+__all__ = ["ContextParallelState", "ContextParallelStats"]
+
+_LAYOUTS_KEPT = 8  # batch layouts cached for reuse (a forward holds its own: see ForwardContext)
+RATIO = 1  # V3.2's indexer scores every earlier token: a compression ratio of 1
+
+
+@dataclass
+class ContextParallelStats:
+    """Counters since the last ``reset()`` (per rank)."""
+
+    forwards: int = 0
+    selections: int = 0        # balanced selections (each: one input and one result exchange)
+    replays: int = 0           # recomputed layers that replayed their recorded ids
+    indexer_seconds: float = 0.0  # owner-side indexer work: Index K, the bank gather, selection (incl. exchange)
+    dispatch_bytes: int = 0    # bytes this rank sent for the latent prefixes and the Index K bank
+
+    def reset(self) -> None:
+        for name, value in ContextParallelStats().__dict__.items():
+            setattr(self, name, value)
+
+
+@dataclass
+class ContextParallelState:
+    """What ``context_parallel`` attached to a model (``context_parallel_state(model)``)."""
+
+    group: Any
+    size: int
+    rank: int
+    mode: str
+    block_size: int | None
+    zigzag_min_length: int | None
+    strategy_params: dict[str, Any]
+    selector: str
+    kl_coeff: float | None
+    rope: Callable[..., Any]            # the indexer's half-split RoPE (``apply_rotary_pos_emb``)
+    mla_rope: Callable[..., Any]        # the attention's interleaved RoPE
+    attention_chunk_bytes: int = 64 << 20  # scratch budget of one attention row chunk
+    keep_last_ids: bool = False  # keep the last forward's ids for ``last_ids`` (tests, diagnostics)
+    stats: ContextParallelStats = field(default_factory=ContextParallelStats)
+    clock: SelectorClock = field(default_factory=SelectorClock)
+    layouts: dict[tuple[int, ...], PrefixLayout] = field(default_factory=dict)
+    forwards: int = 0  # numbers each model forward
+    forwards_with_grad: int = 0
+    kl_losses: list[torch.Tensor] = field(default_factory=list)  # the last forward with gradients' KL losses
+    last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def context(self, forward: Any) -> ForwardContext:
+        """The forward a layer runs in (from its keyword arguments)."""
+        if not isinstance(forward, ForwardContext):
+            raise ValueError("sparsecp: a context-parallel DeepSeek-V3.2 layer ran outside its model's forward; call "
+                             "the model (model(input_ids=..., position_ids=..., document_lengths=...)), not its "
+                             "layers")
+        return forward
+
+    def last_ids(self, layer: int) -> torch.Tensor:
+        """The ids a layer selected in the last forward ([local rows, topk] global token rows, -1
+        padded); kept only with ``keep_last_ids = True``."""
+        if layer not in self.last_selection:
+            raise ValueError(f"sparsecp: no ids of layer {layer} are kept; set context_parallel_state(model)"
+                             ".keep_last_ids = True before the forward")
+        return self.last_selection[layer].long()
+
+    @property
+    def recorded(self) -> dict[int, torch.Tensor]:
+        """The last forward's kept ids by layer (``keep_last_ids``)."""
+        return self.last_selection
+
+    def batch(self, lengths: tuple[int, ...]) -> PrefixLayout:
+        """The batch's host layout (cached for the last few batches)."""
+        if lengths in self.layouts:
+            self.layouts[lengths] = self.layouts.pop(lengths)  # most recently used last
+        else:
+            while len(self.layouts) >= _LAYOUTS_KEPT:
+                self.layouts.pop(next(iter(self.layouts)))
+            self.layouts[lengths] = PrefixLayout(lengths, self.size, self.rank)
+        return self.layouts[lengths]
+
+    def routes(self, lengths: tuple[int, ...]) -> list[Any]:
+        """Every rank's selection route of the batch at ratio 1 (one plan, cached by sparsecp)."""
+        from ..torch import indexer_route
+
+        return [indexer_route(lengths, self.size, q, RATIO, self.mode, self.block_size, self.zigzag_min_length,
+                              **self.strategy_params) for q in range(self.size)]
+
+    def start_forward(self, lengths: tuple[int, ...], device: torch.device) -> ForwardContext:
+        """Plan (host) and move (device, once per batch) everything this forward's layers read."""
+        grad = torch.is_grad_enabled()
+        layout = self.batch(lengths).on(device, lambda: self.routes(lengths), self.kl_coeff is not None and grad)
+        self.forwards += 1
+        keep: dict[int, torch.Tensor] | None = None
+        if self.keep_last_ids:
+            self.last_selection = keep = {}
+        context = ForwardContext(self.forwards, layout, grad, keep)
+        if grad:  # an evaluation forward in between keeps the training forward's KL
+            self.kl_losses = context.kl_losses
+            self.forwards_with_grad += 1
+        return context

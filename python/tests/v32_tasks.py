@@ -1,0 +1,449 @@
+"""DeepSeek-V3.2 under context parallelism: a tiny random model, the per-document oracle, and the
+rank tasks that compare the two (test_deepseek_v32.py).
+
+The oracle is the unmodified transformers model run on each document alone (transformers
+attends across a packed row, so the packed single-process run is not the reference): logits,
+the mean next-token loss over the batch, every parameter gradient, and each layer's indexer ids
+(``DeepseekV32Indexer.forward``'s output) with the model's scores of them.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+VOCAB = 97
+
+
+def tiny_config(**overrides: Any) -> Any:
+    """MLA (4 heads, latent 16, rope 8), a dense layer then two MoE layers; an indexer of 8 heads
+    (exact score ties, every head's ReLU at 0, are rare) keeping the top 4 of every earlier token."""
+    from transformers import DeepseekV32Config
+
+    settings: dict[str, Any] = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4, n_group=2,
+        topk_group=1, num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=12,
+        qk_nope_head_dim=12, index_topk=4, index_head_dim=16, index_n_heads=8, first_k_dense_replace=1,
+        max_position_embeddings=4096, initializer_range=0.1, experts_implementation="eager")
+    settings.update(overrides)
+    return DeepseekV32Config(**settings)
+
+
+def tiny_model(dtype: torch.dtype = torch.float64, seed: int = 0, **overrides: Any) -> Any:
+    """A random tiny DeepseekV32ForCausalLM, identical for the same seed on every rank; the
+    router's score-correction bias and the norms' weights get random values (the model
+    initialises them to constants)."""
+    from transformers import DeepseekV32ForCausalLM
+
+    torch.manual_seed(seed)
+    model = DeepseekV32ForCausalLM(tiny_config(**overrides))
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("norm.weight", "layernorm.weight")):
+                parameter.copy_(1 + 0.2 * torch.randn(parameter.shape, generator=generator))
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
+    return model.to(dtype)
+
+
+def packed_ids(lengths: tuple[int, ...], seed: int = 3) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (1, sum(lengths)), generator=generator)
+
+
+def model_scores(indexer: Any, hidden: torch.Tensor, q_resid: torch.Tensor, embeddings: Any) -> torch.Tensor:
+    """[S, S] ``DeepseekV32Indexer.forward``'s index scores of one document (the model's lines,
+    before its causal mask): what its top-k ranks."""
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+
+    batch, rows, _ = hidden.shape
+    cos, sin = embeddings
+    q = indexer.wq_b(q_resid).view(batch, rows, indexer.n_heads, indexer.head_dim)
+    rope = indexer.qk_rope_head_dim
+    q_rot, q_pass = torch.split(q, [rope, indexer.head_dim - rope], dim=-1)
+    k = indexer.k_norm(indexer.wk(hidden)).unsqueeze(2)
+    k_rot, k_pass = torch.split(k, [rope, indexer.head_dim - rope], dim=-1)
+    q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+    q, k = torch.cat([q_rot, q_pass], dim=-1), torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+    scores = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * indexer.softmax_scale)
+    weights = indexer.weights_proj(hidden).float() * indexer.n_heads ** -0.5
+    return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)[0]
+
+
+def _capture_indexer(model: Any) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], list[Any]]:
+    """Per layer, the ids each indexer forward returned (document-local token ids, [S, topk]) and
+    the model's scores [S, S] (one entry per document run)."""
+    captured: list[list[torch.Tensor]] = []
+    scores: list[list[torch.Tensor]] = []
+    handles = []
+    for layer in model.model.layers:
+        store: list[torch.Tensor] = []
+        seen: list[torch.Tensor] = []
+        captured.append(store)
+        scores.append(seen)
+
+        def hook(module: Any, args: tuple, kwargs: dict, output: torch.Tensor, store: list = store,
+                 seen: list = seen) -> None:
+            hidden, q_resid, embeddings = args[:3]
+            store.append(output[0].clone())
+            with torch.no_grad():
+                seen.append(model_scores(module, hidden, q_resid, embeddings))
+
+        handles.append(layer.self_attn.indexer.register_forward_hook(hook, with_kwargs=True))
+    return captured, scores, handles
+
+
+def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...],
+                        steps: int = 0, lr: float = 1e-2) -> dict[str, Any]:
+    """The unmodified model run on each document alone: logits [S, vocab], the batch's mean
+    next-token loss, gradients by parameter name, indexer ids and scores per layer and document,
+    and (steps > 0) the loss of each of ``steps`` AdamW steps."""
+    model = copy.deepcopy(model)
+    count = sum(lengths) - len(lengths)
+    captured, scores, handles = _capture_indexer(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
+    losses = []
+    first: dict[str, Any] = {}
+    for step in range(max(steps, 1)):
+        model.zero_grad(set_to_none=True)
+        logits, total, start = [], 0.0, 0
+        for length in lengths:
+            ids = input_ids[:, start:start + length]
+            out = model(input_ids=ids, use_cache=False)
+            logits.append(out.logits[0])
+            if length > 1:
+                loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:], reduction="sum") / count
+                loss.backward()
+                total += float(loss.detach())
+            start += length
+        losses.append(total)
+        if optimizer is not None:
+            optimizer.step()
+        if step == 0:
+            first = {"logits": torch.cat(logits).detach(), "loss": total,
+                     "grads": {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                               for n, p in model.named_parameters()},
+                     "ids": [list(store) for store in captured], "scores": [list(seen) for seen in scores]}
+    for handle in handles:
+        handle.remove()
+    first["losses"] = losses
+    return first
+
+
+def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]], lengths: tuple[int, ...],
+                size: int, rank: int, scores: list[list[torch.Tensor]] | None = None) -> list[str]:
+    """Rows whose CP ids differ from the oracle's (as sets of document-local ids the row can see:
+    the model's top-k also returns future tokens when a row sees fewer than top-k, which its
+    causal mask then drops), each with the model's scores of the ids the two disagree on (a gap
+    of 0 is a tie the top-k had to break)."""
+    from sparsecp import document_boundaries
+
+    boundaries = list(document_boundaries(lengths))
+    local = sum(lengths) // size
+    differences = []
+    for layer, (mine, theirs) in enumerate(zip(cp_ids, oracle_ids)):
+        for row in range(local):
+            token = rank * local + row
+            d = int(np.searchsorted(boundaries, token, side="right") - 1)
+            position = token - boundaries[d]
+            got = sorted(int(i) - boundaries[d] for i in mine[row].tolist() if i >= 0)
+            want = sorted(int(i) for i in theirs[d][position].tolist() if 0 <= i <= position)
+            if got != want:
+                gap = ""
+                if scores is not None:
+                    row_scores = scores[layer][d][position]
+                    disputed = sorted(set(got) ^ set(want))
+                    gap = " (model's scores " + ", ".join(f"{i}: {float(row_scores[i]):.9g}" for i in disputed) + ")"
+                differences.append(f"layer {layer} document {d} position {position}: {got} != {want}{gap}")
+    return differences
+
+
+def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: torch.dtype = torch.float64,
+           checkpointing: bool = False, selector: str = "model", kl: float | None = None, steps: int = 0,
+           lr: float = 1e-2, seed: int = 0, **strategy: Any) -> dict[str, Any]:
+    """One rank's context-parallel run: its rows' logits, the summed loss, all-reduced
+    gradients, its rows' indexer ids (global token rows, per layer), counters, per-step losses."""
+    from sparsecp.models import deepseek_v32 as cp_v32
+
+    model = tiny_model(dtype, seed)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    cp_v32.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
+    state = cp_v32.context_parallel_state(model)
+    state.keep_last_ids = True  # the ids are compared with the oracle's
+    input_ids = packed_ids(lengths)
+    ids, positions = cp_v32.shard_batch(input_ids, lengths)
+    labels = cp_v32.shard_labels(input_ids, lengths)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
+    losses = []
+    result: dict[str, Any] = {}
+    for step in range(max(steps, 1)):
+        model.zero_grad(set_to_none=True)
+        state.stats.reset()
+        state.clock.calls = 0
+        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+        loss = cp_v32.causal_lm_loss(out.logits, labels, lengths)
+        total = loss
+        kl_loss = cp_v32.indexer_kl_loss(model)
+        if kl_loss is not None:
+            total = total + kl_loss
+        total.backward()
+        cp_v32.all_reduce_gradients(model)
+        kl_value = float(kl_loss.detach()) if kl_loss is not None else 0.0
+        summed = torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64)
+        if size > 1:
+            dist.all_reduce(summed)
+        losses.append(float(summed[0]))
+        if step == 0:
+            result = {"logits": out.logits[0].detach(), "loss": float(summed[0]), "kl": float(summed[1]),
+                      "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                      "ids": [state.last_ids(layer).clone() for layer in sorted(state.recorded)],
+                      "selections": state.stats.selections, "replays": state.stats.replays,
+                      "selector_calls": state.clock.calls}
+        if optimizer is not None:
+            optimizer.step()
+    result["losses"] = losses
+    return result
+
+
+def cp_runs(rank: int, size: int, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
+    return [cp_run(rank, size, lengths, mode, **options) for lengths, mode, options in runs]
+
+
+def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], coeff: float) -> float:
+    """The indexer KL of the per-document run, by the formula in plain torch (float64 loops): per
+    layer and row t with selected ids S_t (the model's own indexer's, those t can see), teacher p
+    = the main attention's per-head softmax over [scale * q_h . k_h(s) for s in S_t] (the model's
+    expanded keys, ``expand_kv``), summed over heads, L1-normalised; student = log_softmax over
+    S_t of sum_h w[h] * n^-0.5 * scale_i * ReLU(qi[h] . ki[s]); loss = coeff / S * sum_t sum_s
+    p (log p - log_student)."""
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb_interleave as mla_rope
+
+    model = copy.deepcopy(model)
+    inputs: dict[int, tuple[torch.Tensor, Any]] = {}
+    hooks = []
+    for index, layer in enumerate(model.model.layers):
+        hooks.append(layer.self_attn.register_forward_pre_hook(
+            lambda module, args, kwargs, index=index: inputs.__setitem__(
+                index, (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0],
+                        kwargs["position_embeddings"])), with_kwargs=True))
+    total, start = 0.0, 0
+    tiny = torch.finfo(torch.float32).tiny
+    with torch.no_grad():
+        for length in lengths:
+            ids = input_ids[:, start:start + length]
+            start += length
+            inputs.clear()
+            model(input_ids=ids, use_cache=False)
+            for index, (hidden, embeddings) in inputs.items():
+                attn = model.model.layers[index].self_attn
+                indexer = attn.indexer
+                cos, sin = embeddings
+                q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden))
+                q = attn.q_b_proj(q_resid).view(1, length, -1, attn.qk_head_dim).transpose(1, 2)
+                q_pass, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
+                kv_pass, k_rot = torch.split(attn.kv_a_proj_with_mqa(hidden), [attn.kv_lora_rank,
+                                                                                attn.qk_rope_head_dim], dim=-1)
+                k_pass = attn.kv_a_layernorm(kv_pass).view(1, 1, length, attn.kv_lora_rank)
+                q_rot, k_rot = mla_rope(q_rot, k_rot.view(1, 1, length, -1), cos, sin)
+                keys, _ = attn.expand_kv(k_pass, k_rot)  # [1, H, S, D]
+                query = torch.cat([q_pass, q_rot], dim=-1)[0]  # [H, S, D]
+                selected = indexer(hidden, q_resid, embeddings, torch.ones(1, length, length, dtype=torch.bool)
+                                   .tril(), None)[0]
+                qi = indexer.wq_b(q_resid).view(1, length, indexer.n_heads, indexer.head_dim)
+                rope = indexer.qk_rope_head_dim
+                qi_rot, qi_pass = torch.split(qi, [rope, indexer.head_dim - rope], dim=-1)
+                ki = indexer.k_norm(indexer.wk(hidden)).unsqueeze(2)
+                ki_rot, ki_pass = torch.split(ki, [rope, indexer.head_dim - rope], dim=-1)
+                qi_rot, ki_rot = apply_rotary_pos_emb(qi_rot, ki_rot, cos, sin, unsqueeze_dim=2)
+                qi = torch.cat([qi_rot, qi_pass], dim=-1)[0]  # [S, Hi, Di]
+                ki = torch.cat([ki_rot, ki_pass], dim=-1)[0, :, 0]  # [S, Di]
+                w = indexer.weights_proj(hidden)[0] * indexer.n_heads ** -0.5 * indexer.softmax_scale
+                for t in range(length):
+                    chosen = [int(s) for s in selected[t].tolist() if 0 <= s <= t]
+                    logits = torch.einsum("hd,hnd->hn", query[:, t], keys[0][:, chosen]) * attn.scaling
+                    mass = torch.softmax(logits, dim=1).sum(0)
+                    p = mass / mass.sum().clamp_min(tiny)
+                    scores = (w[t][:, None] * torch.relu(qi[t] @ ki[chosen].T)).sum(0)
+                    log_student = torch.log_softmax(scores, dim=0)
+                    total += float((p * (torch.log(p.clamp_min(tiny)) - log_student)).sum())
+    for hook in hooks:
+        hook.remove()
+    return coeff * total / sum(lengths)
+
+
+def bad_input(rank: int, size: int, case: str) -> str:
+    """Runs one bad-input case on every rank; returns this rank's error text ('' if none)."""
+    from sparsecp.models import deepseek_v32 as cp_v32
+
+    model = tiny_model(torch.float64)
+    lengths = (13, 17, 11, 7)
+    input_ids = packed_ids(lengths)
+    try:
+        if case == "not a model":
+            cp_v32.context_parallel(torch.nn.Linear(2, 2))
+        if case == "bad mode":
+            cp_v32.context_parallel(model, None, "zagzig")
+        cp_v32.context_parallel(model, None, "spill")
+        if case == "twice":
+            cp_v32.context_parallel(model, None, "spill")
+        ids, positions = cp_v32.shard_batch(input_ids, lengths)
+        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": positions, "document_lengths": lengths}
+        if case == "no lengths":
+            del kwargs["document_lengths"]
+        elif case == "lengths do not sum":
+            kwargs["document_lengths"] = (13, 17, 11, 8)
+        elif case == "lengths differ between ranks":
+            kwargs["document_lengths"] = lengths if rank else (13, 17, 7, 11)  # rank 0 alone: its positions fit both
+        elif case == "wrong shard":
+            kwargs["input_ids"] = ids if rank != 1 else input_ids[:, :ids.shape[1] + 2]
+        elif case == "positions":
+            kwargs["position_ids"] = positions + (rank == size - 1)
+        elif case == "token out of range":
+            kwargs["input_ids"] = ids if rank != 1 else ids + VOCAB
+        elif case == "use_cache":
+            kwargs["use_cache"] = True
+        elif case == "labels":
+            kwargs["labels"] = ids
+        elif case == "shard_batch":
+            cp_v32.shard_batch(input_ids[:, :-1], lengths)
+        model(**kwargs)
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def two_forwards_then_backward(rank: int, size: int, checkpointing: bool) -> dict[str, torch.Tensor]:
+    """Gradient accumulation with both forwards before the backwards: two batches of the same
+    document lengths but different tokens; returns the summed gradients."""
+    from sparsecp.models import deepseek_v32 as cp_v32
+
+    model = tiny_model(torch.float64)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    cp_v32.context_parallel(model, None, "spill")
+    lengths = (40, 24)  # rows see up to 40 keys and keep 4: the two batches select differently
+    losses = []
+    for seed in (3, 4):
+        input_ids = packed_ids(lengths, seed)
+        ids, positions = cp_v32.shard_batch(input_ids, lengths)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+        losses.append(cp_v32.causal_lm_loss(logits, cp_v32.shard_labels(input_ids, lengths), lengths))
+    (losses[0] + losses[1]).backward()
+    cp_v32.all_reduce_gradients(model)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def run_guide(rank: int, size: int, blocks: list[str]) -> dict[str, Any]:
+    """The python blocks of docs/guide/deepseek-v32.md, as written, in one fresh namespace."""
+    from sparsecp.models import deepseek_v32 as cp_v32
+
+    namespace: dict[str, Any] = {"__name__": "guide"}
+    for index, block in enumerate(blocks):
+        exec(compile(block, f"docs/guide/deepseek-v32.md snippet {index + 1}", "exec"), namespace)  # noqa: S102
+    model = namespace["model"]
+    state = cp_v32.context_parallel_state(model)
+    assert state is not None
+    indexer_grads = [p.grad for n, p in model.named_parameters() if ".indexer." in n]
+    return {"logits": tuple(namespace["logits"].shape), "indexer_grad": all(g is not None and bool(g.any())
+                                                                             for g in indexer_grads),
+            "replays": state.stats.replays, "selections": state.stats.selections}
+
+
+# FSDP2 over dp x cp: two dp rows of documents, each padded (pad_to_multiple) to a multiple of
+# PAD_TO with a document of ignored labels, each document's first PROMPT tokens masked (-100),
+# as supervised fine-tuning masks prompts.
+ROWS = ((13, 8, 11), (7, 17, 5))
+PAD_TO = 8
+PROMPT = 3
+IGNORE = -100
+
+
+def batch_row(row: int) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
+    """dp row ``row``'s packed ids [1, S], lengths and labels (-100 on each document's prompt)."""
+    from sparsecp.models import deepseek_v32 as cp_v32
+
+    lengths = ROWS[row % len(ROWS)]
+    input_ids = packed_ids(lengths, seed=11 + 7 * row)
+    labels = input_ids.clone()
+    start = 0
+    for length in lengths:
+        labels[0, start:start + PROMPT] = IGNORE
+        start += length
+    return cp_v32.pad_to_multiple(input_ids, lengths, PAD_TO, labels=labels)
+
+
+def fsdp_oracle(steps: int, lr: float, dp: int) -> dict[str, Any]:
+    """Every document of the dp rows alone through the unmodified model, the cross entropy summed
+    over their valid next-token labels and divided by their count; ``steps`` AdamW steps. Returns
+    each step's loss and the parameters after each step."""
+    model = tiny_model(torch.float64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    documents = []
+    for input_ids, lengths, labels in (batch_row(row) for row in range(dp)):
+        start = 0
+        for length in lengths:
+            documents.append((input_ids[:, start:start + length], labels[0, start + 1:start + length]))
+            start += length
+    count = sum(int((targets != IGNORE).sum()) for _, targets in documents)
+    losses, params = [], []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for ids, targets in documents:
+            if not (targets != IGNORE).any():
+                continue  # nothing learned here (padding, or a document that is all prompt)
+            logits = model(input_ids=ids, use_cache=False).logits[0, :-1]
+            loss = torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum") / count
+            loss.backward()
+            total += float(loss.detach())
+        losses.append(total)
+        optimizer.step()
+        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return {"losses": losses, "params": params}
+
+
+def fsdp_train(rank: int, size: int, dp: int, steps: int, lr: float) -> dict[str, Any]:
+    """context_parallel over mesh['cp'] with activation checkpointing, then fully_shard of every
+    layer and the model over the flattened dp x cp mesh, the user's labels, causal_lm_loss over
+    the flattened mesh, FSDP2's default mean, AdamW. Returns the global mean loss per step and
+    the full parameters after each step."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from sparsecp.models import deepseek_v32 as cp_v32
+
+    mesh = init_device_mesh("cpu", (dp, size // dp), mesh_dim_names=("dp", "cp"))
+    flat = mesh["dp", "cp"]._flatten()
+    model = tiny_model(torch.float64)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    cp_v32.context_parallel(model, mesh["cp"], "spill")
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=flat)
+    fully_shard(model, mesh=flat)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    input_ids, lengths, labels = batch_row(mesh["dp"].get_local_rank())
+    ids, positions = cp_v32.shard_batch(input_ids, lengths, mesh["cp"])
+    shard_labels = cp_v32.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
+    losses, params = [], []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+        loss = cp_v32.causal_lm_loss(logits, shard_labels, lengths, group=flat)
+        loss.backward()
+        reported = loss.detach().clone()
+        dist.all_reduce(reported, group=flat.get_group())
+        losses.append(float(reported) / flat.size())
+        optimizer.step()
+        params.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
+    return {"losses": losses, "params": params, "sharded": type(next(model.parameters())).__name__}
