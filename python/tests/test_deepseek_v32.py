@@ -146,6 +146,19 @@ def test_indexer_kl_trains_the_indexer_and_changes_nothing_else() -> None:
                 f"rank {rank}: recompute changed the KL gradient of {name}"
 
 
+def test_indexer_kl_leaves_the_padding_document_out() -> None:
+    """``padding_tokens=`` names the last document padding (pad_to_multiple's): the KL is the mean
+    over the other tokens, equal to the formula on the batch without it."""
+    coeff, unpadded = 0.5, (13, 17, 11)
+    padded = unpadded + (3,)  # 44 tokens: the padding sits on rank 1's last rows
+    per_rank = results_or_raise(pool_of(2).run(v32_tasks.cp_runs, [(padded, "spill", {"kl": coeff, "padding": True})],
+                                               timeout=600))
+    expected = v32_tasks.kl_reference(v32_tasks.tiny_model(), v32_tasks.packed_ids(padded)[:, :sum(unpadded)],
+                                      unpadded, coeff)
+    for rank, (result,) in enumerate(per_rank):
+        assert result["kl"] == pytest.approx(expected, rel=1e-6), (rank, result["kl"], expected)
+
+
 def test_fused_selector_selects_like_the_model() -> None:
     """sparsecp's fused CPU kernel (float32, channels permuted into its layout) picks the model's ids."""
     lengths = (13, 17, 11, 7)
@@ -193,6 +206,7 @@ def test_float32_and_bfloat16_train() -> None:
     ("wrong shard", "rank 1", "shard has 26 tokens"),
     ("positions", "position_ids must restart at 0", None),
     ("token out of range", "outside the vocabulary [0, 97)", None),
+    ("padding", "padding_tokens must be 0 or the length of the batch's last document (7", None),
     ("use_cache", "generation is out of scope", None),
     ("labels", "shard_labels and causal_lm_loss", None),
     ("shard_batch", "document_lengths sum to 48, but the sequence has 47 tokens", None),

@@ -166,9 +166,10 @@ def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]]
 
 def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: torch.dtype = torch.float64,
            checkpointing: bool = False, selector: str = "model", kl: float | None = None, steps: int = 0,
-           lr: float = 1e-2, seed: int = 0, **strategy: Any) -> dict[str, Any]:
+           lr: float = 1e-2, seed: int = 0, padding: bool = False, **strategy: Any) -> dict[str, Any]:
     """One rank's context-parallel run: its rows' logits, the summed loss, all-reduced
-    gradients, its rows' indexer ids (global token rows, per layer), counters, per-step losses."""
+    gradients, its rows' indexer ids (global token rows, per layer), counters, per-step losses.
+    ``padding``: the last document is named padding (``padding_tokens``)."""
     from sparsecp.models import deepseek_v32 as cp_v32
 
     model = tiny_model(dtype, seed)
@@ -188,7 +189,8 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
         model.zero_grad(set_to_none=True)
         state.stats.reset()
         state.clock.calls = 0
-        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+        extra = {"padding_tokens": lengths[-1]} if padding else {}
+        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths, **extra)
         loss = cp_v32.causal_lm_loss(out.logits, labels, lengths)
         total = loss
         kl_loss = cp_v32.indexer_kl_loss(model)
@@ -308,6 +310,8 @@ def bad_input(rank: int, size: int, case: str) -> str:
             kwargs["input_ids"] = ids if rank != 1 else input_ids[:, :ids.shape[1] + 2]
         elif case == "positions":
             kwargs["position_ids"] = positions + (rank == size - 1)
+        elif case == "padding":
+            kwargs["padding_tokens"] = 5
         elif case == "token out of range":
             kwargs["input_ids"] = ids if rank != 1 else ids + VOCAB
         elif case == "use_cache":

@@ -21,7 +21,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,8 +31,8 @@ from ..torch._agreement import capture
 from ..torch._exchange import launch_rows, to_owners
 from ..torch._overlapped import launch_on_route
 
-__all__ = ["BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select", "check_and_agree",
-           "in_recompute", "lengths_key"]
+__all__ = ["AgreedBatch", "BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select",
+           "check_and_agree", "in_recompute", "lengths_key"]
 
 
 def in_recompute() -> bool:
@@ -48,9 +48,17 @@ class ForwardContext:
     forward whatever ran in between, and everything here dies with the last reference to the
     forward (its autograd graph, or the caller's KL loss)."""
 
-    def __init__(self, number: int, layout: Any, grad: bool,
-                 keep: dict[int, torch.Tensor] | None = None) -> None:
+    def __init__(self, number: int, layout: Any, grad: bool, keep: dict[int, torch.Tensor] | None = None,
+                 padding_tokens: int = 0) -> None:
         self.number, self.layout, self.grad = number, layout, grad
+        batch = layout.batch  # boundaries, first, local: the batch's host layout
+        # The indexer KL's rows: every row but the padding document's (the last ``padding_tokens``
+        # of the batch), and the count its mean is over.
+        self.kl_tokens = batch.boundaries[-1] - padding_tokens
+        self.kl_rows: torch.Tensor | None = None
+        if padding_tokens and batch.first + batch.local > self.kl_tokens:
+            rows = torch.arange(batch.first, batch.first + batch.local) < self.kl_tokens
+            self.kl_rows = rows.to(layout.device)
         self.kl_losses: list[torch.Tensor] = []
         self._records: dict[int, torch.Tensor] = {}
         self._keep = keep  # the state's ``last_selection`` when it keeps the last ids (tests)
@@ -166,9 +174,18 @@ def _fingerprint(check: BatchCheck, lengths: tuple[int, ...], local: int, dtype:
             *check.options)
 
 
-def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], int, Any]:
-    """This rank's verdict on its inputs: (lengths, shard rows, embeddings dtype or None), or a
-    ValueError naming the bad value."""
+class AgreedBatch(NamedTuple):
+    """What every rank agreed on (``check_and_agree``)."""
+
+    lengths: tuple[int, ...]  # the packed documents' lengths
+    tokens: torch.Tensor      # this rank's input_ids (or inputs_embeds)
+    padding_tokens: int       # the last document is padding of this many tokens (0: none)
+
+
+def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], int, Any,
+                                                                                          int]:
+    """This rank's verdict on its inputs: (lengths, shard rows, embeddings dtype or None, padding
+    tokens), or a ValueError naming the bad value."""
     if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
         raise ValueError("sparsecp context parallelism trains on packed batches: use_cache=True / past_key_values "
                          "(a KV cache) is not supported; generation is out of scope")
@@ -183,6 +200,10 @@ def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any])
     embeds = kwargs.get("inputs_embeds")
     tokens = input_ids if input_ids is not None else embeds
     lengths = lengths_key(kwargs.get("document_lengths"), check.model)
+    padding = kwargs.get("padding_tokens", 0) or 0
+    if isinstance(padding, bool) or not isinstance(padding, int) or padding not in (0, lengths[-1]):
+        raise ValueError(f"padding_tokens must be 0 or the length of the batch's last document ({lengths[-1]}: "
+                         f"the padding is a document of its own, as pad_to_multiple makes it), got {padding!r}")
     if tokens is None or tokens.ndim < 2 or tokens.shape[0] != 1:
         shape = None if tokens is None else tuple(tokens.shape)
         raise ValueError(f"a context-parallel {check.model} takes one packed sequence, input_ids [1, S / cp]; "
@@ -211,25 +232,29 @@ def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any])
         bad = values[1] if values[1] < 0 else values[2]
         raise ValueError(f"rank {check.rank}: input_ids holds token id {bad}, outside the vocabulary "
                          f"[0, {check.vocab})")
-    return lengths, local, embeds.dtype if embeds is not None else None
+    return lengths, local, embeds.dtype if embeds is not None else None, padding
 
 
-def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], Any]:
+def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any]) -> AgreedBatch:
     """The forward's one agreement: checks this rank's batch (shapes, positions, token ids in range:
     one host read), then one all-gather of every rank's verdict and fingerprint, so that bad input
     raises the same ``ValueError`` on every rank (this rank's own error first, else the first
     rank's that rejected its inputs, else the first setting two ranks disagree on) instead of a
     hang in the layers' collectives.
 
+    ``padding_tokens=`` (optional) names the batch's last document as padding (``pad_to_multiple``):
+    it must be 0 or that document's length; the indexer KL then leaves its rows out.
+
     Returns:
-        ``(document lengths, the tokens tensor)`` once every rank agrees.
+        The ``AgreedBatch`` once every rank agrees.
     """
     error: ValueError | None = None
     fingerprint = None
     lengths: tuple[int, ...] | None = None
+    padding = 0
     try:
-        lengths, local, dtype = _check_batch(check, args, kwargs)
-        fingerprint = _fingerprint(check, lengths, local, dtype)
+        lengths, local, dtype, padding = _check_batch(check, args, kwargs)
+        fingerprint = _fingerprint(check, lengths, local, dtype) + (("padding_tokens", padding),)
     except ValueError as caught:
         error = caught
     if check.size > 1:
@@ -249,4 +274,4 @@ def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, An
         raise error
     assert lengths is not None
     input_ids = kwargs.get("input_ids", args[0] if args else None)
-    return lengths, input_ids if input_ids is not None else kwargs.get("inputs_embeds")
+    return AgreedBatch(lengths, input_ids if input_ids is not None else kwargs.get("inputs_embeds"), padding)

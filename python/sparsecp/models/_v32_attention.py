@@ -22,7 +22,8 @@ the batch was agreed across ranks once, in the model's forward (``_cp_layer.chec
 5. optional indexer KL on the owner (``indexer_kl_loss_any_topk``, the model's ``index_topk``):
    student = the indexer's own query, merge weights and Index K (its inputs detached, so only
    indexer parameters learn), teacher = this attention's per-head distribution over the selected
-   keys (no sink: a ``-inf`` sink logit), summed over heads and L1-normalised, detached.
+   keys (no sink: a sink logit of the dtype's lowest value), summed over heads and L1-normalised,
+   detached.
 """
 from __future__ import annotations
 
@@ -143,18 +144,20 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
 
     if state.kl_coeff is not None and torch.is_grad_enabled():
         assert index_bank is not None
-        loss = _indexer_kl(attn, state, batch, hidden_states, q_residual, query, prefix, ids, index_bank,
+        loss = _indexer_kl(attn, state, context, hidden_states, q_residual, query, prefix, ids, index_bank,
                            layout.index_bank, cos, sin)
         if not in_recompute():
             context.kl_losses.append(loss)
     return result, None
 
 
-def _indexer_kl(attn: Any, state: ContextParallelState, batch: Any, hidden: torch.Tensor, q_residual: torch.Tensor,
-                query: torch.Tensor, prefix: torch.Tensor, ids: torch.Tensor, index_bank: torch.Tensor,
-                index_table: DeviceRowGather, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """This rank's share of the layer's indexer KL: ``coeff / S`` times its rows' losses."""
-    indexer, local = attn.indexer, hidden.shape[1]
+def _indexer_kl(attn: Any, state: ContextParallelState, context: ForwardContext, hidden: torch.Tensor,
+                q_residual: torch.Tensor, query: torch.Tensor, prefix: torch.Tensor, ids: torch.Tensor,
+                index_bank: torch.Tensor, index_table: DeviceRowGather, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
+    """This rank's share of the layer's indexer KL: ``coeff / S`` times its rows' losses (S and the
+    rows without the padding document's, when the forward names one)."""
+    indexer, local, batch = attn.indexer, hidden.shape[1], context.layout.batch
     index_q = ModelSelector(indexer, index_bank, state.rope)._queries(q_residual.detach(), cos, sin)
     merge = indexer.weights_proj(hidden.detach()) * (indexer.n_heads ** -0.5 * indexer.softmax_scale)
     assert state.kl_coeff is not None  # the caller computes the KL only when it is on
@@ -163,7 +166,11 @@ def _indexer_kl(attn: Any, state: ContextParallelState, batch: Any, hidden: torc
     first = index_table.plan.locate(batch.prefix_start)
     student = index_bank[first:first + prefix.shape[0]]
     local_ids = torch.where(ids >= 0, ids - batch.prefix_start, ids)
-    no_sink = torch.full((attn.num_heads,), float("-inf"), dtype=query.dtype, device=query.device)
+    if context.kl_rows is not None:  # a padding row keeps no id: it adds nothing to the loss
+        local_ids = torch.where(context.kl_rows[:, None], local_ids, torch.full_like(local_ids, -1))
+    # No sink: the lowest finite logit, whose probability is exactly 0 beside any selected key (and
+    # which keeps a row with no key, a padding row, from a softmax over nothing but -inf).
+    no_sink = torch.full((attn.num_heads,), torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
     return indexer_kl_loss_any_topk(
         index_q, student[None], merge, query.detach()[None], prefix.detach()[None], local_ids[None], no_sink,
-        attention_scale=attn.scaling, loss_coeff=state.kl_coeff * local / batch.boundaries[-1], trusted_ids=True)
+        attention_scale=attn.scaling, loss_coeff=state.kl_coeff * local / context.kl_tokens, trusted_ids=True)

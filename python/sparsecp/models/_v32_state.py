@@ -94,15 +94,17 @@ class ContextParallelState:
         return [indexer_route(lengths, self.size, q, RATIO, self.mode, self.block_size, self.zigzag_min_length,
                               **self.strategy_params) for q in range(self.size)]
 
-    def start_forward(self, lengths: tuple[int, ...], device: torch.device) -> ForwardContext:
-        """Plan (host) and move (device, once per batch) everything this forward's layers read."""
+    def start_forward(self, lengths: tuple[int, ...], device: torch.device, padding_tokens: int = 0) -> ForwardContext:
+        """Plan (host) and move (device, once per batch) everything this forward's layers read.
+        ``padding_tokens``: the batch's last document is padding of this many tokens (the KL
+        leaves its rows out)."""
         grad = torch.is_grad_enabled()
         layout = self.batch(lengths).on(device, lambda: self.routes(lengths), self.kl_coeff is not None and grad)
         self.forwards += 1
         keep: dict[int, torch.Tensor] | None = None
         if self.keep_last_ids:
             self.last_selection = keep = {}
-        context = ForwardContext(self.forwards, layout, grad, keep)
+        context = ForwardContext(self.forwards, layout, grad, keep, padding_tokens)
         if grad:  # an evaluation forward in between keeps the training forward's KL
             self.kl_losses = context.kl_losses
             self.forwards_with_grad += 1

@@ -29,7 +29,9 @@ The indexer's training signal: ``context_parallel(..., indexer_kl_coeff=c)`` add
 indexer KL at the model's ``index_topk`` (``sparsecp.torch.kl.indexer_kl_loss_any_topk``; the
 seed's own function keeps its TopK512 rule) on each row's owner; ``indexer_kl_loss(model)``
 returns this rank's share of their sum for the last forward, to add to the loss. It only
-reaches indexer parameters and changes no logit.
+reaches indexer parameters and changes no logit. ``model(..., padding_tokens=n)`` names the
+batch's last document as padding (``pad_to_multiple``'s): the KL leaves its rows out and is the
+mean over the other tokens.
 
 Activation checkpointing (``model.gradient_checkpointing_enable()``, non-reentrant) recomputes
 the layers without selecting again: each layer replays the ids of its first forward.
@@ -205,10 +207,12 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
                        positions=lambda lengths: state.batch(lengths).row_position,
                        options=(("mode", state.mode), ("indexer_kl_coeff", state.kl_coeff),
                                 ("selector", state.selector)))
-    lengths, tokens = check_and_agree(check, args, kwargs)
+    agreed = check_and_agree(check, args, kwargs)
+    lengths = agreed.lengths
     state.stats.forwards += 1
-    context = state.start_forward(lengths, tokens.device)
+    context = state.start_forward(lengths, agreed.tokens.device, agreed.padding_tokens)
     kwargs = dict(kwargs)
+    kwargs.pop("padding_tokens", None)  # ours: the model's forward does not take it
     # The forward's context travels to its layers in their keyword arguments; transformers hands a
     # checkpointed layer's recompute the same ones, so a recompute replays its own forward's ids.
     kwargs["sparsecp_forward"] = context
