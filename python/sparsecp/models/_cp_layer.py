@@ -274,4 +274,6 @@ def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, An
         raise error
     assert lengths is not None
     input_ids = kwargs.get("input_ids", args[0] if args else None)
-    return AgreedBatch(lengths, input_ids if input_ids is not None else kwargs.get("inputs_embeds"), padding)
+    tokens = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
+    assert tokens is not None  # _check_batch refused a batch without them
+    return AgreedBatch(lengths, tokens, padding)
