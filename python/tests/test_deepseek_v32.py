@@ -267,3 +267,19 @@ def test_fsdp2_over_dp_x_cp_equals_every_document_alone() -> None:
             for name, value in want.items():
                 gap = float((got[name] - value).abs().max())
                 assert gap <= 0.1 * lr, f"rank {rank} step {step}: {name} is {gap:.3g} from the oracle"
+
+
+def test_spill_calibrates_its_cost_model_on_the_layers_selector() -> None:
+    """context_parallel(mode="spill") fits spill's cost model to the V3.2 selector in the first
+    forward (rank 0 times it, every rank plans with the same fit) and refits it from the measured
+    times of later forwards; the selection is still the model's own."""
+    lengths = (13, 17, 11, 7)
+    results = results_or_raise(pool_of(2).run(v32_tasks.calibrated_spill, lengths, 5, timeout=600))
+    expected = oracle(lengths)
+    for rank, result in enumerate(results):
+        assert result["source"] == "calibrated" and result["model"] is not None, (rank, result["history"])
+        assert result["model"] == results[0]["model"], "every rank must plan with the same cost model"
+        assert result["refits"] >= 1, ("the measured times of forwards 1-4 refit the model", result["history"])
+        assert not v32_tasks.compare_ids(result["ids"], expected["ids"], lengths, 2, rank, expected["scores"])
+    logits = torch.cat([r["logits"] for r in results])
+    assert float((logits - expected["logits"]).abs().max()) <= LOGIT_TOLERANCE * float(expected["logits"].abs().max())

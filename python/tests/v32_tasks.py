@@ -451,3 +451,29 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, lr: float) -> dict[str
         optimizer.step()
         params.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
     return {"losses": losses, "params": params, "sharded": type(next(model.parameters())).__name__}
+
+
+def calibrated_spill(rank: int, size: int, lengths: tuple[int, ...], forwards: int) -> dict[str, Any]:
+    """spill with its default calibration (calibrate=True): ``forwards`` training forwards of one
+    batch; the report, and the first forward's logits and ids (compared with the oracle)."""
+    from sparsecp.models import _cp_calibration
+    from sparsecp.models import deepseek_v32 as cp_v32
+
+    _cp_calibration.clear_cache()  # calibrate here, not from an earlier test's fit
+    model = tiny_model(torch.float64)
+    cp_v32.context_parallel(model, None, "spill")
+    state = cp_v32.context_parallel_state(model)
+    state.keep_last_ids = True
+    input_ids = packed_ids(lengths)
+    ids, positions = cp_v32.shard_batch(input_ids, lengths)
+    result: dict[str, Any] = {}
+    for forward in range(forwards):
+        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+        out.logits.sum().backward()
+        if forward == 0:
+            result = {"logits": out.logits[0].detach(), "ids": [state.last_ids(layer).clone() for layer in
+                                                                sorted(state.recorded)]}
+    report = state.calibration.report
+    result.update(source=report.source, model=None if report.model is None else report.model.id,
+                  history=list(report.history), refits=report.refits)
+    return result

@@ -93,6 +93,10 @@ class SelectorClock:
     def __init__(self) -> None:
         self.calls = 0
         self.seconds = 0.0
+        # Never reset by callers (who zero calls / seconds per step): the cost-model refit
+        # (_cp_calibration) takes each forward's difference.
+        self.lifetime_calls = 0
+        self.lifetime_seconds = 0.0
 
     def timed(self, selector: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         def run(*args: Any) -> torch.Tensor:
@@ -100,8 +104,11 @@ class SelectorClock:
             try:
                 return selector(*args)
             finally:
+                spent = time.thread_time() - start
                 self.calls += 1
-                self.seconds += time.thread_time() - start
+                self.seconds += spent
+                self.lifetime_calls += 1
+                self.lifetime_seconds += spent
         return run
 
 
@@ -180,6 +187,7 @@ class AgreedBatch(NamedTuple):
     lengths: tuple[int, ...]  # the packed documents' lengths
     tokens: torch.Tensor      # this rank's input_ids (or inputs_embeds)
     padding_tokens: int       # the last document is padding of this many tokens (0: none)
+    times: list[Any]          # every rank's ``times`` (check_and_agree's argument), in rank order
 
 
 def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], int, Any,
@@ -235,7 +243,7 @@ def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any])
     return lengths, local, embeds.dtype if embeds is not None else None, padding
 
 
-def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any]) -> AgreedBatch:
+def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any], times: Any = None) -> AgreedBatch:
     """The forward's one agreement: checks this rank's batch (shapes, positions, token ids in range:
     one host read), then one all-gather of every rank's verdict and fingerprint, so that bad input
     raises the same ``ValueError`` on every rank (this rank's own error first, else the first
@@ -243,7 +251,10 @@ def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, An
     hang in the layers' collectives.
 
     ``padding_tokens=`` (optional) names the batch's last document as padding (``pad_to_multiple``):
-    it must be 0 or that document's length; the indexer KL then leaves its rows out.
+    it must be 0 or that document's length; the indexer KL then leaves its rows out. ``times``
+    (any picklable value, e.g. this rank's selector seconds of the last forward for spill's
+    cost-model refit, ``_cp_calibration``) rides on the same all-gather: every rank gets every
+    rank's, with no collective of its own.
 
     Returns:
         The ``AgreedBatch`` once every rank agrees.
@@ -259,21 +270,25 @@ def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, An
         error = caught
     if check.size > 1:
         everyone: list[Any] = [None] * check.size
-        dist.all_gather_object(everyone, (None if error is None else str(error), fingerprint), group=check.group)
+        dist.all_gather_object(everyone, (None if error is None else str(error), fingerprint, times),
+                               group=check.group)
         if error is not None:  # this rank's own error first
             raise error
-        for rank, (message, _) in enumerate(everyone):
+        for rank, (message, _, _) in enumerate(everyone):
             if message is not None:
                 raise ValueError(f"rank {rank} rejected its inputs: {message}")
-        for rank, (_, theirs) in enumerate(everyone):
+        for rank, (_, theirs, _) in enumerate(everyone):
             for (name, mine), (_, other) in zip(fingerprint or (), theirs or ()):
                 if mine != other:
                     raise ValueError(f"context-parallel ranks disagree on the batch: rank {check.rank} has {name} "
                                      f"{mine!r}, rank {rank} has {other!r}")
-    elif error is not None:
-        raise error
+        gathered = [entry[2] for entry in everyone]
+    else:
+        if error is not None:
+            raise error
+        gathered = [times]
     assert lengths is not None
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     tokens = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
     assert tokens is not None  # _check_batch refused a batch without them
-    return AgreedBatch(lengths, tokens, padding)
+    return AgreedBatch(lengths, tokens, padding, gathered)

@@ -88,10 +88,12 @@ class PrefixLayout:
             needs.append(need)
         return plan_row_gather(needs, self.owners, self.rank)
 
-    def on(self, device: torch.device, selection: Callable[[], list[Any]], kl: bool) -> DevicePrefixLayout:
-        """Every table the layers read, on ``device``, made once per batch and device.
-        ``selection()`` gives every rank's indexer route of the batch (ratio 1)."""
-        key = (str(device), kl)
+    def on(self, device: torch.device, selection: Callable[[], list[Any]], kl: bool,
+           plan_key: Any = None) -> DevicePrefixLayout:
+        """Every table the layers read, on ``device``, made once per batch, device and plan.
+        ``selection()`` gives every rank's indexer route of the batch (ratio 1); ``plan_key``
+        names what else the routes depend on (spill's cost model, refitted between forwards)."""
+        key = (str(device), kl, plan_key)
         if key not in self._device:
             self._device[key] = self._make_device(device, selection, kl)
         return self._device[key]

@@ -55,6 +55,7 @@ class ContextParallelState:
     forwards_with_grad: int = 0
     kl_losses: list[torch.Tensor] = field(default_factory=list)  # the last forward with gradients' KL losses
     last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
+    calibration: Any = None  # spill's cost model on the layer's selector (_cp_calibration.SelectionCalibration)
 
     def context(self, forward: Any) -> ForwardContext:
         """The forward a layer runs in (from its keyword arguments)."""
@@ -87,19 +88,25 @@ class ContextParallelState:
             self.layouts[lengths] = PrefixLayout(lengths, self.size, self.rank)
         return self.layouts[lengths]
 
-    def routes(self, lengths: tuple[int, ...]) -> list[Any]:
+    def routes(self, lengths: tuple[int, ...], params: dict[str, Any] | None = None) -> list[Any]:
         """Every rank's selection route of the batch at ratio 1 (one plan, cached by sparsecp)."""
         from ..torch import indexer_route
 
+        params = self.strategy_params if params is None else params
         return [indexer_route(lengths, self.size, q, RATIO, self.mode, self.block_size, self.zigzag_min_length,
-                              **self.strategy_params) for q in range(self.size)]
+                              **params) for q in range(self.size)]
 
     def start_forward(self, lengths: tuple[int, ...], device: torch.device, padding_tokens: int = 0) -> ForwardContext:
         """Plan (host) and move (device, once per batch) everything this forward's layers read.
         ``padding_tokens``: the batch's last document is padding of this many tokens (the KL
         leaves its rows out)."""
+        params = self.strategy_params if self.calibration is None else \
+            self.calibration.strategy_params(self, lengths, device)  # spill's calibrated / refitted cost model
+        model = params.get("cost_model")
         grad = torch.is_grad_enabled()
-        layout = self.batch(lengths).on(device, lambda: self.routes(lengths), self.kl_coeff is not None and grad)
+        layout = self.batch(lengths).on(device, lambda: self.routes(lengths, params),
+                                        self.kl_coeff is not None and grad,
+                                        None if model is None else getattr(model, "id", id(model)))
         self.forwards += 1
         keep: dict[int, torch.Tensor] | None = None
         if self.keep_last_ids:

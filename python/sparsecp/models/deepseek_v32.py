@@ -33,6 +33,10 @@ reaches indexer parameters and changes no logit. ``model(..., padding_tokens=n)`
 batch's last document as padding (``pad_to_multiple``'s): the KL leaves its rows out and is the
 mean over the other tokens.
 
+With ``mode="spill"`` (or "auto") ``context_parallel`` calibrates spill's cost model on the
+layer's own selector and refits it from the measured selection times (``_cp_calibration``, as
+``deepseek_v4`` does); ``calibrate=False`` or ``cost_model=`` skip that.
+
 Activation checkpointing (``model.gradient_checkpointing_enable()``, non-reentrant) recomputes
 the layers without selecting again: each layer replays the ids of its first forward.
 
@@ -54,6 +58,7 @@ from . import _cp_training
 from ._cp_layer import BatchCheck, check_and_agree
 from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v32_attention import cp_attention_forward
+from ._v32_calibration import v32_calibration
 from ._v32_selector import FusedSelector, ModelSelector
 from ._v32_state import RATIO, ContextParallelState, ContextParallelStats
 
@@ -120,7 +125,8 @@ def context_parallel_state(model: Any) -> ContextParallelState | None:
 
 def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, block_size: int | None = None,
                      zigzag_min_length: int | None = None, selector: str = "model",
-                     indexer_kl_coeff: float | None = None, **strategy_params: Any) -> Any:
+                     indexer_kl_coeff: float | None = None, calibrate: bool | str = True,
+                     **strategy_params: Any) -> Any:
     """Make a ``DeepseekV32ForCausalLM`` / ``DeepseekV32Model`` context-parallel over ``group``, in place.
 
     Args:
@@ -138,6 +144,13 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         indexer_kl_coeff: Enables the indexer KL loss with this coefficient (over the whole
             packed sequence: ``coeff / S`` times the sum of row losses); read it with
             ``indexer_kl_loss(model)``.
+        calibrate: spill's (and auto's) cost model on the layer's own selector
+            (``_cp_calibration``): True (default) calibrates it in the first forward (rank 0
+            times the selector, broadcasts the fit) and refits it from every rank's measured
+            selector seconds, carried by each forward's one agreement; "once" calibrates
+            without the refit; False plans with the strategy's default model. A
+            ``cost_model=`` given in ``strategy_params`` skips both. What it did:
+            ``context_parallel_state(model).calibration.report``.
 
     Returns:
         ``model``, whose forward now takes this rank's shard (``shard_batch``) and
@@ -170,6 +183,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), rope=modeling.apply_rotary_pos_emb,
         mla_rope=modeling.apply_rotary_pos_emb_interleave)
     _check_strategy(state)
+    state.calibration = v32_calibration(state, base, calibrate)  # checks calibrate=
     for layer in base.layers:
         attention = layer.self_attn
         attention.forward = functools.partial(cp_attention_forward, attention, state)
@@ -207,7 +221,10 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
                        positions=lambda lengths: state.batch(lengths).row_position,
                        options=(("mode", state.mode), ("indexer_kl_coeff", state.kl_coeff),
                                 ("selector", state.selector)))
-    agreed = check_and_agree(check, args, kwargs)
+    # The forward's one all-gather also carries this rank's selector seconds of the last forward:
+    # spill's cost-model refit (_cp_calibration) needs every rank's, with no collective of its own.
+    agreed = check_and_agree(check, args, kwargs, state.calibration.local_times(state))
+    state.calibration.received_times(agreed.times)
     lengths = agreed.lengths
     state.stats.forwards += 1
     context = state.start_forward(lengths, agreed.tokens.device, agreed.padding_tokens)
