@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
 """Train a small transformers DeepSeek-V3.2 under context parallelism, one strategy against another.
 
-Every step, each strategy (``--modes``, interleaved: none, zigzag, greedy, hybrid, spill by
-default) trains its own copy of the same randomly initialised ``DeepseekV32ForCausalLM`` on the
-same packed batch, split contiguously over ``--ranks`` gloo ranks with
-``sparsecp.models.deepseek_v32``: each rank gathers its rows' document prefix of the MLA latent,
-the indexer's top-k selection over every earlier token (ratio 1) is balanced by the strategy,
-the indexer trains on its KL loss, AdamW updates the replicated weights. The copies see the same
+Every step, each strategy (``--modes``, interleaved: none, zigzag, greedy, hybrid, spill, and
+spill on its default cost model by default) trains its own copy of the same randomly initialised
+``DeepseekV32ForCausalLM`` on the same packed batch, split contiguously over ``--ranks`` gloo
+ranks with ``sparsecp.models.deepseek_v32``: each rank gathers its rows' document prefix of the
+MLA latent, the indexer's top-k selection over every earlier token (ratio 1) is balanced by the
+strategy, the indexer trains on its KL loss, AdamW updates the replicated weights. The copies see the same
 data and must report the same losses (each equals the model run one document at a time); what
-differs is where the selection work runs.
+differs is where the selection work runs. spill calibrates its cost model on the worker selector
+by itself (``context_parallel``: rank 0 times the selector in the first forward, every rank refits
+from the measured selection times of later forwards); ``NAME-uncalibrated`` runs a strategy with
+``calibrate=False`` (spill on causal pairs).
 
 Batches: ``--tokens`` tokens per step packed from documents of sparsecp's long-tailed
 ``lognormal`` generator (``sparsecp.generate_batch("lognormal", tokens, cp, seed)``), one seed
 per step. At ratio 1 the indexer scores every earlier token of a row's document against every
 index head, so its work grows with the square of the document length: with documents of
-thousands of tokens it is most of the step of this small model, the regime the balancing is for.
+thousands of tokens it is a large part of the step of this small model (about 40% at the
+defaults), the regime the balancing is for.
 
 Sizes (the defaults): hidden 128, 3 layers (one dense MLP, two MoE of 4 experts, 2 active), MLA
 with 4 heads (latent 64, rope 32, nope 32, value 32), an indexer of 32 heads of 64 keeping the top
@@ -48,6 +52,7 @@ import sys
 import time
 from typing import Any
 
+UNCALIBRATED = "-uncalibrated"  # a mode name ending so plans with calibrate=False (the default cost model)
 MODE_OPTIONS: dict[str, dict[str, Any]] = {
     "none": {}, "zigzag": {}, "greedy": {"block_size": 256}, "hybrid": {"block_size": 256, "zigzag_min_length": 1024},
     "spill": {},
@@ -122,8 +127,9 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
         models, optimizers = {}, {}
         for mode in args.modes:
             model = copy.deepcopy(base)
-            cp_v32.context_parallel(model, None, mode, selector=args.selector, indexer_kl_coeff=args.kl,
-                                    **MODE_OPTIONS.get(mode, {}))
+            strategy = mode.removesuffix(UNCALIBRATED)
+            cp_v32.context_parallel(model, None, strategy, selector=args.selector, indexer_kl_coeff=args.kl,
+                                    calibrate=not mode.endswith(UNCALIBRATED), **MODE_OPTIONS.get(strategy, {}))
             model.train()
             models[mode] = model
             optimizers[mode] = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -161,7 +167,8 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
                            "loss": float(summed[0]), "kl": float(summed[1]), "documents": len(lengths),
                            "longest": max(lengths), "indexer_seconds": state.stats.indexer_seconds,
                            "selector_seconds": state.clock.seconds, "dispatch_bytes": state.stats.dispatch_bytes,
-                           "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"], **memories[mode]})
+                           "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"],
+                           "calibration": str(state.calibration.report), **memories[mode]})
         queue.put({"rank": rank, "peak_growth": peak_bytes() - resident})
     except BaseException as error:
         queue.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
@@ -218,7 +225,7 @@ def spawn(target: Any, size: int, args: argparse.Namespace, report: Any) -> list
 def print_step(ranks: list[dict[str, Any]]) -> None:
     first = ranks[0]
     shares = " ".join(f"{100 * r['indexer_seconds'] / r['seconds']:3.0f}%" for r in ranks)
-    print(f"step {first['step']}  {first['mode']:8s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
+    print(f"step {first['step']}  {first['mode']:18s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
           f"step {max(r['seconds'] for r in ranks):6.2f} s  indexer share per rank {shares}  "
           f"({first['documents']} documents, longest {first['longest']})", flush=True)
 
@@ -250,7 +257,8 @@ def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: a
             "indexer_share": median([mean(r["indexer_seconds"] / r["seconds"] for r in rs) for rs in by_step.values()]),
             "dispatch_bytes_per_rank": median([r["dispatch_bytes"] for rs in by_step.values() for r in rs]),
             "selection_bytes_per_rank": median([r["selection_bytes"] for rs in by_step.values() for r in rs]),
-            "losses": [by_step[s][0]["loss"] for s in sorted(by_step)]}
+            "losses": [by_step[s][0]["loss"] for s in sorted(by_step)],
+            "cost_model": by_step[max(by_step)][0]["calibration"]}
     result["peak_growth_per_rank"] = [r["peak_growth"] for r in sorted(
         (r for r in records if "peak_growth" in r), key=lambda r: r["rank"])]
     result["peak_growth_one_process"] = next((r["peak_growth"] for r in single if "peak_growth" in r), None)
@@ -263,8 +271,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=4, help="CP ranks (gloo on loopback)")
-    parser.add_argument("--modes", default="none,zigzag,greedy,hybrid,spill",
-                        help="strategies, interleaved every step (the first is the baseline)")
+    parser.add_argument("--modes", default="none,zigzag,greedy,hybrid,spill,spill-uncalibrated",
+                        help="strategies, interleaved every step (the first is the baseline); spill and auto "
+                             "calibrate their cost model on the worker selector; NAME-uncalibrated runs NAME with "
+                             "calibrate=False")
     parser.add_argument("--steps", type=int, default=3, help="training steps per strategy")
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per packed batch")
     parser.add_argument("--hidden", type=int, default=128)
@@ -299,13 +309,15 @@ def main() -> int:
     print("\nmedians per strategy over the steps (step: the slowest rank's wall time; selection: the selector's "
           "CPU seconds, the slowest rank's, its ratio to the first strategy's in the same step, and max / mean over "
           "the ranks)")
-    print(f"{'mode':8s} {'step s':>8s} {'slowest sel. s':>15s} {'vs ' + args.modes[0]:>10s} "
+    print(f"{'mode':18s} {'step s':>8s} {'slowest sel. s':>15s} {'vs ' + args.modes[0]:>10s} "
           f"{'sel. imbalance':>15s} {'indexer share':>14s} {'KV bytes/rank':>14s} {'sel. bytes/rank':>16s}")
     for mode, row in result["modes"].items():
-        print(f"{mode:8s} {row['step_seconds']:8.2f} {row['slowest_selector_seconds']:15.3f} "
+        print(f"{mode:18s} {row['step_seconds']:8.2f} {row['slowest_selector_seconds']:15.3f} "
               f"{row['slowest_selector_vs_first']:10.3f} {row['selection_imbalance']:15.2f} "
               f"{100 * row['indexer_share']:13.0f}% {row['dispatch_bytes_per_rank']:14.0f} "
               f"{row['selection_bytes_per_rank']:16.0f}")
+    for mode, row in result["modes"].items():
+        print(f"{mode:18s} {row['cost_model']}")
     losses = [row["losses"] for row in result["modes"].values()]
     spread = max(abs(a - b) for run in losses for a, b in zip(run, losses[0])) if len(losses) > 1 else 0.0
     print(f"losses per step agree across strategies to {spread:.2e}")
