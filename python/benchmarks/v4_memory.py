@@ -98,7 +98,9 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
     if job["checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    cp_v4.context_parallel(model, None, "spill", selector=job["selector"], indexer_kl_coeff=KL_COEFF)
+    # The baseline has no CSA layer, so no indexer and no KL.
+    cp_v4.context_parallel(model, None, "spill", selector=job["selector"],
+                           indexer_kl_coeff=None if job["baseline"] else KL_COEFF)
     state = cp_v4.context_parallel_state(model)
     lengths = lengths_of(job["pack"], job["tokens"], size)
     input_ids = torch.randint(0, 512, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
@@ -110,7 +112,7 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
     start = time.perf_counter()
     logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
     loss = cp_v4.causal_lm_loss(logits, labels, lengths)
-    kl = cp_v4.indexer_kl_loss(model)
+    kl = cp_v4.indexer_kl_loss(model) if not job["baseline"] else torch.zeros(())
     (loss + kl).backward()
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
