@@ -2,13 +2,13 @@
 """Train a small transformers DeepSeek-V4 under context parallelism, one strategy against another.
 
 Every step, each strategy (``--modes``, interleaved: none, zigzag, hybrid, spill, and spill on
-a cost model calibrated on the worker selector first, by default)
-trains its own copy of the same randomly initialised ``DeepseekV4ForCausalLM`` on the same packed
-batch, split contiguously over ``--ranks`` gloo ranks with ``sparsecp.models.deepseek_v4``: the
-sliding-window halo and compressed-bank prefixes move between ranks, the CSA indexer's top-k
-selection is balanced by the strategy, the indexer trains on its KL loss, AdamW updates the
-replicated weights. The copies see the same data and must report the same losses (each equals
-the model run one document at a time); what differs is where the selection work runs.
+its default cost model, by default) trains its own copy of the same randomly initialised
+``DeepseekV4ForCausalLM`` on the same packed batch, split contiguously over ``--ranks`` gloo
+ranks with ``sparsecp.models.deepseek_v4``: the sliding-window halo and compressed-bank
+prefixes move between ranks, the CSA indexer's top-k selection is balanced by the strategy,
+the indexer trains on its KL loss, AdamW updates the replicated weights. The copies see the
+same data and must report the same losses (each equals the model run one document at a time);
+what differs is where the selection work runs.
 
 Batches: ``--tokens`` tokens per step packed from documents of sparsecp's long-tailed
 ``lognormal`` generator (``sparsecp.generate_batch("lognormal", tokens, cp, seed)``: most
@@ -28,6 +28,16 @@ worker selection); at the end, medians per strategy: step time, the selection wo
 (max / mean of the ranks' selector seconds), the indexer's share, bytes each rank sent (halo,
 compressor rows, bank prefixes, Index K bank; selection exchange), and each rank's peak memory
 against one process running the whole batch (resident set growth during the steps).
+
+spill calibrates its cost model on the worker selector by itself (``context_parallel``: rank 0
+times the selector in the first forward, every rank refits from the measured selection times of
+later steps); ``NAME-uncalibrated`` runs a strategy with ``calibrate=False`` (spill on causal
+pairs). The step is also charged in CPU seconds (each rank's own work: with more ranks than
+cores, a rank's wall time counts its peers' turns on the core): per strategy the slowest rank's
+step, its gain over the first strategy's, and the bound a perfect balancer of the first
+strategy's selection could reach, ``(R + I * m) / (R + m)`` (m: the mean of the ranks' selector
+seconds, I: their max / mean, R: the rest of the step, the mean of the ranks' step CPU seconds
+less their selector seconds).
 
 With ``--dp D`` it trains the way large models are trained: D x ``--ranks`` gloo processes on a
 ``(dp, cp)`` DeviceMesh, each dp row its own packed batch, ``context_parallel`` over
@@ -58,7 +68,7 @@ import sys
 import time
 from typing import Any
 
-CALIBRATED = "-calibrated"  # a mode name ending so plans on the selector's calibrated cost model
+UNCALIBRATED = "-uncalibrated"  # a mode name ending so plans with calibrate=False (the default cost model)
 MODE_OPTIONS: dict[str, dict[str, Any]] = {
     "none": {}, "zigzag": {}, "greedy": {"block_size": 256}, "hybrid": {"block_size": 256, "zigzag_min_length": 1024},
     "spill": {},
@@ -119,38 +129,6 @@ def cpu_model() -> str:
     return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 
 
-def calibrated_cost_model(model: Any, selector: str, args: argparse.Namespace, rank: int) -> Any:
-    """spill's cost model fitted to this worker selector's own times (``sparsecp.torch.calibrate``
-    on rank 0, over a random Index K bank of the batch's size), the same on every rank."""
-    import torch
-    import torch.distributed as dist
-    from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb
-
-    import sparsecp.torch as sparsecp_torch
-    from sparsecp.models.deepseek_v4 import FusedSelector, ModelSelector
-
-    found: list[Any] = [None]
-    if rank == 0:
-        config = model.config
-        indexer = next(layer.self_attn.compressor.indexer for layer in model.model.layers
-                       if layer.self_attn.compressor is not None and hasattr(layer.self_attn.compressor, "indexer"))
-        keys = args.tokens // indexer.compress_rate
-        bank = torch.randn(keys, indexer.head_dim, generator=torch.Generator().manual_seed(args.seed))
-        worker = (FusedSelector(indexer, bank, config.qk_rope_head_dim) if selector == "fused"
-                  else ModelSelector(indexer, bank, apply_rotary_pos_emb))
-        visible = [v for v in (0, 64, 256, 512, 1024, 2048, 4096) if v <= keys]
-        fit = sparsecp_torch.calibrate(worker, q_rank=config.q_lora_rank, heads=indexer.num_heads, keys=keys,
-                                       ratio=indexer.compress_rate, topk=indexer.index_topk,
-                                       rope_dim=config.qk_rope_head_dim, rows=128, visible=visible,
-                                       dtype=torch.float32)
-        found[0] = fit.model
-        cost = fit.model
-        print(f"# calibrated the {selector} selector (rank 0): a {cost.a:.4g} + b {cost.b:.4g} * vis + c {cost.c:.4g} "
-              f"* min(topk, vis) {cost.unit} a row, rms residual {fit.rms_relative_residual:.3f}", flush=True)
-    dist.broadcast_object_list(found, src=0)
-    return found[0]
-
-
 def rss_bytes() -> int:
     with open("/proc/self/statm") as file:
         return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -198,18 +176,14 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
             cp_group, flat, row = mesh["cp"], mesh["dp", "cp"]._flatten(), mesh["dp"].get_local_rank()
         base = build_models(args)
         models, optimizers = {}, {}
-        calibrated = {}
-        for selector in args.selectors:
-            if any(v.partition("+")[0].endswith(CALIBRATED) for v in args.variants):
-                calibrated[selector] = calibrated_cost_model(base, selector, args, rank)
         for variant in args.variants:
             mode, _, selector = variant.partition("+")
             selector = selector or args.selectors[0]
-            options = dict(MODE_OPTIONS.get(mode.removesuffix(CALIBRATED), {}))
-            if mode.endswith(CALIBRATED):
-                options["cost_model"] = calibrated[selector]
+            options = dict(MODE_OPTIONS.get(mode.removesuffix(UNCALIBRATED), {}))
+            if mode.endswith(UNCALIBRATED):
+                options["calibrate"] = False
             model = copy.deepcopy(base)
-            cp_v4.context_parallel(model, cp_group, mode.removesuffix(CALIBRATED), selector=selector,
+            cp_v4.context_parallel(model, cp_group, mode.removesuffix(UNCALIBRATED), selector=selector,
                                    indexer_kl_coeff=args.kl, **options)
             if flat is not None:  # after context_parallel: FSDP2 wraps the CP forwards and hooks
                 from torch.distributed.fsdp import fully_shard
@@ -235,7 +209,7 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
                 state.clock.calls, state.clock.seconds = 0, 0.0
                 sparsecp_torch.reset_exchange_stats()
                 dist.barrier()
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.thread_time()
                 optimizer.zero_grad(set_to_none=True)
                 out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
                 if flat is None:  # replicated: shares summed over the CP ranks
@@ -251,7 +225,7 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
                     # state from the first step on, so it is read after the step)
                     memories[mode] = memory_bytes(model, optimizer)
                 optimizer.step()
-                seconds = time.perf_counter() - start
+                seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
                 if step == 0:
                     memories[mode]["optimizer_bytes"] = memory_bytes(model, optimizer)["optimizer_bytes"]
                 # reported: the global mean loss and the mean over dp rows of each row's KL
@@ -261,7 +235,10 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
                 queue.put({"rank": rank, "step": step, "mode": mode, "seconds": seconds,
                            "loss": float(summed[0]), "kl": float(summed[1]), "documents": len(lengths),
                            "longest": max(lengths), "indexer_seconds": state.stats.indexer_seconds,
-                           "selector_seconds": state.clock.seconds,
+                           "selector_seconds": state.clock.seconds, "cpu_seconds": cpu_seconds,
+                           "calibration": None if state.calibration is None else str(state.calibration.report),
+                           "calibration_seconds": 0.0 if state.calibration is None else
+                           state.calibration.report.seconds,
                            "dispatch_bytes": state.stats.dispatch_bytes,
                            "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"], **memories[mode]})
         queue.put({"rank": rank, "peak_growth": peak_bytes() - resident})
@@ -324,7 +301,8 @@ def print_step(ranks: list[dict[str, Any]]) -> None:
     memory = "  per rank MiB: " + " ".join(f"params {r['param_bytes'] * mib:.2f} grads {r['grad_bytes'] * mib:.2f} "
                                            f"adamw {r['optimizer_bytes'] * mib:.2f}" for r in ranks[:1])
     print(f"step {first['step']}  {first['mode']:16s} loss {first['loss']:.6f}  kl {first['kl']:.5f}  "
-          f"step {max(r['seconds'] for r in ranks):6.2f} s  indexer share per rank {shares}  "
+          f"step {max(r['seconds'] for r in ranks):6.2f} s (CPU {max(r['cpu_seconds'] for r in ranks):5.2f} s)  "
+          f"selection {max(r['selector_seconds'] for r in ranks):6.3f} s  indexer share per rank {shares}  "
           f"({first['documents']} documents, longest {first['longest']})"
           + (memory if first["step"] == 0 else ""), flush=True)
 
@@ -346,14 +324,34 @@ def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: a
             r["selector_seconds"] for r in rs)) for rs in by_step.values()]
         share = [statistics.mean(r["indexer_seconds"] / r["seconds"] for r in rs) for rs in by_step.values()]
         slowest_selector = [max(r["selector_seconds"] for r in rs) for rs in by_step.values()]
-        baseline = [r for r in steps if r["mode"] == args.variants[0]]
+        first = args.modes[0] + (f"+{mode.partition('+')[2]}" if "+" in mode else "")  # same selector
+        baseline = [r for r in steps if r["mode"] == first]
         first_slowest = {s: max(r["selector_seconds"] for r in baseline if r["step"] == s) for s in by_step}
         against_first = [max(r["selector_seconds"] for r in rs) / max(1e-12, first_slowest[s])
                          for s, rs in by_step.items()]
+        # The step in CPU seconds (each rank's own work), against the first strategy's with the same
+        # selector, and the bound a perfect balancer of that strategy's selection could reach.
+        base_steps = {s: [r for r in steps if r["mode"] == first and r["step"] == s] for s in by_step}
+        step_cpu = {s: max(r["cpu_seconds"] for r in rs) for s, rs in by_step.items()}
+        gain, bound = [], []
+        for s in by_step:
+            ranks = base_steps[s]
+            m = statistics.mean(r["selector_seconds"] for r in ranks)
+            imbalance_first = max(r["selector_seconds"] for r in ranks) / max(1e-12, m)
+            rest = statistics.mean(r["cpu_seconds"] - r["selector_seconds"] for r in ranks)
+            gain.append(max(r["cpu_seconds"] for r in ranks) / step_cpu[s])
+            bound.append((rest + imbalance_first * m) / (rest + m))
         result["modes"][mode] = {
-            "step_seconds": median(step_time), "selection_imbalance": median(imbalance), "indexer_share": median(share),
+            "step_seconds": median(step_time), "step_cpu_seconds": median(list(step_cpu.values())),
+            "step_gain": median(gain), "step_bound": median(bound),
+            "step_gain_of_bound": median([g / b for g, b in zip(gain, bound)]),
+            "calibration_seconds": max(r.get("calibration_seconds", 0.0) for r in mine),
+            "calibration": next((r["calibration"] for r in sorted(mine, key=lambda r: (-r["step"], r["rank"]))
+                                 if r.get("calibration")), None),
+            "selection_imbalance": median(imbalance), "indexer_share": median(share),
             "slowest_selector_seconds": median(slowest_selector),
             "slowest_selector_vs_first": median(against_first),
+            "per_step_slowest_selector_vs_first": against_first, "per_step_gain": gain,
             "dispatch_bytes_per_rank": median([r["dispatch_bytes"] for r in mine]),
             "selection_bytes_per_rank": median([r["selection_bytes"] for r in mine]),
             "losses": [by_step[s][0]["loss"] for s in sorted(by_step)]}
@@ -370,9 +368,10 @@ def main() -> int:
     parser.add_argument("--dp", type=int, default=1,
                         help="data-parallel rows: with D > 1, D x --ranks processes, FSDP2 over the flattened "
                              "dp x cp mesh (each dp row its own batch) instead of replicated weights")
-    parser.add_argument("--modes", default="none,zigzag,hybrid,spill,spill-calibrated",
-                        help="strategies, interleaved every step; NAME-calibrated plans NAME (spill, auto) on a cost "
-                             "model fitted to the worker selector's own times first (sparsecp.torch.calibrate)")
+    parser.add_argument("--modes", default="none,zigzag,hybrid,spill,spill-uncalibrated",
+                        help="strategies, interleaved every step (the first is the baseline); spill and auto "
+                             "calibrate their cost model on the worker selector; NAME-uncalibrated runs NAME with "
+                             "calibrate=False")
     parser.add_argument("--steps", type=int, default=5, help="training steps per strategy")
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per packed batch")
     parser.add_argument("--hidden", type=int, default=128)
@@ -421,6 +420,16 @@ def main() -> int:
               f"{row['slowest_selector_vs_first']:10.3f} {row['selection_imbalance']:15.2f} "
               f"{100 * row['indexer_share']:13.0f}% {row['dispatch_bytes_per_rank']:14.0f} "
               f"{row['selection_bytes_per_rank']:16.0f}")
+    print(f"\nthe step in CPU seconds (each rank's own work), medians over the steps: the slowest rank's, its gain "
+          f"over {args.modes[0]}'s with the same selector, and the bound (R + I*m) / (R + m) of a perfect balancer "
+          f"of {args.modes[0]}'s selection")
+    print(f"{'mode':16s} {'step CPU s':>11s} {'gain':>7s} {'bound':>7s} {'gain/bound':>11s}  cost model")
+    for mode, row in result["modes"].items():
+        calibration = row["calibration"] or "-"
+        if row["calibration_seconds"]:
+            calibration += f"; calibration {row['calibration_seconds']:.2f} s on rank 0 (first step)"
+        print(f"{mode:16s} {row['step_cpu_seconds']:11.2f} {row['step_gain']:7.3f} {row['step_bound']:7.3f} "
+              f"{row['step_gain_of_bound']:11.3f}  {calibration}")
     losses = [row["losses"] for row in result["modes"].values()]
     spread = max(abs(a - b) for run in losses for a, b in zip(run, losses[0])) if len(losses) > 1 else 0.0
     print(f"losses per step agree across strategies to {spread:.2e}")

@@ -78,8 +78,9 @@ class CalibrationReport:
         if self.model is None:
             return f"cost model: {self.source}"
         m = self.model
+        refits = f"{self.refits} refits" + (f", the last's residual {self.refit_residual:.3f}" if self.refits else "")
         return (f"cost model ({self.source}, {self.seconds:.2f} s, residual {self.rms_relative_residual:.3f}; "
-                f"{self.refits} refits): a {m.a:.4g} + b {m.b:.4g} * vis + c {m.c:.4g} * min(topk, vis) {m.unit}")
+                f"{refits}): a {m.a:.4g} + b {m.b:.4g} * vis + c {m.c:.4g} * min(topk, vis) {m.unit}")
 
 
 class SelectionCalibration:
@@ -98,12 +99,16 @@ class SelectionCalibration:
         layer_ratios: the compression ratio of each layer that selects (its routes' sums add up
             to a forward's refit sample).
         rows: rows of each calibration point (a few of the selector's row chunks).
+        heap_term: fit the top-k admission term ``d`` too: for a selector that keeps a running
+            top-k per row with a heap (sparsecp's fused CPU kernel), not for one that selects
+            with a scan or a sort of every score (``torch.topk``; see ``calibrate``).
     """
 
     def __init__(self, mode: str, strategy_params: dict[str, Any], option: bool | str,
                  make_selector: Callable[[torch.Tensor], Any], selector_name: str, dims: dict[str, int],
-                 parameter: torch.Tensor, layer_ratios: list[int], rows: int = 512) -> None:
+                 parameter: torch.Tensor, layer_ratios: list[int], rows: int = 512, heap_term: bool = False) -> None:
         self.option = calibrate_option(option)
+        self.heap_term = heap_term
         self.make_selector, self.selector_name, self.dims = make_selector, selector_name, dict(dims)
         self.parameter, self.layer_ratios, self.rows = parameter, list(layer_ratios), rows
         self.report = CalibrationReport()
@@ -136,7 +141,7 @@ class SelectionCalibration:
 
     def _key(self, device: torch.device) -> tuple[Any, ...]:
         return (self.selector_name, tuple(sorted(self.dims.items())), str(self.parameter.dtype), str(device),
-                torch.get_num_threads(), self.rows)
+                torch.get_num_threads(), self.rows, self.heap_term)
 
     def _calibrate(self, state: Any, lengths: tuple[int, ...], device: torch.device) -> None:
         found: list[Any] = [None]
@@ -171,7 +176,7 @@ class SelectionCalibration:
         ratio, topk = d["ratio"], d["topk"]
         longest = max(1, max(lengths) // ratio)  # the batch's deepest visible-key count
         targets = [t for t in (topk // 2, topk, 2 * topk, 4 * topk, 8 * topk, 16 * topk, 32 * topk) if t >= 1]
-        targets = sorted({t for t in targets if t <= max(longest, 4 * topk)})
+        targets = sorted({t for t in targets if t <= max(longest, 16 * topk)})  # later batches run longer
         while len(targets) < 3:  # calibrate needs three targets
             targets.append(targets[-1] * 2 if targets else 1)
         keys = targets[-1] + self.rows  # every point's segment fits
@@ -181,7 +186,7 @@ class SelectionCalibration:
         start, cpu_start = time.perf_counter(), time.process_time()
         fit = calibrate(selector, q_rank=d["q_rank"], heads=d["heads"], keys=keys, ratio=ratio, topk=topk,
                         rope_dim=d["rope_dim"], rows=self.rows, visible=targets, device=device,
-                        dtype=self.parameter.dtype, max_residual=0)
+                        dtype=self.parameter.dtype, max_residual=0, heap_term=self.heap_term)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         model = fit.model.replace(note=f"{fit.model.note}; calibrated by sparsecp.models for spill")
         _CACHE[key] = (model, fit.rms_relative_residual, cpu)

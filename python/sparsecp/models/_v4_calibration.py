@@ -33,4 +33,6 @@ def v4_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration |
             "rope_dim": int(rope_dim), "ratio": int(indexer.compress_rate), "topk": int(indexer.index_topk)}
     ratios = [int(i.compress_rate) for i in indexers]
     return SelectionCalibration(state.mode, state.strategy_params, option, make_selector, state.selector, dims,
-                                q_proj, ratios, rows=2 * _CHUNK_ROWS)
+                                q_proj, ratios, rows=2 * _CHUNK_ROWS)  # no heap term: fitted on the
+    # example's real routes it did not predict held-out batches better for either selector (fused: 0.17 with
+    # it against 0.07 without, an overfit of the machine's noise)

@@ -45,8 +45,11 @@ transformers default) recomputes the layers without selecting again: each layer 
 of its first forward (no selector call, no selection collective).
 
 ``ModelSelector`` and ``FusedSelector`` are the two worker selectors (``selector="model"`` /
-``"fused"``); build one over a layer's indexer to calibrate spill's cost model on it
-(``sparsecp.torch.calibrate``), then pass ``cost_model=`` to ``context_parallel``.
+``"fused"``). With ``mode="spill"`` (or "auto") ``context_parallel`` calibrates spill's cost
+model on the layer's own selector in the first forward (rank 0 times it, every rank plans with
+its fit; cached per process) and refits it from every rank's measured selection times
+(``_cp_calibration``); ``cost_model=`` (e.g. ``sparsecp.torch.calibrate`` over one of these
+selectors) or ``calibrate=False`` skip that.
 
 transformers is an optional dependency (``pip install 'sparsecp[models]'``), imported when a
 function here is first called. The tested version is 5.23; any other runs only if the upstream
