@@ -89,7 +89,7 @@ def host_syncs(rank: int, size: int, layers: int, kl: bool) -> dict[str, Any]:
 def records_after_steps(rank: int, size: int, steps: tuple[int, ...]) -> dict[str, Any]:
     """Checkpointed training steps, each followed by an evaluation forward: after each count in
     ``steps``, the forward contexts still alive and the tensors gc can see."""
-    from sparsecp.models import _v4_state
+    from sparsecp.models import _cp_layer
     from sparsecp.models import deepseek_v4 as cp_v4
 
     model = v4_tasks.tiny_model(torch.float64)
@@ -117,7 +117,7 @@ def records_after_steps(rank: int, size: int, steps: tuple[int, ...]) -> dict[st
         state = cp_v4.context_parallel_state(model)
         state.kl_losses = []  # the last training forward's KL: a caller's to drop
         gc.collect()
-        seen["contexts"][target] = sum(isinstance(o, _v4_state.ForwardContext) for o in gc.get_objects())
+        seen["contexts"][target] = sum(isinstance(o, _cp_layer.ForwardContext) for o in gc.get_objects())
         seen["tensors"][target] = sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
     return seen
 

@@ -33,25 +33,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..torch._agreement import capture
-from ..torch._exchange import launch_rows, to_owners
-from ..torch._overlapped import launch_on_route
 from ..torch.kl import indexer_kl_loss_any_topk
+from ._cp_layer import BankView, balanced_select, in_recompute
 from ._cp_rows import DeviceRowGather, gather_rows
 from ._sparse_attention import attention_chunk_rows, sparse_attention
 from ._v4_compress import owned_entries
-from ._v4_selector import BankView, FusedSelector, ModelSelector
+from ._v4_selector import FusedSelector, ModelSelector
 
 if TYPE_CHECKING:
+    from ._cp_layer import ForwardContext
     from ._v4_layout import DeviceCompression, DeviceLayout
-    from ._v4_state import ContextParallelState, ForwardContext
+    from ._v4_state import ContextParallelState
 
 __all__ = ["cp_attention_forward"]
-
-
-def _in_recompute() -> bool:
-    """True while autograd runs a backward pass: a layer's forward then is a recompute."""
-    return torch._C._current_graph_task_id() != -1
 
 
 def _gather(state: ContextParallelState, rows: torch.Tensor, table: DeviceRowGather) -> torch.Tensor:
@@ -68,7 +62,7 @@ def _select(attn: Any, state: ContextParallelState, context: ForwardContext, tab
     indexer = attn.compressor.indexer
     start = time.perf_counter()
     cos, sin = indexer.rotary_emb(hidden, position_ids=position_ids, layer_type=indexer.rope_layer_type)
-    recompute = _in_recompute()
+    recompute = in_recompute()
     need_bank = not recompute or state.kl_coeff is not None
     bank = None
     assert tables.index_bank is not None
@@ -86,29 +80,12 @@ def _select(attn: Any, state: ContextParallelState, context: ForwardContext, tab
             view = BankView(bank.detach(), tables.index_bank.plan.locate)
             selector: Any = FusedSelector(indexer, view, state.rope_dim) if state.selector == "fused" else \
                 ModelSelector(indexer, view, rope)
-            ids = _balanced_select(state, tables, (q_residual.detach(), weights, cos, sin),
-                                   state.clock.timed(selector), int(indexer.index_topk)).long()
+            ids = balanced_select(tables.route, tables.route_rows, (q_residual.detach(), weights, cos, sin),
+                                  state.clock.timed(selector), int(indexer.index_topk), state.group).long()
         context.record(attn.layer_idx, ids)
         state.stats.selections += 1
     state.stats.indexer_seconds += time.perf_counter() - start
     return ids, bank, (cos, sin)
-
-
-def _balanced_select(state: ContextParallelState, tables: DeviceCompression, inputs: tuple[torch.Tensor, ...],
-                     selector: Any, topk: int) -> torch.Tensor:
-    """``balanced_indexer_select`` on the batch's agreed route, with no agreement round: rows to
-    their workers, the selector, int32 ids back to the owners ([local rows, topk])."""
-    route = tables.route
-    exchange = launch_on_route(inputs, route, state.group)
-    qr, weights, cos, sin = exchange.wait()
-    selected, failure = capture(lambda: selector(qr, weights, (cos, sin), route.segments)[0])
-    if failure is not None:
-        # The peers wait for this rank's results: send padding so their exchange completes, then
-        # raise here (a one-rank failure: see the guide's "when one rank fails").
-        selected = torch.full((route.query_count, topk), -1, dtype=torch.int32, device=qr.device)
-        launch_rows(selected, to_owners(route, tables.route_rows, inputs[0].shape[-2]), state.group).wait()
-        raise failure
-    return launch_rows(selected, to_owners(route, tables.route_rows, inputs[0].shape[-2]), state.group).wait()
 
 
 def _window_columns(layout: DeviceLayout, start: int, stop: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +177,7 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
         assert tables is not None and index_bank is not None and index_rope is not None
         loss = _indexer_kl(attn, state, context, tables, hidden_states, q_residual, q, keys[window.shape[0]:],
                            ids, index_bank, index_rope, rope)
-        if not _in_recompute():
+        if not in_recompute():
             context.kl_losses.append(loss)
     return result, None
 

@@ -17,7 +17,6 @@ compressed-bank ids (ascending, ``-1`` padded: the seed's convention). Two selec
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 
 from ..torch import IndexerSelector
 from ..torch.select import segment_array
+from ._cp_layer import BankView, SelectorClock
 
 __all__ = ["BankView", "FusedSelector", "ModelSelector", "SelectorClock"]
 
@@ -39,45 +39,6 @@ _CHUNK_ROWS = 256  # worker rows projected and scored at once
 _SCORE_BYTES = 2 << 20
 _DEVICE_SCORE_BYTES = 32 << 20
 _SENTINEL = torch.iinfo(torch.int32).max
-
-
-class SelectorClock:
-    """Counts selector calls and the CPU seconds of the calling thread spent in them (per rank).
-
-    CPU time, not wall time: with more ranks than cores (tests, the example on a laptop) a rank's
-    wall time counts the time its peers held the core, which makes balanced plans, whose ranks
-    all select at once, look slower than they are. For a CUDA selector this measures the host's
-    share only; time the device with events (``sparsecp.torch.calibrate`` does)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.seconds = 0.0
-        # Never reset by callers (who zero calls / seconds per step): the cost-model refit
-        # (_cp_calibration) takes each forward's difference.
-        self.lifetime_calls = 0
-        self.lifetime_seconds = 0.0
-
-    def timed(self, selector: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        def run(*args: Any) -> torch.Tensor:
-            start = time.thread_time()
-            try:
-                return selector(*args)
-            finally:
-                spent = time.thread_time() - start
-                self.calls += 1
-                self.seconds += spent
-                self.lifetime_calls += 1
-                self.lifetime_seconds += spent
-        return run
-
-
-class BankView:
-    """A worker's part of a compressed bank: the rows it gathered (``bank``), and where each global
-    bank row sits in it (``locate``; a document's prefix is contiguous in both)."""
-
-    def __init__(self, bank: torch.Tensor, locate: Callable[[int], int] | None = None) -> None:
-        self.bank = bank
-        self.locate = locate if locate is not None else (lambda row: row)
 
 
 class ModelSelector:

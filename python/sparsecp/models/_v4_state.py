@@ -5,52 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from ._v4_layout import BatchLayout, DeviceLayout
-from ._v4_selector import SelectorClock
+from . import _cp_layer
+from ._cp_layer import ForwardContext, SelectorClock
+from ._v4_layout import BatchLayout
 
 __all__ = ["ContextParallelState", "ContextParallelStats", "ForwardContext", "lengths_key"]
 
 _LAYOUTS_KEPT = 8  # batch layouts cached for reuse (a forward holds its own: see ForwardContext)
-
-
-class ForwardContext:
-    """One model forward's batch layout (on the device), the ids each CSA layer selected, and its
-    KL losses. The forward hands it to its layers in their keyword arguments, and transformers
-    hands a checkpointed layer's recompute the same ones: the recompute replays the ids of its
-    own forward whatever ran in between, and everything here dies with the last reference to
-    the forward (its autograd graph, or the caller's ``indexer_kl_loss``)."""
-
-    def __init__(self, number: int, layout: DeviceLayout, grad: bool, padding_tokens: int = 0) -> None:
-        self.number, self.layout, self.grad = number, layout, grad
-        batch = layout.batch
-        # The indexer KL's rows: every row but the padding document's (the last ``padding_tokens``
-        # of the batch), and the count its mean is over.
-        self.kl_tokens = batch.boundaries[-1] - padding_tokens
-        self.kl_rows: torch.Tensor | None = None
-        if padding_tokens and batch.first + batch.local > self.kl_tokens:
-            rows = torch.arange(batch.first, batch.first + batch.local) < self.kl_tokens
-            self.kl_rows = rows.to(layout.device)
-        self.kl_losses: list[torch.Tensor] = []
-        self._records: dict[int, torch.Tensor] = {}
-
-    def record(self, layer: int, ids: torch.Tensor) -> None:
-        """Keep a layer's selection for its recompute (only a forward with gradients can have one)."""
-        if self.grad:
-            self._records[layer] = ids.to(torch.int32)
-
-    def replay(self, layer: int) -> torch.Tensor:
-        """The ids ``layer`` selected in this forward; freed once replayed (a backward recomputes a
-        layer once)."""
-        ids = self._records.pop(layer, None)
-        if ids is None:
-            raise RuntimeError(f"sparsecp: layer {layer} is recomputed for forward {self.number}, whose selection "
-                               "it has already replayed or never recorded (a second backward through one graph "
-                               "(retain_graph=True) with activation checkpointing, or a recompute of a forward run "
-                               "without gradients, is not supported)")
-        return ids.long()
 
 
 @dataclass
@@ -143,34 +106,16 @@ class ContextParallelState:
         grad = torch.is_grad_enabled()
         layout = self.batch(lengths).on(device, self.compressions, selection, self.kl_coeff is not None and grad)
         self.forwards += 1
-        context = ForwardContext(self.forwards, layout, grad, padding_tokens)
+        if self.keep_last_ids:
+            self.last_selection = {}
+        context = ForwardContext(self.forwards, layout, grad, self.last_selection if self.keep_last_ids else None,
+                                 padding_tokens)
         if grad:  # an evaluation forward in between keeps the training forward's KL
             self.kl_losses = context.kl_losses
             self.forwards_with_grad += 1
-        if self.keep_last_ids:
-            self.last_selection = {}
-            record = context.record
-
-            def record_and_keep(layer: int, ids: torch.Tensor) -> None:
-                record(layer, ids)
-                self.last_selection[layer] = ids.to(torch.int32)
-            context.record = record_and_keep  # type: ignore[method-assign]
         return context
 
 
 def lengths_key(lengths: Any) -> tuple[int, ...]:
     """``document_lengths`` as a tuple of positive ints (the key of the batch's layout)."""
-    if lengths is None:
-        raise ValueError("sparsecp: a context-parallel DeepSeek-V4 needs document_lengths=... (the lengths of the "
-                         "packed documents of the whole sequence, identical on every rank) in model(...)")
-    if isinstance(lengths, torch.Tensor):
-        lengths = lengths.tolist()
-    try:
-        values = tuple(int(v) for v in lengths)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"document_lengths must be a sequence of positive integers, got {lengths!r}") from error
-    if any(not isinstance(v, (int, np.integer)) and not float(v).is_integer() for v in lengths):
-        raise ValueError(f"document_lengths must be integers, got {lengths!r}")
-    if not values or min(values) < 1:
-        raise ValueError(f"document_lengths must be positive, got {values}")
-    return values
+    return _cp_layer.lengths_key(lengths, "DeepSeek-V4")
