@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ..torch._agreement import capture
 from ..torch._exchange import launch_rows, to_owners
 from ..torch._overlapped import launch_on_route
+from ._cp_checks import BATCH_DIGEST
 
 __all__ = ["AgreedBatch", "BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select",
            "check_and_agree", "in_recompute", "lengths_key"]
@@ -174,11 +175,15 @@ class BatchCheck:
     options: tuple[tuple[str, Any], ...]  # settings every rank must share (mode, KL, selector)
 
 
-def _fingerprint(check: BatchCheck, lengths: tuple[int, ...], local: int, dtype: Any) -> tuple[tuple[str, Any], ...]:
+_BATCH = "batch (shard_batch's digest of the whole batch)"
+
+
+def _fingerprint(check: BatchCheck, lengths: tuple[int, ...], local: int, dtype: Any,
+                 batch: str | None) -> tuple[tuple[str, Any], ...]:
     digest = hashlib.sha256(np.asarray(lengths, dtype=np.int64).tobytes()).hexdigest()[:16]
     return (("document count", len(lengths)), ("total tokens", sum(lengths)), ("document lengths", digest),
-            ("shard length", local), ("dtype", str(dtype)), ("grad enabled", torch.is_grad_enabled()),
-            *check.options)
+            (_BATCH, batch), ("shard length", local), ("dtype", str(dtype)),
+            ("grad enabled", torch.is_grad_enabled()), *check.options)
 
 
 class AgreedBatch(NamedTuple):
@@ -265,7 +270,11 @@ def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, An
     padding = 0
     try:
         lengths, local, dtype, padding = _check_batch(check, args, kwargs)
-        fingerprint = _fingerprint(check, lengths, local, dtype) + (("padding_tokens", padding),)
+        # shard_batch tags each shard with a digest of the whole batch: a rank handed another
+        # batch's shard of the same lengths is refused (an untagged shard, e.g. a copy, is not compared).
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        fingerprint = _fingerprint(check, lengths, local, dtype, getattr(input_ids, BATCH_DIGEST, None)) + \
+            (("padding_tokens", padding),)
     except ValueError as caught:
         error = caught
     if check.size > 1:
@@ -279,7 +288,7 @@ def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, An
                 raise ValueError(f"rank {rank} rejected its inputs: {message}")
         for rank, (_, theirs, _) in enumerate(everyone):
             for (name, mine), (_, other) in zip(fingerprint or (), theirs or ()):
-                if mine != other:
+                if mine != other and not (name == _BATCH and None in (mine, other)):
                     raise ValueError(f"context-parallel ranks disagree on the batch: rank {check.rank} has {name} "
                                      f"{mine!r}, rank {rank} has {other!r}")
         gathered = [entry[2] for entry in everyone]

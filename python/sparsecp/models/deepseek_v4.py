@@ -59,20 +59,19 @@ otherwise ``ImportError`` names the version and the modules that differ.
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from . import _cp_training
-from ._cp_checks import BATCH_DIGEST, agree_parameters
+from ._cp_checks import agree_parameters
+from ._cp_layer import BatchCheck, check_and_agree
 from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v4_attention import cp_attention_forward
 from ._v4_calibration import v4_calibration
 from ._v4_selector import FusedSelector, ModelSelector
-from ._v4_state import ContextParallelState, ContextParallelStats, lengths_key
+from ._v4_state import ContextParallelState, ContextParallelStats
 
 __all__ = [
     "ContextParallelState",
@@ -302,103 +301,32 @@ def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
                                             int(config.num_experts_per_tok), state.group)
 
 
-def _fingerprint(state: ContextParallelState, lengths: tuple[int, ...], local: int,
-                 dtype: Any, batch: str | None, padding: int) -> tuple[tuple[str, Any], ...]:
-    digest = hashlib.sha256(np.asarray(lengths, dtype=np.int64).tobytes()).hexdigest()[:16]
-    return (("document count", len(lengths)), ("total tokens", sum(lengths)), ("document lengths", digest),
-            ("batch (shard_batch's digest of the whole batch)", batch), ("padding_tokens", padding),
-            ("shard length", local), ("dtype", str(dtype)), ("grad enabled", torch.is_grad_enabled()),
-            ("mode", state.mode), ("indexer_kl_coeff", state.kl_coeff), ("selector", state.selector))
-
-
 def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
                           kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    """The forward's one agreement: checks the batch on every rank (token ids in range, shapes,
-    positions, one host read), agrees across ranks (one all-gather of each rank's verdict and
-    fingerprint), then plans the batch's layout on the host and moves it to the device once.
-    The layers then run their collectives with no further agreement and no host round trip."""
-    input_ids = kwargs.get("input_ids", args[0] if args else None)
-    embeds = kwargs.get("inputs_embeds")
-    tokens = input_ids if input_ids is not None else embeds
-    error, fingerprint, lengths, padding = None, None, None, 0
-    try:
-        if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
-            raise ValueError("sparsecp context parallelism trains on packed batches: use_cache=True / past_key_values "
-                             "(a KV cache) is not supported; generation is out of scope")
-        if kwargs.get("attention_mask") is not None:
-            raise ValueError("attention_mask is not supported under context parallelism: documents are isolated by "
-                             "document_lengths (pack without padding, or make the padding a document of its own)")
-        if kwargs.get("output_attentions"):
-            raise ValueError("output_attentions=True is not supported under context parallelism: each rank attends "
-                             "its rows to a few gathered keys in bounded memory and never forms the [heads, S, S] "
-                             "attention matrix")
-        lengths = lengths_key(kwargs.get("document_lengths"))
-        padding = kwargs.get("padding_tokens", 0) or 0
-        if isinstance(padding, bool) or not isinstance(padding, int) or padding not in (0, lengths[-1]):
-            raise ValueError(f"padding_tokens must be 0 or the length of the batch's last document ({lengths[-1]}: "
-                             f"the padding is a document of its own, as pad_to_multiple makes it), got {padding!r}")
-        if tokens is None or tokens.ndim < 2 or tokens.shape[0] != 1:
-            shape = None if tokens is None else tuple(tokens.shape)
-            raise ValueError(f"a context-parallel DeepSeek-V4 takes one packed sequence, input_ids [1, S / cp]; "
-                             f"got {shape}")
-        local = int(tokens.shape[1])
-        if local * state.size != sum(lengths):
-            raise ValueError(f"rank {state.rank}'s shard has {local} tokens, but document_lengths sum to "
-                             f"{sum(lengths)} = {state.size} ranks x {sum(lengths) / state.size:g}: pass this rank's "
-                             "shard (shard_batch)")
-        positions = kwargs.get("position_ids")
-        if positions is None:
-            raise ValueError(f"rank {state.rank}: position_ids are missing: pass the positions shard_batch returns "
-                             "(each document's tokens numbered from 0)")
-        if tuple(positions.shape) != (1, local):
-            raise ValueError(f"rank {state.rank}: position_ids must be [1, {local}] (this rank's shard), got "
-                             f"{tuple(positions.shape)}")
-        expected = torch.from_numpy(state.batch(lengths).row_position).to(positions.device)
-        checks = [(positions[0].long() != expected).sum()]
-        if input_ids is not None:
-            checks += [input_ids.min(), input_ids.max()]
-        values = torch.stack([c.long().to(positions.device) for c in checks]).tolist()  # the one host read
-        if values[0]:
-            raise ValueError(f"rank {state.rank}: position_ids must restart at 0 at each document start "
-                             f"({values[0]} of {local} differ from shard_batch's)")
-        vocab = int(module.config.vocab_size)
-        if input_ids is not None and (values[1] < 0 or values[2] >= vocab):
-            bad = values[1] if values[1] < 0 else values[2]
-            raise ValueError(f"rank {state.rank}: input_ids holds token id {bad}, outside the vocabulary [0, {vocab})")
-        fingerprint = _fingerprint(state, lengths, local, tokens.dtype if embeds is not None else None,
-                                   getattr(input_ids, BATCH_DIGEST, None), padding)
-    except ValueError as caught:
-        error = caught
-    if state.size > 1:
-        everyone: list[Any] = [None] * state.size
-        # The agreement also carries this rank's selection time of the last forward: spill's
-        # cost-model refit (_cp_calibration) needs every rank's, and gets it with no collective of its own.
-        times = None if state.calibration is None else state.calibration.local_times(state)
-        dist.all_gather_object(everyone, (None if error is None else str(error), fingerprint, times),
-                               group=state.group)
-        if error is not None:  # this rank's own error first
-            raise error
-        for rank, (message, _, _) in enumerate(everyone):
-            if message is not None:
-                raise ValueError(f"rank {rank} rejected its inputs: {message}")
-        if state.calibration is not None:
-            state.calibration.received_times([entry[2] for entry in everyone])
-        for rank, (_, theirs, _) in enumerate(everyone):
-            for (name, mine), (_, other) in zip(fingerprint or (), theirs or ()):
-                if mine != other and not (name.startswith("batch") and None in (mine, other)):
-                    raise ValueError(f"context-parallel ranks disagree on the batch: rank {state.rank} has {name} "
-                                     f"{mine!r}, rank {rank} has {other!r}")
-    elif error is not None:
-        raise error
-    assert lengths is not None and tokens is not None
+    """The forward's one agreement (``_cp_layer.check_and_agree``: the batch checked on every rank
+    with one host read, one all-gather of every rank's verdict and fingerprint), then the batch's
+    layout planned on the host and moved to the device once. The layers then run their
+    collectives with no further agreement and no host round trip."""
+    check = BatchCheck(model="DeepSeek-V4", group=state.group, size=state.size, rank=state.rank,
+                       vocab=int(module.config.vocab_size),
+                       positions=lambda lengths: state.batch(lengths).row_position,
+                       options=(("mode", state.mode), ("indexer_kl_coeff", state.kl_coeff),
+                                ("selector", state.selector)))
+    # The one all-gather also carries this rank's selector seconds of the last forward: spill's
+    # cost-model refit (_cp_calibration) needs every rank's, with no collective of its own.
+    times = None if state.calibration is None else state.calibration.local_times(state)
+    agreed = check_and_agree(check, args, kwargs, times)
+    if state.calibration is not None and state.size > 1:
+        state.calibration.received_times(agreed.times)
+    lengths = agreed.lengths
     state.stats.forwards += 1
-    context = state.start_forward(lengths, tokens.device, padding)
+    context = state.start_forward(lengths, agreed.tokens.device, agreed.padding_tokens)
     kwargs = dict(kwargs)
     # The forward's context travels to its layers in their keyword arguments; transformers hands a
     # checkpointed layer's recompute the same ones, so a recompute replays its own forward's ids.
     kwargs["sparsecp_forward"] = context
     kwargs["document_lengths"] = lengths  # a generator given by the caller is consumed once, here
-    kwargs.pop("padding_tokens", None)
+    kwargs.pop("padding_tokens", None)  # ours: the model's forward does not take it
     kwargs["attention_mask"] = {"sparsecp": None}  # no [S, S] mask: the CP layers mask by document
     kwargs["use_cache"] = False
     return args, kwargs
