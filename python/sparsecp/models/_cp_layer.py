@@ -31,6 +31,7 @@ from ..torch._agreement import capture
 from ..torch._exchange import launch_rows, to_owners
 from ..torch._overlapped import launch_on_route
 from ._cp_checks import BATCH_DIGEST
+from ._cp_training import document_lengths
 
 __all__ = ["AgreedBatch", "BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select",
            "check_and_agree", "in_recompute", "lengths_key"]
@@ -148,18 +149,7 @@ def lengths_key(lengths: Any, model: str) -> tuple[int, ...]:
     if lengths is None:
         raise ValueError(f"sparsecp: a context-parallel {model} needs document_lengths=... (the lengths of the "
                          "packed documents of the whole sequence, identical on every rank) in model(...)")
-    if isinstance(lengths, torch.Tensor):
-        lengths = lengths.tolist()
-    try:
-        values = tuple(int(v) for v in lengths)
-        exact = all(float(v) == int(v) for v in lengths)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"document_lengths must be a sequence of positive integers, got {lengths!r}") from error
-    if not exact:
-        raise ValueError(f"document_lengths must be integers, got {lengths!r}")
-    if not values or min(values) < 1:
-        raise ValueError(f"document_lengths must be positive, got {values}")
-    return values
+    return document_lengths(lengths)
 
 
 @dataclass(frozen=True)
