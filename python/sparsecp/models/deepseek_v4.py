@@ -212,6 +212,9 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         if attention.compressor is not None:
             compressions.add((int(attention.compressor.compress_rate), hasattr(attention.compressor, "indexer")))
     state.compressions = tuple(sorted(compressions))
+    if state.kl_coeff is not None and not any(overlap for _, overlap in state.compressions):
+        raise ValueError(f"indexer_kl_coeff={indexer_kl_coeff} trains the Lightning Indexer, but this model has no "
+                         "compressed sparse attention layer (no indexer): leave indexer_kl_coeff unset")
     state.calibration = v4_calibration(state, base, calibrate)  # checks calibrate=; None without a CSA layer
     config.use_cache = False
     _refuse_model_loss_under_cp()
