@@ -159,6 +159,18 @@ def test_a_forward_syncs_the_host_a_fixed_number_of_times_whatever_its_layer_cou
             assert kinds == ["all_gather_object", "tolist"], (layers, rank, counts["forward"])
 
 
+def test_deepseek_v32_syncs_the_host_as_often_whatever_its_layer_count() -> None:
+    """The same machinery under DeepSeek-V3.2: 2 host syncs per forward, none in the backward, at
+    3 and 6 layers."""
+    pytest.importorskip("transformers.models.deepseek_v32", reason="transformers without DeepseekV32")
+    for layers in (3, 6):
+        for rank, counts in enumerate(results_or_raise(pool_of(2).run(v4_bounded_tasks.v32_host_syncs, layers,
+                                                                       timeout=300))):
+            assert sum(counts["backward"].values()) == 0, (layers, rank, counts["backward"])
+            kinds = sorted(site.split()[-1] for site in counts["forward"])
+            assert kinds == ["all_gather_object", "tolist"], (layers, rank, counts["forward"])
+
+
 def test_replay_records_die_with_their_backward() -> None:
     """Checkpointed training steps with the KL, each followed by an evaluation forward: no forward
     context outlives its backward, and memory after 30 steps equals memory after 2."""

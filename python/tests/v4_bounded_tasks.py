@@ -86,6 +86,33 @@ def host_syncs(rank: int, size: int, layers: int, kl: bool) -> dict[str, Any]:
     return counts
 
 
+def v32_host_syncs(rank: int, size: int, layers: int) -> dict[str, Any]:
+    """``host_syncs`` for DeepSeek-V3.2 (``sparsecp.models.deepseek_v32``): a checkpointed step
+    with the indexer KL, after a warm-up step."""
+    import v32_tasks
+
+    from sparsecp.models import deepseek_v32 as cp_v32
+
+    model = v32_tasks.tiny_model(torch.float64, num_hidden_layers=layers)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    cp_v32.context_parallel(model, None, "spill", indexer_kl_coeff=0.1)
+    lengths = (13, 17, 11, 7)
+    input_ids = v32_tasks.packed_ids(lengths)
+    ids, positions = cp_v32.shard_batch(input_ids, lengths)
+    labels = cp_v32.shard_labels(input_ids, lengths)
+    counts = {}
+    for _ in range(2):  # the second step: the layout is planned and moved by the first
+        with counting_host_syncs() as forward:
+            logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+            kl_loss = cp_v32.indexer_kl_loss(model)
+        loss = cp_v32.causal_lm_loss(logits, labels, lengths) + kl_loss
+        with counting_host_syncs() as backward:
+            loss.backward()
+        counts = {"forward": dict(forward), "backward": dict(backward)}
+    return counts
+
+
 def records_after_steps(rank: int, size: int, steps: tuple[int, ...]) -> dict[str, Any]:
     """Checkpointed training steps, each followed by an evaluation forward: after each count in
     ``steps``, the forward contexts still alive and the tensors gc can see."""
