@@ -106,6 +106,22 @@ def test_sparse_attention_equals_the_dense_masked_softmax(shared: bool, sinks: b
                 assert torch.allclose(a, b, atol=1e-10, rtol=0), (seed, chunk, name, float((a - b).abs().max()))
 
 
+def test_the_selector_picks_its_merge_columns_alike_on_cpu_and_device_paths() -> None:
+    """The running top-k's column pick: nonzero on a CPU, a stable argsort (no host sync) on a
+    device; both give each row's chosen columns in ascending order."""
+    from sparsecp.models._v4_selector import _chosen_columns
+
+    seed = _seed()
+    generator = torch.Generator().manual_seed(seed)
+    for rows, columns, count in ((1, 1, 1), (3, 17, 5), (7, 64, 13)):
+        keys = torch.rand(rows, columns, generator=generator).argsort(dim=1)
+        chosen = keys < count  # exactly count per row
+        host, device = _chosen_columns(chosen, count, False), _chosen_columns(chosen, count, True)
+        assert torch.equal(host, device), seed
+        assert torch.equal(chosen.gather(1, host), torch.ones_like(host, dtype=torch.bool)), seed
+        assert bool((host.diff(dim=1) > 0).all()), seed
+
+
 def test_attention_chunks_fit_their_budget() -> None:
     assert attention_chunk_rows(256, 64, 512, 512, 2, budget=64 << 20) >= 1
     per_row = 256 * (2 * 1024 * 2 + 3 * 64 * 4)

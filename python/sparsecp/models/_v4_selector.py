@@ -131,8 +131,16 @@ def _top(scores: torch.Tensor, ids: torch.Tensor, topk: int) -> tuple[torch.Tens
     above = scores > kth
     equal = scores == kth
     chosen = above | (equal & (equal.cumsum(dim=1) <= count - above.sum(dim=1, keepdim=True)))
-    columns = chosen.nonzero()[:, 1].view(scores.shape[0], count)  # row-major: ascending columns
+    columns = _chosen_columns(chosen, count, scores.device.type != "cpu")
     return scores.gather(1, columns), ids.gather(1, columns)
+
+
+def _chosen_columns(chosen: torch.Tensor, count: int, on_device: bool) -> torch.Tensor:
+    """Each row's ``count`` True columns of ``chosen`` [rows, n], ascending."""
+    if not on_device:
+        return chosen.nonzero()[:, 1].view(chosen.shape[0], count)  # row-major: ascending columns
+    # nonzero's output size is data-dependent: on a device it would sync the host every merge.
+    return torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :count]
 
 
 class FusedSelector:
