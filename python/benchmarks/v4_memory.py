@@ -15,7 +15,7 @@ their shard: forward, indexer KL (0.01), backward. Each rank reports:
 
 The model (the sizes of the issue that asked for this): hidden 128, four layers (sliding, CSA,
 HCA, CSA), window 128, CSA ratio 4, HCA ratio 128, 4 attention heads of 64, an indexer of 32 heads
-of 64 with top-k 128, 4 experts (2 active), float32. ``--baseline`` adds the same model with every
+of 64 with top-k 128, 4 experts (2 active), float32. ``--baseline also`` (``only``) adds the same model with every
 layer sliding and a window of 4: the memory of everything but the attention layers.
 
 Packs: ``one`` (one document of all the tokens) and ``lognormal`` (sparsecp's long-tailed
@@ -24,6 +24,7 @@ generator, ``sparsecp.generate_batch("lognormal", tokens, ranks, seed)``).
 Usage::
 
     python python/benchmarks/v4_memory.py --tokens 16384,32768 --packs lognormal --selectors model
+    python python/benchmarks/v4_memory.py --tokens 16384,65536 --baseline only
     python python/benchmarks/v4_memory.py --tokens 131072 --packs lognormal --checkpointing on --json out.json
     python python/benchmarks/v4_memory.py --svg memory.svg --from out.json   # plot saved runs
 """
@@ -34,6 +35,7 @@ import datetime
 import json
 import os
 import platform
+import queue
 import resource
 import socket
 import sys
@@ -147,7 +149,18 @@ def run_job(job: dict[str, Any], ranks: int) -> list[dict[str, Any]]:
     processes = [context.Process(target=rank_main, args=(r, ranks, port, job, results)) for r in range(ranks)]
     for process in processes:
         process.start()
-    out = [results.get() for _ in processes]
+    out: list[tuple[int, dict[str, Any]]] = []
+    while len(out) < len(processes):
+        try:
+            out.append(results.get(timeout=5))
+        except queue.Empty:  # a rank killed from outside (out of memory: SIGKILL) sends nothing
+            answered = {rank for rank, _ in out}
+            dead = [(r, p.exitcode) for r, p in enumerate(processes) if r not in answered and p.exitcode is not None]
+            if dead:
+                for process in processes:
+                    process.kill()
+                raise RuntimeError(f"rank {dead[0][0]} died with exit code {dead[0][1]} before reporting "
+                                   f"({job}); -9 is SIGKILL, usually the kernel's out-of-memory killer") from None
     for process in processes:
         process.join()
     by_rank = [value for _, value in sorted(out, key=lambda item: item[0])]
@@ -226,8 +239,9 @@ def main() -> int:
                         help="'one' (a single document), 'lognormal' (default both)")
     parser.add_argument("--selectors", default="model,fused", help="worker selectors (default model,fused)")
     parser.add_argument("--checkpointing", default="off,on", help="activation checkpointing: off, on (default both)")
-    parser.add_argument("--baseline", action="store_true",
-                        help="also run every size with every layer sliding and a window of 4")
+    parser.add_argument("--baseline", choices=("off", "also", "only"), default="off",
+                        help="the same model with every layer sliding and a window of 4, lognormal packs, model "
+                             "selector: 'also' beside the configurations, 'only' instead of them (default off)")
     parser.add_argument("--json", help="append each configuration's result to this JSON file as it finishes")
     parser.add_argument("--svg", help="write the memory-per-row plot here")
     parser.add_argument("--from", dest="source", help="read results from this JSON file instead of running")
@@ -266,7 +280,9 @@ def main() -> int:
               "Index K recv MB (whole-bank MB)")
         jobs = [{"tokens": t, "pack": p, "selector": s, "checkpointing": c == "on", "baseline": False}
                 for t in tokens for p in packs for s in selectors for c in checkpointing]
-        if args.baseline:
+        if args.baseline == "only":
+            jobs = []
+        if args.baseline != "off":
             jobs += [{"tokens": t, "pack": "lognormal", "selector": "model", "checkpointing": False, "baseline": True}
                      for t in tokens]
         for job in jobs:
