@@ -13,6 +13,33 @@ from ._v4_selector import _CHUNK_ROWS, FusedSelector, ModelSelector
 __all__ = ["v4_calibration"]
 
 
+class _Scorer:
+    def __init__(self, softmax_scale: float) -> None:
+        self.softmax_scale = softmax_scale
+
+
+class _StandIn(torch.nn.Module):
+    """The indexer's shapes and constants with a plain random ``q_b_proj``: the selector's time
+    does not depend on the weights' values, and under FSDP2 the real ones are DTensor shards
+    outside their layer's forward (the calibration runs in the model's forward hook, on rank 0
+    alone, so it may not all-gather them). Its values come from a generator of its own, so the
+    ranks' global random states stay equal (as DeepSeek-V3.2's calibration does)."""
+
+    def __init__(self, indexer: Any) -> None:
+        super().__init__()
+        weight = indexer.q_b_proj.weight
+        local = weight.to_local() if hasattr(weight, "to_local") else weight
+        out_features, in_features = (int(n) for n in weight.shape)  # a DTensor's shape is the whole one
+        self.q_b_proj = torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features, bias=False,
+                                                 device=local.device, dtype=local.dtype)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            self.q_b_proj.weight.copy_(torch.randn((out_features, in_features), generator=generator) * 0.02)
+        self.num_heads, self.head_dim = int(indexer.num_heads), int(indexer.head_dim)
+        self.compress_rate, self.index_topk = int(indexer.compress_rate), int(indexer.index_topk)
+        self.scorer = _Scorer(float(indexer.scorer.softmax_scale))
+
+
 def v4_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration | None:
     """The calibration ``context_parallel`` attaches (None: the model has no CSA indexer)."""
     option = calibrate_option(option)
@@ -20,17 +47,21 @@ def v4_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration |
                 if layer.self_attn.compressor is not None and hasattr(layer.self_attn.compressor, "indexer")]
     if not indexers:
         return None
-    indexer = indexers[0]
+    real = indexers[0]
     rope_dim = state.rope_dim
+    stand_in: list[_StandIn] = []  # made on first use: FSDP2 may move or shard the real one before
 
     def make_selector(bank: torch.Tensor) -> Any:
+        if not stand_in:
+            stand_in.append(_StandIn(real))
+        indexer = stand_in[0]
         if state.selector == "fused":
             return FusedSelector(indexer, bank, rope_dim)
         return ModelSelector(indexer, bank, state.rope)
 
-    q_proj = indexer.q_b_proj.weight
-    dims = {"q_rank": int(q_proj.shape[1]), "heads": int(indexer.num_heads), "head_dim": int(indexer.head_dim),
-            "rope_dim": int(rope_dim), "ratio": int(indexer.compress_rate), "topk": int(indexer.index_topk)}
+    q_proj = real.q_b_proj.weight
+    dims = {"q_rank": int(q_proj.shape[1]), "heads": int(real.num_heads), "head_dim": int(real.head_dim),
+            "rope_dim": int(rope_dim), "ratio": int(real.compress_rate), "topk": int(real.index_topk)}
     ratios = [int(i.compress_rate) for i in indexers]
     return SelectionCalibration(state.mode, state.strategy_params, option, make_selector, state.selector, dims,
                                 q_proj, ratios, rows=2 * _CHUNK_ROWS)  # no heap term: fitted on the
