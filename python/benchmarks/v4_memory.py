@@ -188,7 +188,7 @@ def svg(rows: list[dict[str, Any]]) -> str:
         name = f"{row['pack']}, {row['selector']}" + (", checkpointing" if row["checkpointing"] else "") + \
             (" (baseline: all sliding, window 4)" if row["baseline"] else "")
         series.setdefault(name, []).append((row["tokens"], row["kb_per_row"]))
-    width, height, left, bottom, top, right = 720, 380, 70, 50, 20, 250
+    width, height, left, bottom, top, right = 940, 380, 70, 50, 20, 410
     xs = sorted({t for points in series.values() for t, _ in points})
     top_y = max(v for points in series.values() for _, v in points) * 1.15
     import math
@@ -200,7 +200,8 @@ def svg(rows: list[dict[str, Any]]) -> str:
     def y(value: float) -> float:
         return top + (height - top - bottom) * (1 - value / top_y)
 
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f", "#bcbd22",
+              "#e377c2"]
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
              'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
              f'<line x1="{left}" y1="{y(0)}" x2="{width - right}" y2="{y(0)}" stroke="black"/>',
