@@ -219,8 +219,8 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
                     cp_v4.all_reduce_gradients(model)
                 else:  # FSDP2 averages over dp x cp: each term scaled for that mean
                     loss = cp_v4.causal_lm_loss(out.logits, labels, lengths, group=flat)
-                    kl = cp_v4.indexer_kl_loss(model)
-                    (loss + (size // dp) * kl if kl is not None else loss).backward()
+                    kl = cp_v4.indexer_kl_loss(model, group=flat)
+                    (loss + kl if kl is not None else loss).backward()
                 if step == 0:  # after backward, before the step: parameters and gradients (AdamW's
                     # state from the first step on, so it is read after the step)
                     memories[mode] = memory_bytes(model, optimizer)

@@ -124,9 +124,9 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr
             loss = cp_v4.causal_lm_loss(logits, shard_labels, lens, group=flat, num_items_in_batch=total)
             reported += loss.detach()
             if kl is not None:
-                indexer_kl = cp_v4.indexer_kl_loss(model)
+                indexer_kl = cp_v4.indexer_kl_loss(model, group=flat)  # scaled by the CP size for the mean
                 assert indexer_kl is not None
-                loss = loss + cp * indexer_kl
+                loss = loss + indexer_kl
             loss.backward()
         if replicated:
             cp_v4.all_reduce_gradients(model, flat, average=True)

@@ -31,10 +31,10 @@ from ..torch._agreement import capture
 from ..torch._exchange import launch_rows, to_owners
 from ..torch._overlapped import launch_on_route
 from ._cp_checks import BATCH_DIGEST
-from ._cp_training import document_lengths
+from ._cp_training import document_lengths, group_shape, resolve_group
 
 __all__ = ["AgreedBatch", "BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select",
-           "check_and_agree", "in_recompute", "lengths_key"]
+           "check_and_agree", "in_recompute", "indexer_kl_share", "lengths_key"]
 
 
 def in_recompute() -> bool:
@@ -291,3 +291,30 @@ def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, An
     tokens = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
     assert tokens is not None  # _check_batch refused a batch without them
     return AgreedBatch(lengths, tokens, padding, gathered)
+
+
+def indexer_kl_share(state: Any, group: Any = None) -> torch.Tensor | None:
+    """This rank's share of the indexer KL of the model's last forward with gradients (the sum of
+    its layers' losses), or None when the KL is off (``state.kl_coeff``).
+
+    The shares of one CP group sum to the KL of its packed batch, the convention for gradients
+    summed over the CP ranks. ``group``: the group whose ranks' gradients are *averaged*
+    (FSDP2's or DDP's flattened data x context group, as ``causal_lm_loss`` takes it): the share
+    is then multiplied by the CP size, so that the average over that group is the gradient of the
+    mean over its data-parallel batches of each batch's KL."""
+    if state.kl_coeff is None:
+        return None
+    if not state.kl_losses:
+        if state.forwards_with_grad == 0:
+            raise ValueError("indexer_kl_loss: the model has run no forward with gradients since the KL was enabled")
+        raise ValueError("indexer_kl_loss: the last forward with gradients computed no KL: its attention layers ran "
+                         "without gradients, as under reentrant activation checkpointing (use_reentrant=True); use "
+                         "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})")
+    total = torch.stack([loss.to(state.kl_losses[0].dtype) for loss in state.kl_losses]).sum()
+    if group is None:
+        return total
+    size = group_shape(resolve_group(group, "indexer_kl_loss's group"), "indexer_kl_loss's group")[0]
+    if size % state.size:
+        raise ValueError(f"indexer_kl_loss: its group has {size} ranks, not a multiple of the CP size {state.size}: "
+                         "pass the data x context group gradients are averaged over (FSDP2's flattened mesh)")
+    return total * state.size

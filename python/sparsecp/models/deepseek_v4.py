@@ -66,7 +66,7 @@ import torch
 
 from . import _cp_training
 from ._cp_checks import agree_parameters
-from ._cp_layer import BatchCheck, check_and_agree
+from ._cp_layer import BatchCheck, check_and_agree, indexer_kl_share
 from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v4_attention import cp_attention_forward
 from ._v4_calibration import v4_calibration
@@ -335,20 +335,13 @@ def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,
     return args, kwargs
 
 
-def indexer_kl_loss(model: Any) -> torch.Tensor | None:
-    """This rank's share of the indexer KL of the last forward (sum over CSA layers), or None
-    when ``indexer_kl_coeff`` was not given. Add it to the loss before ``backward()``; the sum
-    over ranks is the KL of the whole packed sequence."""
-    state = _state(model)
-    if state.kl_coeff is None:
-        return None
-    if not state.kl_losses:
-        if state.forwards_with_grad == 0:
-            raise ValueError("indexer_kl_loss: the model has run no forward with gradients since the KL was enabled")
-        raise ValueError("indexer_kl_loss: the last forward with gradients computed no KL: its attention layers ran "
-                         "without gradients, as under reentrant activation checkpointing (use_reentrant=True); use "
-                         "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})")
-    return torch.stack([loss.to(state.kl_losses[0].dtype) for loss in state.kl_losses]).sum()
+def indexer_kl_loss(model: Any, group: Any = None) -> torch.Tensor | None:
+    """This rank's share of the indexer KL of the last forward with gradients (sum over
+    CSA layers), or None when ``indexer_kl_coeff`` was not given. Add it to the loss before
+    ``backward()``; the shares of a CP group sum to the KL of its packed sequence. ``group``: the
+    group gradients are averaged over (FSDP2's flattened dp x cp mesh, as ``causal_lm_loss``
+    takes it): the share is then scaled by the CP size for that average (``_cp_layer.indexer_kl_share``)."""
+    return indexer_kl_share(_state(model), group)
 
 
 def _state(model: Any) -> ContextParallelState:
