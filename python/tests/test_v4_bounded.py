@@ -109,17 +109,40 @@ def test_sparse_attention_equals_the_dense_masked_softmax(shared: bool, sinks: b
 def test_the_selector_picks_its_merge_columns_alike_on_cpu_and_device_paths() -> None:
     """The running top-k's column pick: nonzero on a CPU, a stable argsort (no host sync) on a
     device; both give each row's chosen columns in ascending order."""
-    from sparsecp.models._v4_selector import _chosen_columns
+    from sparsecp.models._cp_topk import chosen_columns
 
     seed = _seed()
     generator = torch.Generator().manual_seed(seed)
     for rows, columns, count in ((1, 1, 1), (3, 17, 5), (7, 64, 13)):
         keys = torch.rand(rows, columns, generator=generator).argsort(dim=1)
         chosen = keys < count  # exactly count per row
-        host, device = _chosen_columns(chosen, count, False), _chosen_columns(chosen, count, True)
+        host, device = chosen_columns(chosen, count, False), chosen_columns(chosen, count, True)
         assert torch.equal(host, device), seed
         assert torch.equal(chosen.gather(1, host), torch.ones_like(host, dtype=torch.bool)), seed
         assert bool((host.diff(dim=1) > 0).all()), seed
+
+
+def test_the_running_top_k_equals_one_stable_sort_of_every_key() -> None:
+    """Merging key chunks with ``merge_top`` keeps what one stable descending sort of all the keys
+    keeps (ties to the lower id, NaN above every number, -inf masked keys last), for chunk sizes
+    1, a prime and all, on scores with many ties."""
+    from sparsecp.models._cp_topk import merge_top
+
+    seed = _seed()
+    generator = torch.Generator().manual_seed(seed)
+    for rows, keys, topk in ((1, 1, 1), (4, 29, 5), (3, 64, 64), (5, 100, 7)):
+        scores = torch.randint(0, 6, (rows, keys), generator=generator).float()
+        scores[torch.rand(rows, keys, generator=generator) < 0.1] = float("-inf")
+        scores[torch.rand(rows, keys, generator=generator) < 0.05] = float("nan")
+        want = torch.sort(torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :topk], dim=1).values
+        for chunk in (1, 7, keys):
+            best_scores = best_ids = None
+            for k0 in range(0, keys, chunk):
+                part, ids = scores[:, k0:k0 + chunk], torch.arange(k0, min(keys, k0 + chunk))[None].expand(rows, -1)
+                if best_scores is not None and best_ids is not None:
+                    part, ids = torch.cat([best_scores, part], dim=1), torch.cat([best_ids, ids], dim=1)
+                best_scores, best_ids = merge_top(part, ids, topk)
+            assert best_ids is not None and torch.equal(best_ids, want), (seed, rows, keys, topk, chunk)
 
 
 def test_attention_chunks_fit_their_budget() -> None:

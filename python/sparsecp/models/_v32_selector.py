@@ -30,6 +30,7 @@ import torch
 from ..torch import IndexerSelector
 from ..torch.select import segment_array
 from ._cp_layer import BankView
+from ._cp_topk import merge_top
 
 __all__ = ["FusedSelector", "ModelSelector", "kernel_channel_order"]
 
@@ -94,12 +95,11 @@ class ModelSelector:
                     scores = scores.masked_fill(columns[None, :] >= visible[:, None], float("-inf"))
                     ids = columns[None, :].expand(stop - start, -1)
                     if best_scores is not None and best_ids is not None:  # earlier (lower) ids first:
-                        scores = torch.cat([best_scores, scores], dim=1)
-                        ids = torch.cat([best_ids, ids], dim=1)  # stable ties keep them first
-                    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :topk]
-                    best_scores, best_ids = scores.gather(1, order), ids.gather(1, order)
+                        scores = torch.cat([best_scores, scores], dim=1)  # ties keep them
+                        ids = torch.cat([best_ids, ids], dim=1)
+                    best_scores, best_ids = merge_top(scores, ids, topk)
                 assert best_ids is not None  # every row sees at least itself
-                kept = torch.arange(best_ids.shape[1], device=q.device)[None, :] < visible[:, None]
+                kept = best_ids < visible[:, None]  # a masked key's id is at or past the row's visible count
                 ids = torch.where(kept, best_ids + key_begin, torch.full_like(best_ids, _SENTINEL))
                 ids = torch.sort(ids, dim=1).values
                 out[start:stop, :ids.shape[1]] = torch.where(ids == _SENTINEL, -1, ids).to(torch.int32)

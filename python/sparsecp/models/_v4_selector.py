@@ -25,6 +25,7 @@ import torch
 from ..torch import IndexerSelector
 from ..torch.select import segment_array
 from ._cp_layer import BankView, SelectorClock
+from ._cp_topk import merge_top
 
 __all__ = ["BankView", "FusedSelector", "ModelSelector", "SelectorClock"]
 
@@ -108,39 +109,13 @@ class ModelSelector:
                     if best_scores is not None and best_ids is not None:  # earlier (lower) ids first
                         scores = torch.cat([best_scores, scores], dim=1)
                         ids = torch.cat([best_ids, ids], dim=1)
-                    best_scores, best_ids = _top(scores, ids, topk)
+                    best_scores, best_ids = merge_top(scores, ids, topk)
                 assert best_ids is not None
                 kept = best_ids < visible[:, None]  # a masked key's id is at or past the row's visible count
                 ids = torch.where(kept, best_ids + key_begin, torch.full_like(best_ids, _SENTINEL))
                 ids = torch.sort(ids, dim=1).values
                 out[start:stop, :ids.shape[1]] = torch.where(ids == _SENTINEL, -1, ids).to(torch.int32)
         return out[None]
-
-
-def _top(scores: torch.Tensor, ids: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's ``topk`` best columns in the model's order (score descending, ties to the
-    lower column), returned in column order: ``scores`` and ``ids`` [rows, n] hold ascending ids.
-
-    ``torch.topk`` finds each row's k-th score in linear time (a stable sort of every merge cost
-    2.5x more per key); the columns above it are taken, then the lowest columns equal to it up
-    to ``topk`` (``topk``'s own pick among ties is unspecified)."""
-    count = min(topk, scores.shape[1])
-    if count == scores.shape[1]:
-        return scores, ids
-    kth = torch.topk(scores, count, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
-    above = scores > kth
-    equal = scores == kth
-    chosen = above | (equal & (equal.cumsum(dim=1) <= count - above.sum(dim=1, keepdim=True)))
-    columns = _chosen_columns(chosen, count, scores.device.type != "cpu")
-    return scores.gather(1, columns), ids.gather(1, columns)
-
-
-def _chosen_columns(chosen: torch.Tensor, count: int, on_device: bool) -> torch.Tensor:
-    """Each row's ``count`` True columns of ``chosen`` [rows, n], ascending."""
-    if not on_device:
-        return chosen.nonzero()[:, 1].view(chosen.shape[0], count)  # row-major: ascending columns
-    # nonzero's output size is data-dependent: on a device it would sync the host every merge.
-    return torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :count]
 
 
 class FusedSelector:
