@@ -145,6 +145,31 @@ def test_the_running_top_k_equals_one_stable_sort_of_every_key() -> None:
             assert best_ids is not None and torch.equal(best_ids, want), (seed, rows, keys, topk, chunk)
 
 
+def test_device_tables_follow_the_cost_model_and_stay_bounded() -> None:
+    """A batch layout's device tables are keyed by spill's cost model by value (a refit plans
+    new routes; an equal model made apart reuses them), and at most a few are kept however
+    many refits a repeated batch sees."""
+    from sparsecp import CostModel
+    from sparsecp.models._cp_layer import plan_key
+    from sparsecp.models._v4_layout import _DEVICE_KEPT, BatchLayout
+    from sparsecp.torch import indexer_route
+
+    lengths = (13, 17, 11, 7)
+    layout = BatchLayout(lengths, 1, 0, 6)
+
+    def tables(model: Any) -> Any:
+        def selection(ratio: int) -> list[Any]:
+            return [indexer_route(lengths, 1, 0, ratio, "spill", cost_model=model)]
+        return layout.on(torch.device("cpu"), ((4, True),), selection, False, plan_key(model))
+
+    first = tables(CostModel.linear(1.0, 2.0, 0.0, 3))
+    assert tables(CostModel.linear(1.0, 2.0, 0.0, 3)) is first  # equal by value: reused
+    assert tables(CostModel.linear(1.0, 3.0, 0.0, 3)) is not first
+    for b in range(10):
+        tables(CostModel.linear(1.0, 4.0 + b, 0.0, 3))
+    assert len(layout._device) == _DEVICE_KEPT
+
+
 def test_attention_chunks_fit_their_budget() -> None:
     assert attention_chunk_rows(256, 64, 512, 512, 2, budget=64 << 20) >= 1
     per_row = 256 * (2 * 1024 * 2 + 3 * 64 * 4)

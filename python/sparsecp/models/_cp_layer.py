@@ -34,7 +34,7 @@ from ._cp_checks import BATCH_DIGEST
 from ._cp_training import document_lengths, group_shape, resolve_group
 
 __all__ = ["AgreedBatch", "BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select",
-           "check_and_agree", "in_recompute", "indexer_kl_share", "lengths_key"]
+           "check_and_agree", "in_recompute", "indexer_kl_share", "lengths_key", "plan_key"]
 
 
 def in_recompute() -> bool:
@@ -318,3 +318,15 @@ def indexer_kl_share(state: Any, group: Any = None) -> torch.Tensor | None:
         raise ValueError(f"indexer_kl_loss: its group has {size} ranks, not a multiple of the CP size {state.size}: "
                          "pass the data x context group gradients are averaged over (FSDP2's flattened mesh)")
     return total * state.size
+
+
+def plan_key(cost_model: Any) -> Any:
+    """What a batch's routes depend on beyond its lengths and the strategy: spill's cost model,
+    by value (its coefficients; a refit makes a new one), None without one. Part of the key of
+    the device tables a batch layout caches."""
+    if cost_model is None:
+        return None
+    names = ("a", "b", "c", "d", "topk", "candidates", "quantum")
+    if all(hasattr(cost_model, name) for name in names):
+        return tuple(getattr(cost_model, name) for name in names)
+    return repr(cost_model)

@@ -29,6 +29,8 @@ from ._cp_rows import DeviceRowGather, RowGather, plan_row_gather
 
 __all__ = ["DevicePrefixLayout", "PrefixLayout"]
 
+_DEVICE_KEPT = 4  # device tables kept per batch layout (per device, KL on/off, cost model)
+
 
 class PrefixLayout:
     """The ratio-1 CP layout of one packed batch for one rank (see the module docstring)."""
@@ -94,7 +96,11 @@ class PrefixLayout:
         ``selection()`` gives every rank's indexer route of the batch (ratio 1); ``plan_key``
         names what else the routes depend on (spill's cost model, refitted between forwards)."""
         key = (str(device), kl, plan_key)
-        if key not in self._device:
+        if key in self._device:
+            self._device[key] = self._device.pop(key)  # most recently used last
+        else:
+            while len(self._device) >= _DEVICE_KEPT:  # a refit every forward must not grow them
+                self._device.pop(next(iter(self._device)))
             self._device[key] = self._make_device(device, selection, kl)
         return self._device[key]
 

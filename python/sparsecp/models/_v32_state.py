@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._cp_layer import ForwardContext, SelectorClock
+from ._cp_layer import ForwardContext, SelectorClock, plan_key
 from ._cp_prefix import PrefixLayout
 
 __all__ = ["ContextParallelState", "ContextParallelStats"]
@@ -106,7 +106,7 @@ class ContextParallelState:
         grad = torch.is_grad_enabled()
         layout = self.batch(lengths).on(device, lambda: self.routes(lengths, params),
                                         self.kl_coeff is not None and grad,
-                                        None if model is None else getattr(model, "id", id(model)))
+                                        plan_key(model))
         self.forwards += 1
         keep: dict[int, torch.Tensor] | None = None
         if self.keep_last_ids:

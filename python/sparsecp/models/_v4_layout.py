@@ -36,6 +36,8 @@ from ._cp_rows import DeviceRowGather, RowGather, plan_row_gather
 
 __all__ = ["BatchLayout", "CompressionLayout", "DeviceCompression", "DeviceLayout"]
 
+_DEVICE_KEPT = 4  # device tables kept per batch layout (per device, KL on/off, cost model)
+
 
 @dataclass(frozen=True, eq=False)
 class CompressionLayout:
@@ -216,12 +218,18 @@ class BatchLayout:
         return self._chunk_ranges[key]
 
     def on(self, device: torch.device, compressions: tuple[tuple[int, bool], ...],
-           selection: Callable[[int], list[Any]], kl: bool) -> DeviceLayout:
-        """Every table the layers read, on ``device``: made once per batch and device (the
+           selection: Callable[[int], list[Any]], kl: bool, plan_key: Any = None) -> DeviceLayout:
+        """Every table the layers read, on ``device``: made once per batch, device and plan (the
         layers then copy nothing from the host). ``selection(ratio)`` gives every rank's
-        indexer route of the batch; ``kl``: whether the indexer KL runs."""
-        key = (str(device), compressions, kl)
-        if key not in self._device:
+        indexer route of the batch; ``kl``: whether the indexer KL runs; ``plan_key`` names what
+        else the routes depend on (spill's cost model, refitted between forwards). The last
+        ``_DEVICE_KEPT`` are kept: a refit every forward must not grow them without bound."""
+        key = (str(device), compressions, kl, plan_key)
+        if key in self._device:
+            self._device[key] = self._device.pop(key)  # most recently used last
+        else:
+            while len(self._device) >= _DEVICE_KEPT:
+                self._device.pop(next(iter(self._device)))
             self._device[key] = self._make_device(device, compressions, selection, kl)
         return self._device[key]
 

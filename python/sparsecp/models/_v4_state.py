@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from . import _cp_layer
-from ._cp_layer import ForwardContext, SelectorClock
+from ._cp_layer import ForwardContext, SelectorClock, plan_key
 from ._v4_layout import BatchLayout
 
 __all__ = ["ContextParallelState", "ContextParallelStats", "ForwardContext", "lengths_key"]
@@ -104,7 +104,9 @@ class ContextParallelState:
                                   **params) for q in range(self.size)]
 
         grad = torch.is_grad_enabled()
-        layout = self.batch(lengths).on(device, self.compressions, selection, self.kl_coeff is not None and grad)
+        model = params.get("cost_model")
+        layout = self.batch(lengths).on(device, self.compressions, selection, self.kl_coeff is not None and grad,
+                                        plan_key(model))
         self.forwards += 1
         if self.keep_last_ids:
             self.last_selection = {}
