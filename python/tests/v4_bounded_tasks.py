@@ -162,7 +162,7 @@ def index_bank_rows(rank: int, size: int, lengths: tuple[int, ...], mode: str) -
     ids, positions = cp_v4.shard_batch(input_ids, lengths)
     with torch.no_grad():
         model(input_ids=ids, position_ids=positions, document_lengths=lengths)
-    layout = state.batch(lengths).on(torch.device("cpu"), state.compressions, lambda ratio: [], False)
+    layout = next(reversed(state.batch(lengths)._device.values()))  # the tables the forward made
     tables = layout.compressions[(4, True)]
     assert tables.index_bank is not None
     plan = tables.index_bank.plan
