@@ -19,6 +19,7 @@ import torch.distributed as dist
 __all__ = ["BATCH_DIGEST", "agree_parameters", "batch_digest"]
 
 BATCH_DIGEST = "_sparsecp_batch_digest"  # the attribute shard_batch sets on the shards it returns
+_SLICE = 1 << 22  # elements of a parameter summed in float64 at once
 
 
 def agree_parameters(module: torch.nn.Module, group: Any, what: str) -> None:
@@ -34,8 +35,12 @@ def agree_parameters(module: torch.nn.Module, group: Any, what: str) -> None:
         if tensor.device.type == "meta" or tensor.dtype.is_complex:
             continue
         with torch.no_grad():
-            values = tensor.detach().to(torch.float64)
-            sums.append(torch.stack([values.sum(), (values * values).sum()]))
+            # In slices: a float64 copy of a whole embedding table could itself exhaust memory.
+            total = torch.zeros(2, dtype=torch.float64, device=tensor.device)
+            for piece in tensor.detach().reshape(-1).split(_SLICE):
+                values = piece.to(torch.float64)
+                total += torch.stack([values.sum(), (values * values).sum()])
+            sums.append(total)
         names.append(name)
     if not names:
         return
