@@ -210,6 +210,10 @@ def test_float32_and_bfloat16_train() -> None:
     ("use_cache", "generation is out of scope", None),
     ("labels", "shard_labels and causal_lm_loss", None),
     ("shard_batch", "document_lengths sum to 48, but the sequence has 47 tokens", None),
+    ("base labels", "shard_labels and causal_lm_loss", None),
+    ("labels by position", "shard_labels and causal_lm_loss", None),
+    ("weights differ", "the CP ranks hold different weights", None),
+    ("another batch's shard", "ranks disagree on the batch: rank", "shard_batch's digest of the whole batch"),
 ])
 def test_bad_input_raises_on_every_rank(case: str, every_rank: str, single: str | None) -> None:
     errors = results_or_raise(pool_of(2).run(v32_tasks.bad_input, case, timeout=120))

@@ -287,7 +287,7 @@ def bad_input(rank: int, size: int, case: str) -> str:
     """Runs one bad-input case on every rank; returns this rank's error text ('' if none)."""
     from sparsecp.models import deepseek_v32 as cp_v32
 
-    model = tiny_model(torch.float64)
+    model = tiny_model(torch.float64, seed=1 if case == "weights differ" and rank == 1 else 0)
     lengths = (13, 17, 11, 7)
     input_ids = packed_ids(lengths)
     try:
@@ -295,7 +295,10 @@ def bad_input(rank: int, size: int, case: str) -> str:
             cp_v32.context_parallel(torch.nn.Linear(2, 2))
         if case == "bad mode":
             cp_v32.context_parallel(model, None, "zagzig")
-        cp_v32.context_parallel(model, None, "spill")
+        if case == "base labels":  # the inner model made CP, the outer CausalLM called with labels
+            cp_v32.context_parallel(model.model, None, "spill")
+        else:
+            cp_v32.context_parallel(model, None, "spill")
         if case == "twice":
             cp_v32.context_parallel(model, None, "spill")
         ids, positions = cp_v32.shard_batch(input_ids, lengths)
@@ -320,6 +323,13 @@ def bad_input(rank: int, size: int, case: str) -> str:
             kwargs["labels"] = ids
         elif case == "shard_batch":
             cp_v32.shard_batch(input_ids[:, :-1], lengths)
+        elif case == "base labels":
+            kwargs["labels"] = ids
+        elif case == "labels by position":
+            model(ids, None, positions, None, None, ids, document_lengths=lengths)
+        elif case == "another batch's shard":
+            if rank == 1:
+                kwargs["input_ids"] = cp_v32.shard_batch(packed_ids(lengths, seed=4), lengths)[0]
         model(**kwargs)
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"

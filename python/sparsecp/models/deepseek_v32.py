@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from . import _cp_training
+from ._cp_checks import agree_parameters, refuse_labels, refuse_model_loss_under_cp
 from ._cp_layer import BatchCheck, check_and_agree, indexer_kl_share
 from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v32_attention import cp_attention_forward
@@ -183,11 +184,13 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), rope=modeling.apply_rotary_pos_emb,
         mla_rope=modeling.apply_rotary_pos_emb_interleave)
     _check_strategy(state)
+    agree_parameters(base, group, "context_parallel")
     state.calibration = v32_calibration(state, base, calibrate)  # checks calibrate=
     for layer in base.layers:
         attention = layer.self_attn
         attention.forward = functools.partial(cp_attention_forward, attention, state)
     base.config.use_cache = False
+    refuse_model_loss_under_cp()
     base.register_forward_pre_hook(functools.partial(_before_model_forward, state), with_kwargs=True)
     if model is not base:
         model.register_forward_pre_hook(_before_causal_lm_forward, with_kwargs=True)
@@ -207,9 +210,7 @@ def _check_strategy(state: ContextParallelState) -> None:
 
 
 def _before_causal_lm_forward(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-    if kwargs.get("labels") is not None:
-        raise ValueError("labels= would be shifted inside this rank's shard (crossing shards and documents); under "
-                         "context parallelism use sparsecp.models.deepseek_v32.shard_labels and causal_lm_loss")
+    refuse_labels("deepseek_v32", args, kwargs)
 
 
 def _before_model_forward(state: ContextParallelState, module: Any, args: tuple,

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from . import _cp_training
-from ._cp_checks import agree_parameters
+from ._cp_checks import agree_parameters, refuse_labels, refuse_model_loss_under_cp
 from ._cp_layer import BatchCheck, check_and_agree, indexer_kl_share
 from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v4_attention import cp_attention_forward
@@ -217,7 +217,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
                          "compressed sparse attention layer (no indexer): leave indexer_kl_coeff unset")
     state.calibration = v4_calibration(state, base, calibrate)  # checks calibrate=; None without a CSA layer
     config.use_cache = False
-    _refuse_model_loss_under_cp()
+    refuse_model_loss_under_cp()
     base.register_forward_pre_hook(functools.partial(_before_model_forward, state), with_kwargs=True)
     if model is not base:
         model.register_forward_pre_hook(_before_causal_lm_forward, with_kwargs=True)
@@ -238,38 +238,8 @@ def _check_strategy(state: ContextParallelState, config: Any) -> None:
                   state.zigzag_min_length, **state.strategy_params)
 
 
-_LABELS_TEXT = ("labels= would be shifted inside this rank's shard (crossing shards and documents); under context "
-                "parallelism use sparsecp.models.deepseek_v4.shard_labels and causal_lm_loss")
-_LABELS_POSITION = 5  # DeepseekV4ForCausalLM.forward(input_ids, attention_mask, position_ids, past_key_values,
-#                       inputs_embeds, labels, ...)
-
-
 def _before_causal_lm_forward(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-    if kwargs.get("labels") is not None or (len(args) > _LABELS_POSITION and args[_LABELS_POSITION] is not None):
-        raise ValueError(_LABELS_TEXT)
-
-
-def _refuse_model_loss_under_cp() -> None:
-    """transformers' causal-LM loss refuses a context-parallel forward's logits, however the CP
-    model was wrapped: ``context_parallel(model.model)`` leaves the outer ``DeepseekV4ForCausalLM``
-    unhooked, and its ``labels=`` would shift labels inside each shard. The outer forward hands
-    its keyword arguments (``document_lengths``, which only a CP forward takes) to the loss, so
-    the loss function in ``LOSS_MAPPING`` is wrapped once per process to refuse exactly those
-    calls; every other call goes to transformers' function unchanged."""
-    from transformers.loss import loss_utils
-
-    original: Any = loss_utils.LOSS_MAPPING.get("ForCausalLM")
-    if original is None or getattr(original, "_sparsecp_refuses_cp", False):
-        return
-
-    @functools.wraps(original)
-    def causal_lm_loss_outside_cp(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("document_lengths") is not None:
-            raise ValueError(_LABELS_TEXT)
-        return original(*args, **kwargs)
-
-    causal_lm_loss_outside_cp._sparsecp_refuses_cp = True  # type: ignore[attr-defined]
-    loss_utils.LOSS_MAPPING["ForCausalLM"] = causal_lm_loss_outside_cp  # type: ignore[assignment]
+    refuse_labels("deepseek_v4", args, kwargs)
 
 
 def _after_causal_lm_forward(module: Any, args: tuple, output: Any) -> Any:
