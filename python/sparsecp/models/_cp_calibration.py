@@ -241,3 +241,19 @@ class SelectionCalibration:
             self.report.refit_residual = self.refit.rms_relative_residual
             self.report.history.append(f"forward {state.forwards + 1}: refit {self.report}")
             state.layouts.clear()  # replan a batch seen before with the new model
+
+
+def plain_linear_like(weight: torch.Tensor) -> torch.nn.Linear:
+    """A bias-free ``Linear`` of ``weight``'s whole shape (a DTensor's too), dtype and device, with
+    plain random values from a generator of its own: the stand-in projection a calibration times.
+    The selector's time does not depend on the weights' values; under FSDP2 the real ones are
+    shards outside their layer's forward (the calibration runs in the model's forward hook, on
+    rank 0 alone, so it may not all-gather them); the ranks' global random states stay equal."""
+    local = weight.to_local() if hasattr(weight, "to_local") else weight
+    out_features, in_features = (int(n) for n in weight.shape)  # a DTensor's shape is the whole one
+    linear = torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features, bias=False, device=local.device,
+                                      dtype=local.dtype)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn((out_features, in_features), generator=generator) * 0.02)
+    return linear

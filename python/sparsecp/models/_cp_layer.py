@@ -34,7 +34,7 @@ from ._cp_checks import BATCH_DIGEST
 from ._cp_training import document_lengths, group_shape, resolve_group
 
 __all__ = ["AgreedBatch", "BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select",
-           "check_and_agree", "in_recompute", "indexer_kl_share", "lengths_key", "plan_key"]
+           "check_and_agree", "in_recompute", "indexer_kl_share", "lengths_key", "plan_key", "StateBookkeeping"]
 
 
 def in_recompute() -> bool:
@@ -330,3 +330,66 @@ def plan_key(cost_model: Any) -> Any:
     if all(hasattr(cost_model, name) for name in names):
         return tuple(getattr(cost_model, name) for name in names)
     return repr(cost_model)
+
+
+LAYOUTS_KEPT = 8  # batch layouts a state caches for reuse (a forward holds its own: see ForwardContext)
+
+
+class StateBookkeeping:
+    """What a model's ``ContextParallelState`` (a dataclass with the fields named below) does the
+    same way for every model: the forward a layer runs in, the kept ids, the batch-layout cache,
+    and the counters and KL losses of a new forward.
+
+    Fields it reads: ``layouts``, ``keep_last_ids``, ``last_selection``, ``forwards``,
+    ``forwards_with_grad``, ``kl_losses``; ``model_name`` names the model in messages."""
+
+    model_name = "model"
+    layouts: dict[tuple[int, ...], Any]
+    keep_last_ids: bool
+    last_selection: dict[int, torch.Tensor]
+    forwards: int
+    forwards_with_grad: int
+    kl_losses: list[torch.Tensor]
+
+    def context(self, forward: Any) -> ForwardContext:
+        """The forward a layer runs in (from its keyword arguments)."""
+        if not isinstance(forward, ForwardContext):
+            raise ValueError(f"sparsecp: a context-parallel {self.model_name} layer ran outside its model's forward; "
+                             "call the model (model(input_ids=..., position_ids=..., document_lengths=...)), not "
+                             "its layers")
+        return forward
+
+    def last_ids(self, layer: int) -> torch.Tensor:
+        """The ids a layer selected in the last forward ([local rows, topk] bank rows, -1 padded);
+        kept only with ``keep_last_ids = True``."""
+        if layer not in self.last_selection:
+            raise ValueError(f"sparsecp: no ids of layer {layer} are kept; set context_parallel_state(model)"
+                             ".keep_last_ids = True before the forward")
+        return self.last_selection[layer].long()
+
+    @property
+    def recorded(self) -> dict[int, torch.Tensor]:
+        """The last forward's kept ids by layer (``keep_last_ids``)."""
+        return self.last_selection
+
+    def cached_batch(self, lengths: tuple[int, ...], make: Callable[[], Any]) -> Any:
+        """The batch's host layout, ``make()`` on a miss (the last ``LAYOUTS_KEPT`` are cached)."""
+        if lengths in self.layouts:
+            self.layouts[lengths] = self.layouts.pop(lengths)  # most recently used last
+        else:
+            while len(self.layouts) >= LAYOUTS_KEPT:
+                self.layouts.pop(next(iter(self.layouts)))
+            self.layouts[lengths] = make()
+        return self.layouts[lengths]
+
+    def begin_forward(self, layout: Any, grad: bool, padding_tokens: int) -> ForwardContext:
+        """A new forward's context over its device ``layout``, and the state's counters."""
+        self.forwards += 1
+        keep: dict[int, torch.Tensor] | None = None
+        if self.keep_last_ids:
+            self.last_selection = keep = {}
+        context = ForwardContext(self.forwards, layout, grad, keep, padding_tokens)
+        if grad:  # an evaluation forward in between keeps the training forward's KL
+            self.kl_losses = context.kl_losses
+            self.forwards_with_grad += 1
+        return context

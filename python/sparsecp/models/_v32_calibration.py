@@ -7,29 +7,19 @@ from typing import Any
 
 import torch
 
-from ._cp_calibration import SelectionCalibration, calibrate_option
+from ._cp_calibration import SelectionCalibration, calibrate_option, plain_linear_like
 from ._v32_selector import _CHUNK_ROWS, FusedSelector, ModelSelector
 
 __all__ = ["v32_calibration"]
 
 
 class _StandIn(torch.nn.Module):
-    """The indexer's shapes and constants with a plain random ``wq_b``: the selector's time does
-    not depend on the weights' values, and under FSDP2 the real ones are DTensor shards outside
-    their layer's forward (the calibration runs in the model's forward hook, on rank 0 alone, so
-    it may not all-gather them). Its values come from a generator of its own: the ranks' global
-    random states stay equal."""
+    """The indexer's shapes and constants with a plain random ``wq_b``
+    (``_cp_calibration.plain_linear_like``: under FSDP2 the real one is a shard in the forward hook)."""
 
     def __init__(self, indexer: Any) -> None:
         super().__init__()
-        weight = indexer.wq_b.weight
-        local = weight.to_local() if hasattr(weight, "to_local") else weight
-        out_features, in_features = (int(n) for n in weight.shape)  # a DTensor's shape is the whole one
-        self.wq_b = torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features, bias=False,
-                                             device=local.device, dtype=local.dtype)
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            self.wq_b.weight.copy_(torch.randn((out_features, in_features), generator=generator) * 0.02)
+        self.wq_b = plain_linear_like(indexer.wq_b.weight)
         self.n_heads, self.head_dim = int(indexer.n_heads), int(indexer.head_dim)
         self.qk_rope_head_dim, self.index_topk = int(indexer.qk_rope_head_dim), int(indexer.index_topk)
         self.softmax_scale = float(indexer.softmax_scale)

@@ -7,12 +7,11 @@ from typing import Any, Callable
 
 import torch
 
-from ._cp_layer import ForwardContext, SelectorClock, plan_key
+from ._cp_layer import ForwardContext, SelectorClock, StateBookkeeping, plan_key
 from ._cp_prefix import PrefixLayout
 
 __all__ = ["ContextParallelState", "ContextParallelStats"]
 
-_LAYOUTS_KEPT = 8  # batch layouts cached for reuse (a forward holds its own: see ForwardContext)
 RATIO = 1  # V3.2's indexer scores every earlier token: a compression ratio of 1
 
 
@@ -32,9 +31,10 @@ class ContextParallelStats:
 
 
 @dataclass
-class ContextParallelState:
+class ContextParallelState(StateBookkeeping):
     """What ``context_parallel`` attached to a model (``context_parallel_state(model)``)."""
 
+    model_name = "DeepSeek-V3.2"
     group: Any
     size: int
     rank: int
@@ -57,36 +57,9 @@ class ContextParallelState:
     last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
     calibration: Any = None  # spill's cost model on the layer's selector (_cp_calibration.SelectionCalibration)
 
-    def context(self, forward: Any) -> ForwardContext:
-        """The forward a layer runs in (from its keyword arguments)."""
-        if not isinstance(forward, ForwardContext):
-            raise ValueError("sparsecp: a context-parallel DeepSeek-V3.2 layer ran outside its model's forward; call "
-                             "the model (model(input_ids=..., position_ids=..., document_lengths=...)), not its "
-                             "layers")
-        return forward
-
-    def last_ids(self, layer: int) -> torch.Tensor:
-        """The ids a layer selected in the last forward ([local rows, topk] global token rows, -1
-        padded); kept only with ``keep_last_ids = True``."""
-        if layer not in self.last_selection:
-            raise ValueError(f"sparsecp: no ids of layer {layer} are kept; set context_parallel_state(model)"
-                             ".keep_last_ids = True before the forward")
-        return self.last_selection[layer].long()
-
-    @property
-    def recorded(self) -> dict[int, torch.Tensor]:
-        """The last forward's kept ids by layer (``keep_last_ids``)."""
-        return self.last_selection
-
     def batch(self, lengths: tuple[int, ...]) -> PrefixLayout:
         """The batch's host layout (cached for the last few batches)."""
-        if lengths in self.layouts:
-            self.layouts[lengths] = self.layouts.pop(lengths)  # most recently used last
-        else:
-            while len(self.layouts) >= _LAYOUTS_KEPT:
-                self.layouts.pop(next(iter(self.layouts)))
-            self.layouts[lengths] = PrefixLayout(lengths, self.size, self.rank)
-        return self.layouts[lengths]
+        return self.cached_batch(lengths, lambda: PrefixLayout(lengths, self.size, self.rank))
 
     def routes(self, lengths: tuple[int, ...], params: dict[str, Any] | None = None) -> list[Any]:
         """Every rank's selection route of the batch at ratio 1 (one plan, cached by sparsecp)."""
@@ -107,12 +80,4 @@ class ContextParallelState:
         layout = self.batch(lengths).on(device, lambda: self.routes(lengths, params),
                                         self.kl_coeff is not None and grad,
                                         plan_key(model))
-        self.forwards += 1
-        keep: dict[int, torch.Tensor] | None = None
-        if self.keep_last_ids:
-            self.last_selection = keep = {}
-        context = ForwardContext(self.forwards, layout, grad, keep, padding_tokens)
-        if grad:  # an evaluation forward in between keeps the training forward's KL
-            self.kl_losses = context.kl_losses
-            self.forwards_with_grad += 1
-        return context
+        return self.begin_forward(layout, grad, padding_tokens)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._cp_calibration import SelectionCalibration, calibrate_option
+from ._cp_calibration import SelectionCalibration, calibrate_option, plain_linear_like
 from ._v4_selector import _CHUNK_ROWS, FusedSelector, ModelSelector
 
 __all__ = ["v4_calibration"]
@@ -19,22 +19,12 @@ class _Scorer:
 
 
 class _StandIn(torch.nn.Module):
-    """The indexer's shapes and constants with a plain random ``q_b_proj``: the selector's time
-    does not depend on the weights' values, and under FSDP2 the real ones are DTensor shards
-    outside their layer's forward (the calibration runs in the model's forward hook, on rank 0
-    alone, so it may not all-gather them). Its values come from a generator of its own, so the
-    ranks' global random states stay equal (as DeepSeek-V3.2's calibration does)."""
+    """The indexer's shapes and constants with a plain random ``q_b_proj``
+    (``_cp_calibration.plain_linear_like``), as DeepSeek-V3.2's calibration does."""
 
     def __init__(self, indexer: Any) -> None:
         super().__init__()
-        weight = indexer.q_b_proj.weight
-        local = weight.to_local() if hasattr(weight, "to_local") else weight
-        out_features, in_features = (int(n) for n in weight.shape)  # a DTensor's shape is the whole one
-        self.q_b_proj = torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features, bias=False,
-                                                 device=local.device, dtype=local.dtype)
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            self.q_b_proj.weight.copy_(torch.randn((out_features, in_features), generator=generator) * 0.02)
+        self.q_b_proj = plain_linear_like(indexer.q_b_proj.weight)
         self.num_heads, self.head_dim = int(indexer.num_heads), int(indexer.head_dim)
         self.compress_rate, self.index_topk = int(indexer.compress_rate), int(indexer.index_topk)
         self.scorer = _Scorer(float(indexer.scorer.softmax_scale))

@@ -8,12 +8,11 @@ from typing import Any, Callable
 import torch
 
 from . import _cp_layer
-from ._cp_layer import ForwardContext, SelectorClock, plan_key
+from ._cp_layer import ForwardContext, SelectorClock, StateBookkeeping, plan_key
 from ._v4_layout import BatchLayout
 
 __all__ = ["ContextParallelState", "ContextParallelStats", "ForwardContext", "lengths_key"]
 
-_LAYOUTS_KEPT = 8  # batch layouts cached for reuse (a forward holds its own: see ForwardContext)
 
 
 @dataclass
@@ -32,9 +31,10 @@ class ContextParallelStats:
 
 
 @dataclass
-class ContextParallelState:
+class ContextParallelState(StateBookkeeping):
     """What ``context_parallel`` attached to a model (``context_parallel_state(model)``)."""
 
+    model_name = "DeepSeek-V4"
     group: Any
     size: int
     rank: int
@@ -59,36 +59,9 @@ class ContextParallelState:
     last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
     calibration: Any = None  # spill's cost model on the layer's selector (_cp_calibration.SelectionCalibration)
 
-    def context(self, forward: Any) -> ForwardContext:
-        """The forward a layer runs in (from its keyword arguments)."""
-        if not isinstance(forward, ForwardContext):
-            raise ValueError("sparsecp: a context-parallel DeepSeek-V4 layer ran outside its model's forward; call "
-                             "the model (model(input_ids=..., position_ids=..., document_lengths=...)), not its "
-                             "layers")
-        return forward
-
-    def last_ids(self, layer: int) -> torch.Tensor:
-        """The ids a layer selected in the last forward ([local rows, topk] bank rows, -1 padded);
-        kept only with ``keep_last_ids = True``."""
-        if layer not in self.last_selection:
-            raise ValueError(f"sparsecp: no ids of layer {layer} are kept; set context_parallel_state(model)"
-                             ".keep_last_ids = True before the forward")
-        return self.last_selection[layer].long()
-
-    @property
-    def recorded(self) -> dict[int, torch.Tensor]:
-        """The last forward's kept ids by layer (``keep_last_ids``)."""
-        return self.last_selection
-
     def batch(self, lengths: tuple[int, ...]) -> BatchLayout:
         """The batch's host layout (cached for the last few batches)."""
-        if lengths in self.layouts:
-            self.layouts[lengths] = self.layouts.pop(lengths)  # most recently used last
-        else:
-            while len(self.layouts) >= _LAYOUTS_KEPT:
-                self.layouts.pop(next(iter(self.layouts)))
-            self.layouts[lengths] = BatchLayout(lengths, self.size, self.rank, self.window)
-        return self.layouts[lengths]
+        return self.cached_batch(lengths, lambda: BatchLayout(lengths, self.size, self.rank, self.window))
 
     def start_forward(self, lengths: tuple[int, ...], device: torch.device, padding_tokens: int = 0) -> ForwardContext:
         """Plan (host) and move (device, once per batch) everything this forward's layers read.
@@ -107,15 +80,7 @@ class ContextParallelState:
         model = params.get("cost_model")
         layout = self.batch(lengths).on(device, self.compressions, selection, self.kl_coeff is not None and grad,
                                         plan_key(model))
-        self.forwards += 1
-        if self.keep_last_ids:
-            self.last_selection = {}
-        context = ForwardContext(self.forwards, layout, grad, self.last_selection if self.keep_last_ids else None,
-                                 padding_tokens)
-        if grad:  # an evaluation forward in between keeps the training forward's KL
-            self.kl_losses = context.kl_losses
-            self.forwards_with_grad += 1
-        return context
+        return self.begin_forward(layout, grad, padding_tokens)
 
 
 def lengths_key(lengths: Any) -> tuple[int, ...]:
