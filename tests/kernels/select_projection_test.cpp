@@ -2,11 +2,15 @@
 // convenience that chains projection and selection.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+// The worker's projection chunk size is private (src/kernels/select/): the test sizes
+// its calls to cross chunk boundaries.
+#include "../../src/kernels/select/select_internal.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/kernels/select.hpp"
 #include "sparsecp/kernels/tnd_plan.hpp"
@@ -216,6 +220,54 @@ TEST(SelectWorker, ProjectsThenSelectsLikeTheReference) {
                        sin.view(DType::kFloat32), wq.view(dtype), keys.view(dtype), worker.segments,
                        config, got);
     EXPECT_EQ(got, expected) << dtype_name(dtype);
+  }
+}
+
+// select_worker_rows projects and selects a chunk of rows at a time: calls of several
+// chunks, whose documents straddle chunk boundaries (and rows no segment covers), give the
+// reference's ids, on one thread and on three (a larger chunk).
+TEST(SelectWorker, ChunksOfRowsGiveTheReferenceIds) {
+  const uint64_t seed = testing::test_seed() + 29;
+  SplitMix64 random(seed);
+  SelectConfig config;
+  config.heads = 64;
+  config.head_dim = 256;  // 64 KiB of fp32 q a row: chunks of a few hundred rows
+  config.rope_dim = 16;
+  config.topk = 5;
+  config.ratio = 4;
+  for (const int threads : {1, 3}) {
+    config.threads = threads;
+    const int64_t chunk = select_detail::projection_chunk_rows(config, threads);
+    const auto straddles = [chunk](const testing::WorkerCase& w) {
+      return std::any_of(w.segments.begin(), w.segments.end(), [chunk](const Segment& s) {
+        return s.q_end - s.q_begin > 4 && s.q_begin / chunk != (s.q_end - 1) / chunk;
+      });
+    };
+    auto worker = testing::random_worker(random, 4, 9, 240, chunk / 2, true);
+    for (int tries = 0; tries < 100 && !straddles(worker); ++tries) {
+      worker = testing::random_worker(random, 4, 9, 240, chunk / 2, true);
+    }
+    ASSERT_TRUE(straddles(worker)) << "no random worker had a document across a chunk boundary";
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " threads " << threads << " chunk "
+                                      << chunk << " rows " << worker.rows);
+    ASSERT_LT(chunk, 1024);
+    const auto qr = random_matrix(random, worker.rows, 3, 1);
+    const auto wq = random_matrix(random, 3, config.heads * config.head_dim, 1);
+    const auto cos = random_matrix(random, worker.rows, 8, 1);
+    const auto sin = random_matrix(random, worker.rows, 8, 1);
+    const auto weights = random_matrix(random, worker.rows, config.heads, 2);
+    const auto keys = random_matrix(random, worker.bank, config.head_dim, 2);
+    std::vector<int32_t> expected(static_cast<size_t>(worker.rows * config.topk)),
+        got(expected.size(), 7);
+    select_worker_rows_reference(qr.view(DType::kFloat32), weights.view(DType::kFloat32),
+                                 cos.view(DType::kFloat32), sin.view(DType::kFloat32),
+                                 wq.view(DType::kFloat32), keys.view(DType::kFloat32),
+                                 worker.segments, config, expected);
+    select_worker_rows(qr.view(DType::kFloat32), weights.view(DType::kFloat32),
+                       cos.view(DType::kFloat32), sin.view(DType::kFloat32),
+                       wq.view(DType::kFloat32), keys.view(DType::kFloat32), worker.segments,
+                       config, got);
+    EXPECT_EQ(got, expected);
   }
 }
 

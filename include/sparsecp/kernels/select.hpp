@@ -161,7 +161,9 @@ void select_topk_reference(MatrixView q, MatrixView weights, MatrixView keys,
 // Worker convenience: project_index_query then select_topk (the `select_tasks`
 // closure of the seed's balanced path). qr and wq_b share a dtype; with bf16 the
 // projected q is bf16-exact, so bf16 keys score it without further rounding.
-// Temporary memory: rows * heads * head_dim fp32 for q (as the seed's worker Q).
+// Index Q is projected and selected a chunk of rows at a time (about 16 MiB of fp32 q, at
+// least four 32-row blocks per thread), so temporary memory is bounded by the thread count
+// and config, not by rows; ids equal project_index_query then select_topk on all rows.
 void select_worker_rows(MatrixView qr, MatrixView weights, MatrixView cos, MatrixView sin,
                         MatrixView wq_b, MatrixView keys, std::span<const Segment> segments,
                         const SelectConfig& config, std::span<int32_t> out,

@@ -146,20 +146,7 @@ class FusedSelector:
         table[:, 2] -= shift
         table[:, 3] -= shift
         qr, w, cos, sin = query_residual.float(), weights.float() * self.scale, cos.float(), sin.float()
-        if torch.get_num_threads() > 1 or len(table) < 2:
-            ids = self.kernel(qr, w, (cos, sin), table)
-        else:
-            # One thread: one kernel call per segment. A call orders its 32-row blocks by cost
-            # across all its segments (for its threads' dynamic schedule), which on one thread
-            # interleaves documents and loses the key tiles' cache locality: on the example's
-            # 4096-row worker calls one call took 16-28% longer than its segments called apart
-            # (58 ms against 43 for 7 segments), so its time was not the sum of its rows' costs
-            # that spill balances. The ids are the same.
-            ids = torch.full((1, qr.shape[1], self.topk), -1, dtype=torch.int32)
-            for q_begin, q_end, key_begin, key_end, residual in table.tolist():
-                piece = np.array([[0, q_end - q_begin, key_begin, key_end, residual]], dtype=np.int64)
-                ids[:, q_begin:q_end] = self.kernel(qr[:, q_begin:q_end], w[:, q_begin:q_end],
-                                                    (cos[:, q_begin:q_end], sin[:, q_begin:q_end]), piece)
+        ids = self.kernel(qr, w, (cos, sin), table)
         if shift.any():
             rows = torch.from_numpy(np.repeat(shift, table[:, 1] - table[:, 0]).astype(np.int64))
             ids = torch.where(ids >= 0, ids + rows.to(ids.dtype)[None, :, None], ids)

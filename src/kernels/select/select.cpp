@@ -230,6 +230,7 @@ struct Call {
   int64_t panel_elems;  // elements (float or bf16) per packed panel
   bool q_in_place;      // fp32 kernel reads the caller's fp32 q directly
   std::span<int32_t> out;
+  int64_t q_first = 0;  // the call's row that q's row 0 holds (a projected chunk's first row)
 };
 
 // Packs keys [first, first + count) of the bank into panels of kernel layout.
@@ -279,8 +280,9 @@ void pack_tile(const Call& call, int64_t first, int64_t count, void* dst) {
 const void* prepare_query(const Call& call, int64_t row_begin, int64_t row_end,
                           ThreadScratch& scratch) {
   const int64_t width = call.config->heads * call.config->head_dim;
-  if (call.q_in_place) return static_cast<const float*>(call.q.data) + row_begin * width;
   const int64_t rows = row_end - row_begin;
+  row_begin -= call.q_first;  // from here on, a row of q
+  if (call.q_in_place) return static_cast<const float*>(call.q.data) + row_begin * width;
   const int64_t heads = call.config->heads;
   const int64_t dim = call.config->head_dim;
   const bool round = call.keys.dtype == DType::kBFloat16;
@@ -395,6 +397,58 @@ void run_block(const Call& call, const Block& block, ThreadScratch& scratch) {
   }
 }
 
+// Runs the blocks of `plan`'s rows inside [row_lo, row_hi), largest first (so the dynamic
+// schedule ends with small blocks). Order never affects results: blocks write disjoint rows.
+void run_rows(const Call& call, const TndPlan& plan, int64_t row_lo, int64_t row_hi,
+              std::vector<ThreadScratch>& scratch, std::vector<Block>& blocks) {
+  const SelectConfig& config = *call.config;
+  blocks.clear();
+  for (const TndSequence& sequence : plan.sequences()) {
+    const int64_t begin = std::max(sequence.row_begin, row_lo);
+    const int64_t stop = std::min(sequence.row_end, row_hi);
+    for (int64_t row = begin; row < stop; row += kBlockRows) {
+      const int64_t end = std::min(row + kBlockRows, stop);
+      const int64_t last = sequence.first_position + (end - 1 - sequence.row_begin);
+      blocks.push_back(
+          {&sequence, row, end, (end - row) * TndPlan::visible_keys(last, config.ratio)});
+    }
+  }
+  if (blocks.empty()) return;
+  std::stable_sort(blocks.begin(), blocks.end(),
+                   [](const Block& a, const Block& b) { return a.cost > b.cost; });
+  const int threads = static_cast<int>(
+      std::min<int64_t>(static_cast<int64_t>(scratch.size()), static_cast<int64_t>(blocks.size())));
+  sd::parallel_blocks(static_cast<int64_t>(blocks.size()), threads, "Indexer selection",
+                      [&](int64_t i, int thread) {
+                        run_block(call, blocks[static_cast<std::size_t>(i)],
+                                  scratch[static_cast<std::size_t>(thread)]);
+                      });
+}
+
+Call make_call(MatrixView q, MatrixView weights, MatrixView keys, const SelectConfig& config,
+               std::span<int32_t> out) {
+  Call call{q, weights, keys, &config, resolve_kernel(config.isa, keys.dtype), 0, 0, false, out};
+  call.depth = call.kernel.bf16 ? (config.head_dim + 1) / 2 : config.head_dim;
+  call.panel_elems = call.depth * sd::kPanelKeys * (call.kernel.bf16 ? 2 : 1);
+  call.q_in_place =
+      !call.kernel.bf16 && q.dtype == DType::kFloat32 && keys.dtype == DType::kFloat32;
+  return call;
+}
+
+// Whether any row of [row_lo, row_hi) sees a key.
+bool selects_in(const TndPlan& plan, int64_t row_lo, int64_t row_hi) {
+  return std::any_of(plan.sequences().begin(), plan.sequences().end(), [&](const TndSequence& s) {
+    return s.row_begin < row_hi && s.row_end > row_lo;
+  });
+}
+
+// Rows the blocks of `plan` cover (the rest of the call's rows stay -1).
+int64_t covered_rows_end(const TndPlan& plan) {
+  int64_t end = 0;
+  for (const TndSequence& sequence : plan.sequences()) end = std::max(end, sequence.row_end);
+  return end;
+}
+
 }  // namespace
 
 void select_topk(MatrixView q, MatrixView weights, MatrixView keys,
@@ -403,33 +457,10 @@ void select_topk(MatrixView q, MatrixView weights, MatrixView keys,
   const auto plan = sd::validate_select(q, weights, keys, segments, config, out);
   std::fill(out.begin(), out.end(), -1);
   if (!plan) return;
-  Call call{q, weights, keys, &config, resolve_kernel(config.isa, keys.dtype), 0, 0, false, out};
-  call.depth = call.kernel.bf16 ? (config.head_dim + 1) / 2 : config.head_dim;
-  call.panel_elems = call.depth * sd::kPanelKeys * (call.kernel.bf16 ? 2 : 1);
-  call.q_in_place =
-      !call.kernel.bf16 && q.dtype == DType::kFloat32 && keys.dtype == DType::kFloat32;
-
+  const Call call = make_call(q, weights, keys, config, out);
+  std::vector<ThreadScratch> scratch(static_cast<std::size_t>(resolve_threads(config.threads)));
   std::vector<Block> blocks;
-  for (const TndSequence& sequence : plan->sequences()) {
-    for (int64_t row = sequence.row_begin; row < sequence.row_end; row += kBlockRows) {
-      const int64_t end = std::min(row + kBlockRows, sequence.row_end);
-      const int64_t last = sequence.first_position + (end - 1 - sequence.row_begin);
-      blocks.push_back(
-          {&sequence, row, end, (end - row) * TndPlan::visible_keys(last, config.ratio)});
-    }
-  }
-  // Largest first, so the dynamic schedule ends with small blocks. Order never
-  // affects results: blocks write disjoint rows.
-  std::stable_sort(blocks.begin(), blocks.end(),
-                   [](const Block& a, const Block& b) { return a.cost > b.cost; });
-  const int threads =
-      std::min<int64_t>(resolve_threads(config.threads), static_cast<int64_t>(blocks.size()));
-  std::vector<ThreadScratch> scratch(static_cast<std::size_t>(std::max(threads, 1)));
-  sd::parallel_blocks(static_cast<int64_t>(blocks.size()), std::max(threads, 1),
-                      "Indexer selection", [&](int64_t i, int thread) {
-                        run_block(call, blocks[static_cast<std::size_t>(i)],
-                                  scratch[static_cast<std::size_t>(thread)]);
-                      });
+  run_rows(call, *plan, 0, covered_rows_end(*plan), scratch, blocks);
 }
 
 void sd::parallel_blocks(int64_t count, int threads, const char* context,
@@ -466,6 +497,20 @@ void sd::parallel_blocks(int64_t count, int threads, const char* context,
 }
 
 // --- projection --------------------------------------------------------------------------
+
+// 16 MiB: below glibc's largest mmap threshold (32 MiB), so after a call the buffer is
+// reused from the heap instead of mapped and faulted in afresh; and few enough chunks that
+// the switches between OpenBLAS's threads (the projection) and OpenMP's (the selection)
+// stay rare. Measured on the DeepSeek-V4 example's worker calls (32 x 64 channels, 4,096
+// rows, q_rank 64 and 1,024): against one buffer of all rows, 16 MiB chunks took 0.81-0.95
+// of the time on 2 threads and 0.82-0.89 on one; 4 MiB chunks up to 1.25 on 2 threads.
+constexpr int64_t kProjectionChunkBytes = int64_t{16} << 20;
+
+int64_t sd::projection_chunk_rows(const SelectConfig& config, int threads) {
+  const int64_t row_bytes = config.heads * config.head_dim * 4;
+  const int64_t fit = std::max<int64_t>(1, kProjectionChunkBytes / row_bytes);
+  return std::max<int64_t>(fit, 4 * kBlockRows * std::max(threads, 1));
+}
 
 namespace {
 std::vector<float> widen(MatrixView view) {
@@ -575,17 +620,44 @@ void select_worker_rows(MatrixView qr, MatrixView weights, MatrixView cos, Matri
   validate_select_config(config);
   SPARSECP_CHECK(qr.rows >= 0 && qr.rows <= INT64_MAX / 4 / (config.heads * config.head_dim),
                  "Indexer query residual rows ", qr.rows, " out of range");
-  const int64_t q_values = qr.rows * config.heads * config.head_dim;
-  std::vector<float> q;
+  const int64_t width = config.heads * config.head_dim;
+  const int threads = resolve_threads(config.threads);
+  // Index Q is projected a chunk of rows at a time into one buffer, each chunk selected
+  // before the next is projected: memory bounded by the config and thread count, not the
+  // call's rows. One buffer for all the call's rows (32 MiB at 4,096 rows of 32 x 64
+  // channels) was mapped fresh and zeroed by every call, about 7% of a call's time on one
+  // thread and more than its segments called one by one (smaller buffers, reused): a call's
+  // time was not the sum of its rows' costs that the planners balance.
+  const int64_t chunk_rows = sd::projection_chunk_rows(config, threads);
+  const int64_t buffer_rows = std::min(std::max<int64_t>(qr.rows, 0), chunk_rows);
+  std::unique_ptr<float[]> buffer;
   try {
-    q.resize(static_cast<std::size_t>(q_values));
+    buffer.reset(new float[static_cast<std::size_t>(std::max<int64_t>(buffer_rows * width, 1))]);
   } catch (const std::bad_alloc&) {
     SPARSECP_FAIL_AS(ErrorKind::kResource, "Indexer selection could not allocate ",
-                     static_cast<double>(q_values) * 4, " bytes for the projected Index Q");
+                     static_cast<double>(buffer_rows * width) * 4,
+                     " bytes for the projected Index Q");
   }
-  project_index_query(qr, wq_b, cos, sin, config, q);
-  select_topk(MatrixView::f32(q.data(), qr.rows, config.heads * config.head_dim), weights, keys,
-              segments, config, out);
+  // Every check of both steps, on the whole call, before any work (the query view has
+  // the call's shape for the checks; only its first chunk's rows exist and none is read).
+  (void)sd::validate_projection_inputs(qr, wq_b.view(), cos, sin, config, wq_b.layout());
+  const auto plan = sd::validate_select(MatrixView::f32(buffer.get(), qr.rows, width), weights,
+                                        keys, segments, config, out);
+  std::fill(out.begin(), out.end(), -1);
+  if (!plan) return;
+  std::vector<ThreadScratch> scratch(static_cast<std::size_t>(threads));
+  std::vector<Block> blocks;
+  const int64_t covered = covered_rows_end(*plan);
+  for (int64_t first = 0; first < covered; first += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, covered - first);
+    if (!selects_in(*plan, first, first + rows)) continue;
+    const std::span<float> q(buffer.get(), static_cast<std::size_t>(rows * width));
+    project_index_query(sd::row_slice(qr, first, rows), wq_b, sd::row_slice(cos, first, rows),
+                        sd::row_slice(sin, first, rows), config, q);
+    Call call = make_call(MatrixView::f32(q.data(), rows, width), weights, keys, config, out);
+    call.q_first = first;
+    run_rows(call, *plan, first, first + rows, scratch, blocks);
+  }
 }
 
 std::size_t select_scratch_bytes(const SelectConfig& config, DType key_dtype, int threads) {

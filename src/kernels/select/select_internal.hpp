@@ -26,6 +26,21 @@ int64_t validate_projection(MatrixView qr, MatrixView wq_b, MatrixView cos, Matr
                             const SelectConfig& config, std::span<float> q_out,
                             WeightLayout layout);
 
+// The same checks without an output buffer (select_worker_rows projects into its own).
+int64_t validate_projection_inputs(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixView sin,
+                                   const SelectConfig& config, WeightLayout layout);
+
+// Rows [first, first + rows) of a view (within its rows).
+inline MatrixView row_slice(MatrixView view, int64_t first, int64_t rows) {
+  const std::size_t bytes = view.dtype == DType::kFloat32 ? 4 : 2;
+  return {static_cast<const char*>(view.data) + static_cast<std::size_t>(first * view.cols) * bytes,
+          view.dtype, rows, view.cols};
+}
+
+// Rows select_worker_rows projects and selects at a time: about 16 MiB of projected fp32
+// Index Q, and at least four 32-row blocks per thread for the dynamic schedule.
+int64_t projection_chunk_rows(const SelectConfig& config, int threads);
+
 // Element (row, col) of a view, widened to fp32.
 inline float element(MatrixView view, int64_t row, int64_t col) {
   const int64_t index = row * view.cols + col;

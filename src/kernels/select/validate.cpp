@@ -83,6 +83,15 @@ std::optional<TndPlan> validate_select(MatrixView q, MatrixView weights, MatrixV
 int64_t validate_projection(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixView sin,
                             const SelectConfig& config, std::span<float> q_out,
                             WeightLayout layout) {
+  const int64_t width = validate_projection_inputs(qr, wq_b, cos, sin, config, layout);
+  SPARSECP_CHECK(static_cast<int64_t>(q_out.size()) == qr.rows * width,
+                 "Indexer query output holds ", q_out.size(),
+                 " values, expected rows x width = ", qr.rows, " x ", width);
+  return width;
+}
+
+int64_t validate_projection_inputs(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixView sin,
+                                   const SelectConfig& config, WeightLayout layout) {
   validate_select_config(config);
   SPARSECP_CHECK(
       config.rope_dim >= 0 && config.rope_dim % 2 == 0 && config.rope_dim <= config.head_dim,
@@ -110,9 +119,6 @@ int64_t validate_projection(MatrixView qr, MatrixView wq_b, MatrixView cos, Matr
       cos.rows == qr.rows && cos.cols == pairs && sin.rows == qr.rows && sin.cols == pairs,
       "Indexer cos/sin must have shape [", qr.rows, ", ", pairs, "] (rope_dim ", config.rope_dim,
       " / 2), got [", cos.rows, ", ", cos.cols, "] and [", sin.rows, ", ", sin.cols, "]");
-  SPARSECP_CHECK(static_cast<int64_t>(q_out.size()) == qr.rows * width,
-                 "Indexer query output holds ", q_out.size(),
-                 " values, expected rows x width = ", qr.rows, " x ", width);
   return width;
 }
 
