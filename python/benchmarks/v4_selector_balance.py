@@ -11,7 +11,10 @@ time against ``none``'s is what the plan gives, with no other rank sharing the c
 ``spill`` plans on the cost model ``context_parallel`` would calibrate on this selector
 (``_cp_calibration``: the same grid, rows and fit); ``spill-pairs`` on spill's default model.
 It also prints, per batch, how far the calibrated model's prediction of each rank's share
-(its time over the ranks' mean) is from the measured share: the error spill balances with.
+(its time over the ranks' mean) is from the measured share: the error spill balances with;
+and, over every timed call (none of them in any fit), the rms relative residual of the
+calibrated model's predicted seconds, and of a fit to the real calls of the odd-numbered
+batches (``CostModelRefit``, the refit ``context_parallel`` runs) predicting the even ones.
 
 The model is the example's (``train_deepseek_v4.py``: an indexer of 32 heads of 64, top-k
 128, ratio 4); the selector's inputs are random (the time does not depend on their values).
@@ -97,6 +100,7 @@ def main() -> int:
 
     against: dict[str, list[float]] = {mode: [] for mode in MODES}
     errors: list[float] = []
+    timed: dict[int, list[tuple[tuple[float, float, float, float], float]]] = {}  # seed -> (sums, seconds)
     for seed, lengths in batches.items():
         calls = []
         for mode, options in MODES.items():
@@ -112,6 +116,8 @@ def main() -> int:
                 selector(qr[:, :count], weights[:, :count], (cos[:, :count], sin[:, :count]), segments)
                 times[(mode, rank)].append(time.thread_time() - start)
         best = {key: min(values) for key, values in times.items()}
+        timed[seed] = [(segment_sums(segments, ratio, topk), best[(mode, rank)])
+                       for mode, rank, count, segments in calls if count]
         slowest = {mode: max(best[(mode, rank)] for rank in range(args.ranks)) for mode in MODES}
         line = []
         for mode in MODES:
@@ -133,6 +139,28 @@ def main() -> int:
           + ", ".join(f"{mode} {statistics.median(values):.3f}" for mode, values in against.items()))
     print(f"the calibrated model's error on a rank's share of the selection (none's and spill's routes): rms "
           f"{math.sqrt(sum(e * e for e in errors) / len(errors)):.3f}")
+
+    def residual(model: Any, samples: list[tuple[tuple[float, float, float, float], float]]) -> float:
+        def predict(sums: tuple[float, float, float, float]) -> float:
+            n, visible, capped, heap = sums
+            return 1e-9 * (model.a * n + model.b * visible + model.c * capped + model.d * heap)
+        return math.sqrt(statistics.mean((predict(x) / y - 1) ** 2 for x, y in samples))
+
+    every = [sample for samples in timed.values() for sample in samples]
+    print(f"rms relative residual per call (held out): the calibrated model {residual(cost, every):.3f} "
+          f"over {len(every)} calls", end="")
+    train = [seed for i, seed in enumerate(timed) if i % 2 == 0]
+    test = [sample for i, (seed, samples) in enumerate(timed.items()) if i % 2 for sample in samples]
+    if train and test:
+        refit = sparsecp.CostModelRefit(cost, window=len(train), max_rms_relative_residual=1.0)
+        for seed in train:
+            refit.add_step([(n, visible, capped, seconds, heap) for (n, visible, capped, heap), seconds in timed[seed]])
+        model = refit.model
+        print(f"; fitted to batches {train} ({refit.samples} calls, residual {refit.rms_relative_residual:.3f}: "
+              f"a {model.a:.0f} + b {model.b:.1f} * vis + c {model.c:.1f} * min(topk, vis) ns), it predicts the "
+              f"other {len(test)} calls to {residual(model, test):.3f}")
+    else:
+        print()
     return 0
 
 
