@@ -83,10 +83,11 @@ def main() -> int:
     batches = {seed: tuple(int(n) for n in sparsecp.generate_batch("lognormal", args.tokens, args.ranks, seed))
                for seed in seeds(args.seeds)}
     calibration = SelectionCalibration("spill", {}, "once", make, args.selector, dims, indexer.q_b_proj.weight,
-                                       [ratio], rows=2 * _CHUNK_ROWS)
+                                       [ratio], rows=2 * _CHUNK_ROWS, heap_term=args.selector == "fused")
     cost, residual, _, wall, _ = calibration._fit(batches[min(batches)], torch.device("cpu"))
     print(f"# {args.selector} selector, {args.ranks} ranks, {args.tokens} tokens; calibrated in {wall:.2f} s: "
-          f"a {cost.a:.0f} + b {cost.b:.1f} * vis + c {cost.c:.1f} * min(topk, vis) ns a row, "
+          f"a {cost.a:.0f} + b {cost.b:.1f} * vis + c {cost.c:.1f} * min(topk, vis) + d {cost.d:.1f} * heap(vis) "
+          f"ns a row, "
           f"residual {residual:.3f}", flush=True)
 
     keys = args.tokens // ratio
@@ -157,8 +158,8 @@ def main() -> int:
             refit.add_step([(n, visible, capped, seconds, heap) for (n, visible, capped, heap), seconds in timed[seed]])
         model = refit.model
         print(f"; fitted to batches {train} ({refit.samples} calls, residual {refit.rms_relative_residual:.3f}: "
-              f"a {model.a:.0f} + b {model.b:.1f} * vis + c {model.c:.1f} * min(topk, vis) ns), it predicts the "
-              f"other {len(test)} calls to {residual(model, test):.3f}")
+              f"a {model.a:.0f} + b {model.b:.1f} * vis + c {model.c:.1f} * min(topk, vis) + d {model.d:.1f} "
+              f"* heap(vis) ns), it predicts the other {len(test)} calls to {residual(model, test):.3f}")
     else:
         print()
     return 0

@@ -73,14 +73,27 @@ class CalibrationReport:
     refits: int = 0  # forwards whose refit replaced the model
     refit_residual: float = 0.0  # rms relative residual of the last accepted refit
     history: list[str] = field(default_factory=list)  # one line per model change
+    # Held out: per forward measured (with the refit on), the relative errors of the model that
+    # planned it on each rank's selector seconds, predicted before they were measured.
+    predictions: list[list[float]] = field(default_factory=list)
+
+    def prediction_residual(self, last: int | None = None) -> float:
+        """rms relative error of the planning model's predicted per-rank selector seconds over the
+        forwards in ``predictions`` (the last ``last`` of them; nan when none): what spill balanced
+        with, on times no fit had seen."""
+        errors = [e for forward in self.predictions[-last if last else 0:] for e in forward]
+        return (sum(e * e for e in errors) / len(errors)) ** 0.5 if errors else float("nan")
 
     def __str__(self) -> str:
         if self.model is None:
             return f"cost model: {self.source}"
         m = self.model
         refits = f"{self.refits} refits" + (f", the last's residual {self.refit_residual:.3f}" if self.refits else "")
+        held = (f"; predicted the next forward's per-rank times to {self.prediction_residual():.3f} rms over "
+                f"{len(self.predictions)} forwards" if self.predictions else "")
+        heap = f" + d {m.d:.4g} * heap(vis)" if m.d else ""
         return (f"cost model ({self.source}, {self.seconds:.2f} s, residual {self.rms_relative_residual:.3f}; "
-                f"{refits}): a {m.a:.4g} + b {m.b:.4g} * vis + c {m.c:.4g} * min(topk, vis) {m.unit}")
+                f"{refits}{held}): a {m.a:.4g} + b {m.b:.4g} * vis + c {m.c:.4g} * min(topk, vis){heap} {m.unit}")
 
 
 class SelectionCalibration:
@@ -232,6 +245,9 @@ class SelectionCalibration:
                    zip(self._pending, known) if rows > 0 and s > 0]
         if not samples:
             return
+        m = self.report.model  # the model that planned the forward just measured
+        self.report.predictions.append([1e-9 * (m.a * rows + m.b * widths + m.c * capped + m.d * heap) / s - 1
+                                        for rows, widths, capped, s, heap in samples])
         self.refit.add_step(samples)
         if self.refit.steps < _REFIT_MIN_STEPS or self.refit.kept_previous:
             return

@@ -51,5 +51,7 @@ def v32_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration:
     weight = real.wq_b.weight
     dims = {"q_rank": int(weight.shape[1]), "heads": int(real.n_heads), "head_dim": int(real.head_dim),
             "rope_dim": int(real.qk_rope_head_dim), "ratio": 1, "topk": int(real.index_topk)}
+    # heap_term for sparsecp's kernel (a running top-k per row), as DeepSeek-V4's calibration does
     return SelectionCalibration(state.mode, state.strategy_params, option, make_selector, f"v32-{state.selector}",
-                                dims, weight, [1] * len(base.layers), rows=2 * _CHUNK_ROWS)
+                                dims, weight, [1] * len(base.layers), rows=2 * _CHUNK_ROWS,
+                                heap_term=state.selector == "fused")
