@@ -239,8 +239,7 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
                            "calibration": None if state.calibration is None else str(state.calibration.report),
                            "calibration_seconds": 0.0 if state.calibration is None else
                            state.calibration.report.seconds,
-                           "prediction_residual": None if state.calibration is None or not
-                           state.calibration.report.predictions else state.calibration.report.prediction_residual(),
+                           "predictions": [] if state.calibration is None else state.calibration.report.predictions,
                            "dispatch_bytes": state.stats.dispatch_bytes,
                            "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"], **memories[mode]})
         queue.put({"rank": rank, "peak_growth": peak_bytes() - resident})
@@ -350,9 +349,8 @@ def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: a
             "calibration_seconds": max(r.get("calibration_seconds", 0.0) for r in mine),
             "calibration": next((r["calibration"] for r in sorted(mine, key=lambda r: (-r["step"], r["rank"]))
                                  if r.get("calibration")), None),
-            # the planning model's held-out error on every rank's selector seconds, over the run's forwards
-            "prediction_residual": next((r["prediction_residual"] for r in sorted(mine, key=lambda r: -r["step"])
-                                         if r.get("prediction_residual") is not None), None),
+            # each forward's (predicted, measured) selector seconds per rank, by the model that planned it
+            "predictions": max((r["predictions"] for r in mine), key=len),
             "selection_imbalance": median(imbalance), "indexer_share": median(share),
             "slowest_selector_seconds": median(slowest_selector),
             "slowest_selector_vs_first": median(against_first),

@@ -22,8 +22,19 @@ def test_spill_calibrates_once_agreed_across_ranks_and_refits() -> None:
         assert r["cached"]["source"] == "cached" and r["cached"]["seconds"] == 0.0, f"rank {rank}: {r['cached']}"
         assert r["cached"]["model"] == r["first"]["model"], f"rank {rank}: the cached fit is another model"
         assert r["later"]["refit_steps"] == 3, f"rank {rank}: the refit saw {r['later']['refit_steps']} forwards"
+        # each measured forward was predicted before it ran, for both ranks: held-out errors, and their rms
+        predictions = r["later"]["predictions"]
+        assert [len(f) for f in predictions] == [2, 2, 2], f"rank {rank}: predictions {predictions}"
+        assert all(p > 0 and m > 0 for f in predictions for p, m in f), f"rank {rank}: {predictions}"
+        errors = [p / m - 1 for f in predictions for p, m in f]
+        assert abs(r["later"]["prediction_residual"] - (sum(e * e for e in errors) / 6) ** 0.5) < 1e-12
+        shares = [(p / (f[0][0] + f[1][0])) / (m / (f[0][1] + f[1][1])) - 1 for f in predictions for p, m in f]
+        assert abs(r["later"]["share_residual"] - (sum(e * e for e in shares) / 6) ** 0.5) < 1e-12
+        # the model selector merges with torch.topk (no admission term); sparsecp's kernel keeps a running top-k
+        assert r["later"]["heap_term"] is False and r["fused_heap_term"] is True, f"rank {rank}: {r}"
     # rank 0 fitted (its cache holds the fit); rank 1 only received it
     assert [r["cache_size"] for r in results] == [1, 0]
+    assert results[0]["later"]["predictions"] == results[1]["later"]["predictions"], "ranks disagree on the errors"
     for key in ("first", "later"):
         assert results[0][key]["model"] == results[1][key]["model"], \
             f"ranks plan with different models after the {key} forwards: {results[0][key]} / {results[1][key]}"

@@ -27,7 +27,9 @@ def _summary(model: Any) -> dict[str, Any]:
     terms = None if report.model is None else (report.model.a, report.model.b, report.model.c)
     return {"source": report.source, "model": model_id, "terms": terms, "seconds": report.seconds,
             "active": calibration.active, "refit_steps": None if calibration.refit is None else calibration.refit.steps,
-            "history": list(report.history)}
+            "history": list(report.history), "predictions": [[list(x) for x in f] for f in report.predictions],
+            "prediction_residual": report.prediction_residual(),
+            "share_residual": report.prediction_residual(shares=True), "heap_term": calibration.heap_term}
 
 
 def calibrates_once(rank: int, size: int) -> dict[str, Any]:
@@ -47,8 +49,9 @@ def calibrates_once(rank: int, size: int) -> dict[str, Any]:
     cached = _summary(second)
     for seed in (4, 5, 6):
         _forward(first, (612 - 2 * seed, 2 * seed), seed)
+    fused = cp_v4.context_parallel(v4_tasks.tiny_model(torch.float32), None, "spill", selector="fused")
     return {"before": before, "first": after_first, "cached": cached, "later": _summary(first),
-            "cache_size": len(_cp_calibration._CACHE)}
+            "cache_size": len(_cp_calibration._CACHE), "fused_heap_term": _summary(fused)["heap_term"]}
 
 
 def skips(rank: int, size: int, case: str) -> dict[str, Any]:

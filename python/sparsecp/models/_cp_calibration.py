@@ -73,15 +73,21 @@ class CalibrationReport:
     refits: int = 0  # forwards whose refit replaced the model
     refit_residual: float = 0.0  # rms relative residual of the last accepted refit
     history: list[str] = field(default_factory=list)  # one line per model change
-    # Held out: per forward measured (with the refit on), the relative errors of the model that
-    # planned it on each rank's selector seconds, predicted before they were measured.
-    predictions: list[list[float]] = field(default_factory=list)
+    # Held out: per forward measured (with the refit on), each rank's selector seconds as the model
+    # that planned the forward predicted them, and as measured: (predicted, measured) per rank.
+    predictions: list[list[tuple[float, float]]] = field(default_factory=list)
 
-    def prediction_residual(self, last: int | None = None) -> float:
+    def prediction_residual(self, last: int | None = None, shares: bool = False) -> float:
         """rms relative error of the planning model's predicted per-rank selector seconds over the
-        forwards in ``predictions`` (the last ``last`` of them; nan when none): what spill balanced
-        with, on times no fit had seen."""
-        errors = [e for forward in self.predictions[-last if last else 0:] for e in forward]
+        forwards in ``predictions`` (the last ``last`` of them; nan when none), on times no fit had
+        seen. ``shares``: of each rank's share of its forward (seconds over the ranks' mean), what
+        balancing needs: a model that is off by one factor on every rank (another machine's speed,
+        ranks sharing cores) balances as well."""
+        errors = []
+        for forward in self.predictions[-last if last else 0:]:
+            predicted = sum(p for p, _ in forward) / len(forward) if shares else 1.0
+            measured = sum(m for _, m in forward) / len(forward) if shares else 1.0
+            errors += [(p / predicted) / (m / measured) - 1 for p, m in forward]
         return (sum(e * e for e in errors) / len(errors)) ** 0.5 if errors else float("nan")
 
     def __str__(self) -> str:
@@ -89,8 +95,9 @@ class CalibrationReport:
             return f"cost model: {self.source}"
         m = self.model
         refits = f"{self.refits} refits" + (f", the last's residual {self.refit_residual:.3f}" if self.refits else "")
-        held = (f"; predicted the next forward's per-rank times to {self.prediction_residual():.3f} rms over "
-                f"{len(self.predictions)} forwards" if self.predictions else "")
+        held = (f"; predicted each rank's next selector seconds to {self.prediction_residual():.3f} rms, its share "
+                f"to {self.prediction_residual(shares=True):.3f}, over {len(self.predictions)} forwards"
+                if self.predictions else "")
         heap = f" + d {m.d:.4g} * heap(vis)" if m.d else ""
         return (f"cost model ({self.source}, {self.seconds:.2f} s, residual {self.rms_relative_residual:.3f}; "
                 f"{refits}{held}): a {m.a:.4g} + b {m.b:.4g} * vis + c {m.c:.4g} * min(topk, vis){heap} {m.unit}")
@@ -246,7 +253,7 @@ class SelectionCalibration:
         if not samples:
             return
         m = self.report.model  # the model that planned the forward just measured
-        self.report.predictions.append([1e-9 * (m.a * rows + m.b * widths + m.c * capped + m.d * heap) / s - 1
+        self.report.predictions.append([(1e-9 * (m.a * rows + m.b * widths + m.c * capped + m.d * heap), s)
                                         for rows, widths, capped, s, heap in samples])
         self.refit.add_step(samples)
         if self.refit.steps < _REFIT_MIN_STEPS or self.refit.kept_previous:
