@@ -240,6 +240,8 @@ def run_rank(rank: int, size: int, port: int, args: argparse.Namespace, queue: A
                            "calibration_seconds": 0.0 if state.calibration is None else
                            state.calibration.report.seconds,
                            "predictions": [] if state.calibration is None else state.calibration.report.predictions,
+                           "predicted_by_refit": [] if state.calibration is None else
+                           state.calibration.report.predicted_by_refit,
                            "dispatch_bytes": state.stats.dispatch_bytes,
                            "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"], **memories[mode]})
         queue.put({"rank": rank, "peak_growth": peak_bytes() - resident})
@@ -351,6 +353,7 @@ def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: a
                                  if r.get("calibration")), None),
             # each forward's (predicted, measured) selector seconds per rank, by the model that planned it
             "predictions": max((r["predictions"] for r in mine), key=len),
+            "predicted_by_refit": max((r["predicted_by_refit"] for r in mine), key=len),
             "selection_imbalance": median(imbalance), "indexer_share": median(share),
             "slowest_selector_seconds": median(slowest_selector),
             "slowest_selector_vs_first": median(against_first),

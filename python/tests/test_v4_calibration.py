@@ -30,6 +30,8 @@ def test_spill_calibrates_once_agreed_across_ranks_and_refits() -> None:
         assert abs(r["later"]["prediction_residual"] - (sum(e * e for e in errors) / 6) ** 0.5) < 1e-12
         shares = [(p / (f[0][0] + f[1][0])) / (m / (f[0][1] + f[1][1])) - 1 for f in predictions for p, m in f]
         assert abs(r["later"]["share_residual"] - (sum(e * e for e in shares) / 6) ** 0.5) < 1e-12
+        # the first fit planned these three forwards (a refit needs three measured ones first)
+        assert r["later"]["by_refit"] == [False, False, False], f"rank {rank}: {r['later']['by_refit']}"
         # the model selector merges with torch.topk (no admission term); sparsecp's kernel keeps a running top-k
         assert r["later"]["heap_term"] is False and r["fused_heap_term"] is True, f"rank {rank}: {r}"
     # rank 0 fitted (its cache holds the fit); rank 1 only received it

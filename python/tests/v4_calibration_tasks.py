@@ -29,7 +29,8 @@ def _summary(model: Any) -> dict[str, Any]:
             "active": calibration.active, "refit_steps": None if calibration.refit is None else calibration.refit.steps,
             "history": list(report.history), "predictions": [[list(x) for x in f] for f in report.predictions],
             "prediction_residual": report.prediction_residual(),
-            "share_residual": report.prediction_residual(shares=True), "heap_term": calibration.heap_term}
+            "share_residual": report.prediction_residual(shares=True), "heap_term": calibration.heap_term,
+            "by_refit": list(report.predicted_by_refit)}
 
 
 def calibrates_once(rank: int, size: int) -> dict[str, Any]:

@@ -74,17 +74,21 @@ class CalibrationReport:
     refit_residual: float = 0.0  # rms relative residual of the last accepted refit
     history: list[str] = field(default_factory=list)  # one line per model change
     # Held out: per forward measured (with the refit on), each rank's selector seconds as the model
-    # that planned the forward predicted them, and as measured: (predicted, measured) per rank.
+    # that planned the forward predicted them, and as measured: (predicted, measured) per rank; and
+    # whether that model was a refit (else the first fit, timed outside any training step).
     predictions: list[list[tuple[float, float]]] = field(default_factory=list)
+    predicted_by_refit: list[bool] = field(default_factory=list)
 
-    def prediction_residual(self, last: int | None = None, shares: bool = False) -> float:
+    def prediction_residual(self, shares: bool = False, refit_only: bool = False) -> float:
         """rms relative error of the planning model's predicted per-rank selector seconds over the
-        forwards in ``predictions`` (the last ``last`` of them; nan when none), on times no fit had
-        seen. ``shares``: of each rank's share of its forward (seconds over the ranks' mean), what
-        balancing needs: a model that is off by one factor on every rank (another machine's speed,
-        ranks sharing cores) balances as well."""
+        forwards in ``predictions`` (nan when none), on times no fit had seen. ``shares``: of each
+        rank's share of its forward (seconds over the ranks' mean), what balancing needs: a model off
+        by one factor on every rank (the first fit's synthetic rows, timed outside the step's cache
+        traffic) balances as well. ``refit_only``: the forwards a refit planned."""
         errors = []
-        for forward in self.predictions[-last if last else 0:]:
+        for forward, refit in zip(self.predictions, self.predicted_by_refit):
+            if refit_only and not refit:
+                continue
             predicted = sum(p for p, _ in forward) / len(forward) if shares else 1.0
             measured = sum(m for _, m in forward) / len(forward) if shares else 1.0
             errors += [(p / predicted) / (m / measured) - 1 for p, m in forward]
@@ -95,9 +99,14 @@ class CalibrationReport:
             return f"cost model: {self.source}"
         m = self.model
         refits = f"{self.refits} refits" + (f", the last's residual {self.refit_residual:.3f}" if self.refits else "")
-        held = (f"; predicted each rank's next selector seconds to {self.prediction_residual():.3f} rms, its share "
-                f"to {self.prediction_residual(shares=True):.3f}, over {len(self.predictions)} forwards"
-                if self.predictions else "")
+        held = ""
+        if self.predictions:
+            refitted = sum(self.predicted_by_refit)
+            held = (f"; predicted each rank's next selector seconds to {self.prediction_residual():.3f} rms, its "
+                    f"share to {self.prediction_residual(shares=True):.3f}, over {len(self.predictions)} forwards"
+                    + (f" ({self.prediction_residual(refit_only=True):.3f} and "
+                       f"{self.prediction_residual(shares=True, refit_only=True):.3f} over the {refitted} a refit "
+                       "planned)" if refitted else ""))
         heap = f" + d {m.d:.4g} * heap(vis)" if m.d else ""
         return (f"cost model ({self.source}, {self.seconds:.2f} s, residual {self.rms_relative_residual:.3f}; "
                 f"{refits}{held}): a {m.a:.4g} + b {m.b:.4g} * vis + c {m.c:.4g} * min(topk, vis){heap} {m.unit}")
@@ -255,6 +264,7 @@ class SelectionCalibration:
         m = self.report.model  # the model that planned the forward just measured
         self.report.predictions.append([(1e-9 * (m.a * rows + m.b * widths + m.c * capped + m.d * heap), s)
                                         for rows, widths, capped, s, heap in samples])
+        self.report.predicted_by_refit.append(self.report.refits > 0)
         self.refit.add_step(samples)
         if self.refit.steps < _REFIT_MIN_STEPS or self.refit.kept_previous:
             return
