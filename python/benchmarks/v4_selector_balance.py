@@ -40,6 +40,11 @@ MODES: dict[str, dict[str, Any]] = {"none": {}, "zigzag": {}, "hybrid": {"block_
                                     "spill-pairs": {}, "spill": {}}
 
 
+def sign_test(wins: int, n: int) -> float:
+    """P(at least ``wins`` of ``n`` fair coin flips): how likely so many wins are by chance."""
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
+
+
 def seeds(text: str) -> list[int]:
     first, _, last = text.partition("-")
     return list(range(int(first), int(last or first) + 1))
@@ -136,7 +141,12 @@ def main() -> int:
             errors += [(x / m) / (y / p) - 1 for x, y in zip(measured, predicted)]
         print(f"seed {seed}: none's slowest rank {slowest['none'] * 1e3:.0f} ms; slowest against none: "
               + ", ".join(line), flush=True)
-    print(f"\nmedian slowest rank against none over {len(batches)} batches: "
+    paired = [s / min(z, h) for s, z, h in zip(against["spill"], against["zigzag"], against["hybrid"])]
+    lower = sum(r < 1 for r in paired)
+    print(f"\nspill against the better of zigzag and hybrid, batch by batch: median {statistics.median(paired):.3f} "
+          f"(range {min(paired):.3f}-{max(paired):.3f}), lower in {lower} of {len(paired)} batches "
+          f"(a sign test's one-sided p {sign_test(lower, len(paired)):.2g})")
+    print(f"median slowest rank against none over {len(batches)} batches: "
           + ", ".join(f"{mode} {statistics.median(values):.3f}" for mode, values in against.items()))
     print(f"the calibrated model's error on a rank's share of the selection (none's and spill's routes): rms "
           f"{math.sqrt(sum(e * e for e in errors) / len(errors)):.3f}")
