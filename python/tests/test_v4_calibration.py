@@ -52,3 +52,19 @@ def test_a_given_model_calibrate_false_or_another_strategy_skip_it(case: str, so
 def test_a_bad_calibrate_option_is_named() -> None:
     for message in results_or_raise(pool_of(2).run(v4_calibration_tasks.bad_option)):
         assert "calibrate must be True" in message and "'yes'" in message, message
+
+
+def test_prediction_residual_of_seconds_and_of_shares() -> None:
+    from sparsecp.models._cp_calibration import CalibrationReport
+
+    report = CalibrationReport()
+    assert report.prediction_residual() != report.prediction_residual()  # nan: nothing predicted yet
+    # forward 1 (first fit): predicted 1 and 3 s, measured 2 and 2: errors -0.5 and +0.5; shares 0.5 / 1.5
+    # forward 2 (a refit): a model of zeros predicts -100% and has no shares
+    report.predictions = [[(1.0, 2.0), (3.0, 2.0)], [(0.0, 1.0), (0.0, 1.0)]]
+    report.predicted_by_refit = [False, True]
+    assert abs(report.prediction_residual() - (0.25 + 0.25 + 1 + 1) ** 0.5 / 2) < 1e-12
+    assert abs(report.prediction_residual(shares=True) - 0.5) < 1e-12
+    assert report.prediction_residual(refit_only=True) == 1.0
+    assert report.prediction_residual(shares=True, refit_only=True) != report.prediction_residual(shares=True,
+                                                                                                  refit_only=True)

@@ -45,6 +45,7 @@ __all__ = ["COST_MODEL_MODES", "CalibrationReport", "SelectionCalibration", "cal
 COST_MODEL_MODES = ("spill", "auto")  # the strategies that plan on a cost model
 _REFIT_WINDOW = 8  # forwards whose per-rank times the refit fits
 _REFIT_MIN_STEPS = 3
+_PREDICTIONS_KEPT = 64  # forwards whose predicted and measured times the report keeps (a long run's last)
 _CACHE: dict[tuple[Any, ...], tuple[Any, float, float]] = {}  # key -> (CostModel, residual, cpu seconds)
 
 
@@ -73,9 +74,9 @@ class CalibrationReport:
     refits: int = 0  # forwards whose refit replaced the model
     refit_residual: float = 0.0  # rms relative residual of the last accepted refit
     history: list[str] = field(default_factory=list)  # one line per model change
-    # Held out: per forward measured (with the refit on), each rank's selector seconds as the model
-    # that planned the forward predicted them, and as measured: (predicted, measured) per rank; and
-    # whether that model was a refit (else the first fit, timed outside any training step).
+    # Held out: per forward measured (with the refit on; the last 64), each rank's selector seconds as
+    # the model that planned the forward predicted them, and as measured: (predicted, measured) per
+    # rank; and whether that model was a refit (else the first fit, timed outside any training step).
     predictions: list[list[tuple[float, float]]] = field(default_factory=list)
     predicted_by_refit: list[bool] = field(default_factory=list)
 
@@ -91,7 +92,8 @@ class CalibrationReport:
                 continue
             predicted = sum(p for p, _ in forward) / len(forward) if shares else 1.0
             measured = sum(m for _, m in forward) / len(forward) if shares else 1.0
-            errors += [(p / predicted) / (m / measured) - 1 for p, m in forward]
+            if predicted > 0:  # a model of zeros predicts no share
+                errors += [(p / predicted) / (m / measured) - 1 for p, m in forward]
         return (sum(e * e for e in errors) / len(errors)) ** 0.5 if errors else float("nan")
 
     def __str__(self) -> str:
@@ -265,6 +267,7 @@ class SelectionCalibration:
         self.report.predictions.append([(1e-9 * (m.a * rows + m.b * widths + m.c * capped + m.d * heap), s)
                                         for rows, widths, capped, s, heap in samples])
         self.report.predicted_by_refit.append(self.report.refits > 0)
+        del self.report.predictions[:-_PREDICTIONS_KEPT], self.report.predicted_by_refit[:-_PREDICTIONS_KEPT]
         self.refit.add_step(samples)
         if self.refit.steps < _REFIT_MIN_STEPS or self.refit.kept_previous:
             return
