@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,7 +33,8 @@ from ..torch._overlapped import launch_on_route
 from ._cp_checks import BATCH_DIGEST
 from ._cp_training import document_lengths, group_shape, resolve_group
 
-__all__ = ["AgreedBatch", "BankView", "BatchCheck", "ForwardContext", "SelectorClock", "balanced_select",
+__all__ = ["AgreedBatch", "BankView", "BatchCheck", "ContextParallelStats", "ForwardContext", "SelectorClock",
+           "balanced_select",
            "check_and_agree", "in_recompute", "indexer_kl_share", "lengths_key", "plan_key", "StateBookkeeping"]
 
 
@@ -335,21 +336,48 @@ def plan_key(cost_model: Any) -> Any:
 LAYOUTS_KEPT = 8  # batch layouts a state caches for reuse (a forward holds its own: see ForwardContext)
 
 
-class StateBookkeeping:
-    """What a model's ``ContextParallelState`` (a dataclass with the fields named below) does the
-    same way for every model: the forward a layer runs in, the kept ids, the batch-layout cache,
-    and the counters and KL losses of a new forward.
+@dataclass
+class ContextParallelStats:
+    """Counters since the last ``reset()`` (per rank)."""
 
-    Fields it reads: ``layouts``, ``keep_last_ids``, ``last_selection``, ``forwards``,
-    ``forwards_with_grad``, ``kl_losses``; ``model_name`` names the model in messages."""
+    forwards: int = 0
+    selections: int = 0        # balanced selections (each: one input and one result exchange)
+    replays: int = 0           # recomputed layers that replayed their recorded ids
+    indexer_seconds: float = 0.0  # owner-side indexer work: its keys, the bank gather, selection (incl. exchange)
+    dispatch_bytes: int = 0    # bytes this rank sent for what its rows read elsewhere (halos, prefixes, banks)
+
+    def reset(self) -> None:
+        for name, value in ContextParallelStats().__dict__.items():
+            setattr(self, name, value)
+
+
+@dataclass(kw_only=True)
+class StateBookkeeping:
+    """What every model's ``ContextParallelState`` holds and does the same way: its options and
+    counters, the forward a layer runs in, the kept ids, the batch-layout cache, and the counters
+    and KL losses of a new forward. A model's state adds its own fields and ``batch`` / layouts;
+    ``model_name`` names the model in messages."""
 
     model_name = "model"
-    layouts: dict[tuple[int, ...], Any]
-    keep_last_ids: bool
-    last_selection: dict[int, torch.Tensor]
-    forwards: int
-    forwards_with_grad: int
-    kl_losses: list[torch.Tensor]
+    group: Any
+    size: int
+    rank: int
+    mode: str
+    block_size: int | None
+    zigzag_min_length: int | None
+    strategy_params: dict[str, Any]
+    selector: str
+    kl_coeff: float | None
+    attention_chunk_bytes: int = 64 << 20  # scratch budget of one attention row chunk
+    keep_last_ids: bool = False  # keep the last forward's ids for ``last_ids`` (tests, diagnostics)
+    stats: ContextParallelStats = field(default_factory=ContextParallelStats)
+    clock: SelectorClock = field(default_factory=SelectorClock)
+    layouts: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    forwards: int = 0  # numbers each model forward
+    forwards_with_grad: int = 0
+    kl_losses: list[torch.Tensor] = field(default_factory=list)  # the last forward with gradients' KL losses
+    last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
+    calibration: Any = None  # spill's cost model on the layer's selector (_cp_calibration.SelectionCalibration)
 
     def context(self, forward: Any) -> ForwardContext:
         """The forward a layer runs in (from its keyword arguments)."""

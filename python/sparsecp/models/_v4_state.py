@@ -8,56 +8,22 @@ from typing import Any, Callable
 import torch
 
 from . import _cp_layer
-from ._cp_layer import ForwardContext, SelectorClock, StateBookkeeping, plan_key
+from ._cp_layer import ContextParallelStats, ForwardContext, StateBookkeeping, plan_key
 from ._v4_layout import BatchLayout
 
 __all__ = ["ContextParallelState", "ContextParallelStats", "ForwardContext", "lengths_key"]
 
 
-
-@dataclass
-class ContextParallelStats:
-    """Counters since the last ``reset()`` (per rank)."""
-
-    forwards: int = 0
-    selections: int = 0        # balanced_indexer_select calls (each: one input and one result exchange)
-    replays: int = 0           # recomputed layers that replayed their recorded ids
-    indexer_seconds: float = 0.0  # owner-side indexer work: rotary, Index K bank, selection (incl. exchange)
-    dispatch_bytes: int = 0    # bytes this rank sent for halos, compressor rows, bank prefixes, Index K bank
-
-    def reset(self) -> None:
-        for name, value in ContextParallelStats().__dict__.items():
-            setattr(self, name, value)
-
-
-@dataclass
+@dataclass(kw_only=True)
 class ContextParallelState(StateBookkeeping):
     """What ``context_parallel`` attached to a model (``context_parallel_state(model)``)."""
 
     model_name = "DeepSeek-V4"
-    group: Any
-    size: int
-    rank: int
-    mode: str
-    block_size: int | None
-    zigzag_min_length: int | None
-    strategy_params: dict[str, Any]
-    selector: str
-    kl_coeff: float | None
     window: int
     rope_dim: int
     rope: Callable[..., torch.Tensor]
     compressions: tuple[tuple[int, bool], ...] = ()  # (ratio, CSA?) of the model's compressed layers
-    attention_chunk_bytes: int = 64 << 20  # scratch budget of one attention row chunk
-    keep_last_ids: bool = False  # keep the last forward's ids for ``last_ids`` (tests, diagnostics)
-    stats: ContextParallelStats = field(default_factory=ContextParallelStats)
-    clock: SelectorClock = field(default_factory=SelectorClock)
     layouts: dict[tuple[int, ...], BatchLayout] = field(default_factory=dict)
-    forwards: int = 0  # numbers each model forward
-    forwards_with_grad: int = 0
-    kl_losses: list[torch.Tensor] = field(default_factory=list)  # the last forward with gradients' KL losses
-    last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
-    calibration: Any = None  # spill's cost model on the layer's selector (_cp_calibration.SelectionCalibration)
 
     def batch(self, lengths: tuple[int, ...]) -> BatchLayout:
         """The batch's host layout (cached for the last few batches)."""
