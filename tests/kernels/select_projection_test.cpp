@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 // The worker's projection chunk size is private (src/kernels/select/): the test sizes
@@ -248,26 +250,45 @@ TEST(SelectWorker, ChunksOfRowsGiveTheReferenceIds) {
       worker = testing::random_worker(random, 4, 9, 240, chunk / 2, true);
     }
     ASSERT_TRUE(straddles(worker)) << "no random worker had a document across a chunk boundary";
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << " threads " << threads << " chunk "
-                                      << chunk << " rows " << worker.rows);
     ASSERT_LT(chunk, 1024);
-    const auto qr = random_matrix(random, worker.rows, 3, 1);
+    auto qr = random_matrix(random, worker.rows, 3, 1);
+    // A NaN and an infinity in the residuals of two rows of a document that crosses a chunk
+    // boundary (their scores go NaN / infinite).
+    const Segment across =
+        *std::find_if(worker.segments.begin(), worker.segments.end(), [chunk](const Segment& s) {
+          return s.q_end - s.q_begin > 4 && s.q_begin / chunk != (s.q_end - 1) / chunk;
+        });
+    for (const auto& [row, bits] :
+         {std::pair<int64_t, uint16_t>{(across.q_begin + across.q_end) / 2, 0x7fc0},
+          std::pair<int64_t, uint16_t>{across.q_end - 1, 0x7f80}}) {
+      qr.b16[static_cast<size_t>(row * 3 + 1)] = bits;
+      qr.f32[static_cast<size_t>(row * 3 + 1)] = std::bit_cast<float>(uint32_t{bits} << 16);
+    }
     const auto wq = random_matrix(random, 3, config.heads * config.head_dim, 1);
     const auto cos = random_matrix(random, worker.rows, 8, 1);
     const auto sin = random_matrix(random, worker.rows, 8, 1);
     const auto weights = random_matrix(random, worker.rows, config.heads, 2);
     const auto keys = random_matrix(random, worker.bank, config.head_dim, 2);
-    std::vector<int32_t> expected(static_cast<size_t>(worker.rows * config.topk)),
-        got(expected.size(), 7);
-    select_worker_rows_reference(qr.view(DType::kFloat32), weights.view(DType::kFloat32),
-                                 cos.view(DType::kFloat32), sin.view(DType::kFloat32),
-                                 wq.view(DType::kFloat32), keys.view(DType::kFloat32),
-                                 worker.segments, config, expected);
-    select_worker_rows(qr.view(DType::kFloat32), weights.view(DType::kFloat32),
-                       cos.view(DType::kFloat32), sin.view(DType::kFloat32),
-                       wq.view(DType::kFloat32), keys.view(DType::kFloat32), worker.segments,
-                       config, got);
-    EXPECT_EQ(got, expected);
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      std::vector<int32_t> expected(static_cast<size_t>(worker.rows * config.topk));
+      select_worker_rows_reference(qr.view(dtype), weights.view(DType::kFloat32),
+                                   cos.view(DType::kFloat32), sin.view(DType::kFloat32),
+                                   wq.view(dtype), keys.view(dtype), worker.segments, config,
+                                   expected);
+      for (const KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+        if (!kernel_isa_supported(isa)) continue;
+        config.isa = isa;
+        SCOPED_TRACE(::testing::Message()
+                     << "seed " << seed << " threads " << threads << " chunk " << chunk << " rows "
+                     << worker.rows << " isa " << kernel_isa_name(isa) << " " << dtype_name(dtype));
+        std::vector<int32_t> got(expected.size(), 7);
+        select_worker_rows(qr.view(dtype), weights.view(DType::kFloat32), cos.view(DType::kFloat32),
+                           sin.view(DType::kFloat32), wq.view(dtype), keys.view(dtype),
+                           worker.segments, config, got);
+        EXPECT_EQ(got, expected);
+      }
+      config.isa = KernelIsa::kAuto;
+    }
   }
 }
 
