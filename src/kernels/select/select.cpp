@@ -501,9 +501,10 @@ void sd::parallel_blocks(int64_t count, int threads, const char* context,
 // 16 MiB: below glibc's largest mmap threshold (32 MiB), so after a call the buffer is
 // reused from the heap instead of mapped and faulted in afresh; and few enough chunks that
 // the switches between OpenBLAS's threads (the projection) and OpenMP's (the selection)
-// stay rare. Measured on the DeepSeek-V4 example's worker calls (32 x 64 channels, 4,096
-// rows, q_rank 64 and 1,024): against one buffer of all rows, 16 MiB chunks took 0.81-0.95
-// of the time on 2 threads and 0.82-0.89 on one; 4 MiB chunks up to 1.25 on 2 threads.
+// stay rare. On the DeepSeek-V4 example's worker calls (python/benchmarks/worker_calls.py;
+// 32 x 64 channels, 4,096 rows, q_rank 64 and 1,024), against one buffer of all rows, 16 MiB
+// chunks took 0.79-0.98 of the time on 2 threads and 0.81-0.90 on one; 4 MiB chunks up to
+// 1.25 on 2 threads.
 constexpr int64_t kProjectionChunkBytes = int64_t{16} << 20;
 
 int64_t sd::projection_chunk_rows(const SelectConfig& config, int threads) {
