@@ -23,6 +23,7 @@ Usage::
 
     python python/benchmarks/v4_selector_balance.py --selector model --seeds 1-8
     python python/benchmarks/v4_selector_balance.py --selector fused --seeds 1-8 --repeats 5
+    python python/benchmarks/v4_selector_balance.py --selector model --seeds 1-8 --calibrations 6
 """
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--seeds", default="1-8", help="batch seeds, 'first-last'")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--calibrations", type=int, default=1,
+                        help="calibrate this many times over (after the timing), each fit's held-out residual "
+                             "printed: how much the first fit depends on its second of timings")
     args = parser.parse_args()
 
     import torch
@@ -172,6 +176,19 @@ def main() -> int:
               f"* heap(vis) ns), it predicts the other {len(test)} calls to {residual(model, test):.3f}")
     else:
         print()
+    if args.calibrations > 1:
+        from sparsecp.models import _cp_calibration
+
+        fits = [(cost, residual(cost, every))]
+        for _ in range(args.calibrations - 1):
+            _cp_calibration.clear_cache()
+            again = calibration._fit(batches[min(batches)], torch.device("cpu"))[0]
+            fits.append((again, residual(again, every)))
+        biases = [statistics.mean(1e-9 * (m.a * x[0] + m.b * x[1] + m.c * x[2] + m.d * x[3]) / y - 1
+                                  for x, y in every) for m, _ in fits]
+        print(f"{len(fits)} calibrations, each on the held-out calls: residual "
+              + ", ".join(f"{r:.3f}" for _, r in fits) + "; mean bias "
+              + ", ".join(f"{b:+.3f}" for b in biases))
     return 0
 
 
