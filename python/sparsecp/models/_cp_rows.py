@@ -25,9 +25,37 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["DeviceRowGather", "RowGather", "gather_rows", "merge_intervals", "plan_row_gather"]
+from .. import document_boundaries
+
+__all__ = ["DeviceRowGather", "OwnRows", "RowGather", "gather_rows", "merge_intervals", "own_rows", "plan_row_gather"]
 
 Interval = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class OwnRows:
+    """A rank's contiguous shard of a packed batch: ``local`` rows from global row ``first``, the
+    documents' ``boundaries``, and each own row's document and position in it."""
+
+    boundaries: tuple[int, ...]
+    local: int
+    first: int
+    row_document: np.ndarray
+    row_position: np.ndarray
+
+
+def own_rows(lengths: Sequence[int], size: int, rank: int) -> OwnRows:
+    """``rank``'s rows of the packed batch ``lengths`` split evenly over ``size`` ranks."""
+    boundaries = tuple(int(b) for b in document_boundaries(lengths))
+    total = boundaries[-1]
+    if total % size:
+        raise ValueError(f"document lengths sum to {total}, not a multiple of the CP size {size}")
+    local = total // size
+    first = rank * local
+    rows = np.arange(first, first + local, dtype=np.int64)
+    starts = np.asarray(boundaries[:-1], dtype=np.int64)
+    row_document = np.searchsorted(starts, rows, side="right") - 1
+    return OwnRows(boundaries, local, first, row_document, rows - starts[row_document])
 
 
 def merge_intervals(intervals: Sequence[Interval]) -> tuple[Interval, ...]:

@@ -31,8 +31,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import compressed_document_offsets, compressed_owner_offsets, document_boundaries
-from ._cp_rows import DeviceRowGather, RowGather, plan_row_gather
+from .. import compressed_document_offsets, compressed_owner_offsets
+from ._cp_rows import DeviceRowGather, RowGather, own_rows, plan_row_gather
 
 __all__ = ["BatchLayout", "CompressionLayout", "DeviceCompression", "DeviceLayout"]
 
@@ -99,16 +99,9 @@ class BatchLayout:
 
     def __init__(self, lengths: tuple[int, ...], size: int, rank: int, window: int) -> None:
         self.lengths, self.size, self.rank, self.window = lengths, size, rank, window
-        self.boundaries = tuple(int(b) for b in document_boundaries(lengths))
-        total = self.boundaries[-1]
-        if total % size:
-            raise ValueError(f"document lengths sum to {total}, not a multiple of the CP size {size}")
-        self.local = total // size
-        self.first = rank * self.local
-        rows = np.arange(self.first, self.first + self.local, dtype=np.int64)
-        starts = np.asarray(self.boundaries[:-1], dtype=np.int64)
-        self.row_document = np.searchsorted(starts, rows, side="right") - 1  # document of each own row
-        self.row_position = rows - starts[self.row_document]                 # its position in the document
+        own = own_rows(lengths, size, rank)
+        self.boundaries, self.local, self.first = own.boundaries, own.local, own.first
+        self.row_document, self.row_position = own.row_document, own.row_position  # each own row's document, position
         self._compression: dict[tuple[int, bool], CompressionLayout] = {}
         self._chunk_ranges: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
         self._device: dict[Any, DeviceLayout] = {}
