@@ -6,6 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libopenmpi-dev openmpi-bin          # the distributed engine (MPI)
   libopenblas-dev                     # BLAS for the Index-Q projection
+  libdnnl-dev                         # oneDNN: the attention kernel's products (AMX, AVX512_BF16)
   libcli11-dev nlohmann-json3-dev     # command line and JSON
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
   python3                             # test-data checks and seed comparisons

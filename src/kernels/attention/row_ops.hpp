@@ -1,0 +1,36 @@
+// Private to the sparse attention kernel: the per-row softmax passes, one implementation
+// (row_ops.inc) compiled once per ISA (row_ops_<isa>.cpp, each with its own flags) so the
+// compiler vectorises the same loops for AVX-512, AVX2+FMA and the portable baseline.
+#pragma once
+
+#include <cstdint>
+
+namespace sparsecp::attention_detail {
+
+// One row block's scores: `heads` rows of `columns` logits (stride `ld`) for one query row
+// whose column ids are `ids` (-1: no key).
+struct RowScores {
+  const float* logits = nullptr;  // q . k, unscaled
+  int64_t heads = 0;
+  int64_t columns = 0;
+  int64_t ld = 0;
+  const int32_t* ids = nullptr;
+  float scale = 1.0f;
+};
+
+struct RowOps {
+  // Forward: probs[h, c] = exp(scale * l - L_h) on valid columns (0 elsewhere), with
+  // L_h = log(sum_c exp(scale * l) + exp(sinks[h])) (sinks may be null); lse[h] = the log
+  // over the keys only (-inf with no key). probs has stride ld.
+  void (*softmax)(const RowScores& s, const float* sinks, float* probs, float* lse);
+  // Backward: probs[h, c] = exp(scale * l - full[h]) on valid columns (0 elsewhere; 0 where
+  // full[h] is -inf), then grad[h, c] = probs * (dprobs[h, c] - delta[h]) * scale.
+  void (*logit_gradient)(const RowScores& s, const float* full, const float* dprobs, const float* delta,
+                         float* probs, float* grad);
+};
+
+RowOps row_ops_portable();
+RowOps row_ops_avx2();    // -mavx2 -mfma
+RowOps row_ops_avx512();  // -mavx512f ...
+
+}  // namespace sparsecp::attention_detail

@@ -1,0 +1,587 @@
+// The sparse attention kernel (sparse_attention.hpp): rows in blocks, each block's listed kv
+// rows gathered once, the four products of the FlashAttention recipe through run_gemm, the
+// softmax passes through the ISA's RowOps, and the key gradient scattered in a fixed order.
+#include "sparsecp/kernels/sparse_attention.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "batched_gemm.hpp"
+#include "row_ops.hpp"
+#include "sparsecp/error.hpp"
+#include "sparsecp/kernels/bf16.hpp"
+
+namespace sparsecp {
+
+namespace ad = attention_detail;
+
+const char* attention_dtype_name(AttentionDType dtype) {
+  switch (dtype) {
+    case AttentionDType::kFloat32:
+      return "float32";
+    case AttentionDType::kBFloat16:
+      return "bfloat16";
+    case AttentionDType::kFloat64:
+      return "float64";
+  }
+  return "unknown";
+}
+
+namespace {
+
+bool use_onednn(AttentionDType dtype, AttentionGemm gemm) {
+  if (dtype == AttentionDType::kFloat64) return false;  // oneDNN has no float64 products
+  if (gemm == AttentionGemm::kBlas) return false;
+  if (gemm == AttentionGemm::kOneDnn) return true;
+  if (!ad::onednn_built()) return false;
+  const char* env = std::getenv("SPARSECP_ATTENTION_GEMM");
+  return env == nullptr || std::string_view(env) != "blas";
+}
+
+int resolve_threads(int threads) { return threads > 0 ? threads : std::max(1, omp_get_max_threads()); }
+
+ad::RowOps row_ops(KernelIsa isa) {
+  switch (resolve_kernel_isa(isa)) {
+#if defined(__x86_64__) || defined(_M_X64)
+    case KernelIsa::kAvx512:
+      return ad::row_ops_avx512();
+    case KernelIsa::kAvx2:
+      return ad::row_ops_avx2();
+#endif
+    default:
+      return ad::row_ops_portable();
+  }
+}
+
+// Element types of one call: T stored (q, kv, out, d out, d q), W the products' operands,
+// A accumulation (logits, probabilities, lse, sinks, d kv).
+template <class T, class W, class A>
+struct Types {
+  using Stored = T;
+  using Operand = W;
+  using Accumulate = A;
+};
+
+template <class To, class From>
+To convert(From value) {
+  if constexpr (std::is_same_v<To, From>) {
+    return value;
+  } else if constexpr (std::is_same_v<From, uint16_t>) {
+    return static_cast<To>(bf16_to_float(value));
+  } else if constexpr (std::is_same_v<To, uint16_t>) {
+    return float_to_bf16(static_cast<float>(value));
+  } else {
+    return static_cast<To>(value);
+  }
+}
+
+template <class To, class From>
+void convert_span(const From* from, int64_t count, To* to) {
+  for (int64_t i = 0; i < count; ++i) to[i] = convert<To>(from[i]);
+}
+
+template <class W>
+constexpr ad::Element element_of() {
+  if constexpr (std::is_same_v<W, double>) return ad::Element::kFloat64;
+  if constexpr (std::is_same_v<W, uint16_t>) return ad::Element::kBFloat16;
+  return ad::Element::kFloat32;
+}
+
+// Bytes of one block row's scratch for element sizes (W, A).
+std::size_t row_bytes(const SparseAttentionInputs& in, std::size_t w, std::size_t a) {
+  const auto H = static_cast<std::size_t>(in.heads), C = static_cast<std::size_t>(in.columns);
+  const auto D = static_cast<std::size_t>(in.qk_dim), V = static_cast<std::size_t>(in.value_dim);
+  return C * D * (w + a)              // gathered kv rows, their gradient
+         + H * C * (4 * a + 2 * w)    // logits, probabilities, their gradients (and W copies)
+         + H * (D + V) * (w + a)      // q, d out as operands; out / d q before rounding
+         + H * 4 * a;                 // per-head lse, delta, sink terms
+}
+
+std::pair<std::size_t, std::size_t> element_sizes(AttentionDType dtype, bool onednn) {
+  if (dtype == AttentionDType::kFloat64) return {8, 8};
+  if (dtype == AttentionDType::kBFloat16 && onednn) return {2, 4};
+  return {4, 4};
+}
+
+// Generic softmax passes for float64 (the ISA's RowOps are float32).
+template <class A>
+void softmax_generic(const A* logits, int64_t heads, int64_t columns, const int32_t* ids, A scale,
+                     const A* sinks, A* probs, A* lse) {
+  constexpr A kInf = std::numeric_limits<A>::infinity();
+  for (int64_t h = 0; h < heads; ++h) {
+    const A* l = logits + h * columns;
+    A* p = probs + h * columns;
+    A top = -kInf;
+    for (int64_t c = 0; c < columns; ++c) {
+      if (ids[c] >= 0) top = std::max(top, l[c] * scale);
+    }
+    const A sink = sinks != nullptr ? sinks[h] : -kInf;
+    A shift = std::max(top, sink);
+    if (!(shift > -kInf)) shift = 0;
+    A keys = 0;
+    for (int64_t c = 0; c < columns; ++c) {
+      p[c] = ids[c] >= 0 ? std::exp(l[c] * scale - shift) : A(0);
+      keys += p[c];
+    }
+    const A total = keys + (sinks != nullptr ? std::exp(sink - shift) : A(0));
+    const A inverse = total > 0 ? A(1) / total : (total == total ? A(0) : total);
+    for (int64_t c = 0; c < columns; ++c) p[c] *= inverse;
+    lse[h] = keys > 0 ? shift + std::log(keys) : (keys == keys ? -kInf : keys);
+  }
+}
+
+template <class A>
+void logit_gradient_generic(const A* logits, int64_t heads, int64_t columns, const int32_t* ids, A scale,
+                            const A* full, const A* dprobs, const A* delta, A* probs, A* grad) {
+  constexpr A kInf = std::numeric_limits<A>::infinity();
+  for (int64_t h = 0; h < heads; ++h) {
+    const bool live = full[h] > -kInf || full[h] != full[h];
+    for (int64_t c = 0; c < columns; ++c) {
+      const int64_t i = h * columns + c;
+      probs[i] = (ids[c] >= 0 && live) ? std::exp(logits[i] * scale - full[h]) : A(0);
+      grad[i] = probs[i] * (dprobs[i] - delta[h]) * scale;
+    }
+  }
+}
+
+template <class A>
+A log_add_exp(A a, A b) {
+  constexpr A kInf = std::numeric_limits<A>::infinity();
+  if (a == -kInf) return b;
+  if (b == -kInf) return a;
+  const A top = std::max(a, b);
+  return top + std::log(std::exp(a - top) + std::exp(b - top));
+}
+
+// Runs `body(block, thread)` for every block on `threads` OpenMP threads; the first
+// exception is rethrown after the region (no exception crosses an OpenMP boundary).
+template <class Body>
+void for_each_block(int64_t blocks, int threads, const Body& body) {
+  std::exception_ptr first;
+  bool failed = false;
+#pragma omp parallel num_threads(threads)
+  {
+    // The libraries run single-threaded inside: a team of one thread is not "in parallel"
+    // for OpenMP, and oneDNN would otherwise split a product (its reduction too) by its own
+    // thread count. This thread's setting ends with the region.
+    omp_set_num_threads(1);
+    const int thread = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      bool skip = false;
+#pragma omp atomic read
+      skip = failed;
+      if (skip) continue;
+      try {
+        body(b, thread);
+      } catch (...) {
+#pragma omp critical(sparsecp_attention_error)
+        {
+          if (!first) first = std::current_exception();
+#pragma omp atomic write
+          failed = true;
+        }
+      }
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+template <class Ty>
+class Kernel {
+ public:
+  using T = typename Ty::Stored;
+  using W = typename Ty::Operand;
+  using A = typename Ty::Accumulate;
+
+  Kernel(const SparseAttentionInputs& in, const SparseAttentionConfig& config, bool onednn)
+      : in_(in),
+        onednn_(onednn),
+        ops_(row_ops(config.isa)),
+        threads_(resolve_threads(config.threads)),
+        block_(sparse_attention_block_rows(in, config)),
+        blocks_(in.rows == 0 ? 0 : (in.rows + block_ - 1) / block_),
+        H_(in.heads), C_(in.columns), D_(in.qk_dim), V_(in.value_dim) {}
+
+  void forward(T* out, A* lse) const {
+    const int threads = static_cast<int>(std::min<int64_t>(threads_, blocks_));
+    std::vector<std::unique_ptr<Scratch>> scratch(static_cast<std::size_t>(threads));
+    for_each_block(blocks_, threads, [&](int64_t b, int thread) {
+      auto& mine = scratch[static_cast<std::size_t>(thread)];
+      if (!mine) mine = std::make_unique<Scratch>(*this);
+      forward_block(b, *mine, out, lse);
+    });
+  }
+
+  void backward(const T* out, const A* lse, const T* grad_out, T* grad_q, A* grad_kv, A* grad_sinks) const {
+    std::fill(grad_kv, grad_kv + in_.keys * D_, A(0));
+    std::vector<A> sink_rows(in_.sinks != nullptr ? static_cast<std::size_t>(in_.rows * H_) : 0);
+    // Waves of one block per thread: every thread computes its block's kv-row gradients into
+    // its slot, then every thread adds a slice of the qk_dim columns of every slot's rows, in
+    // block, row, column order: the sum's order is the same whatever the thread count.
+    const int threads = static_cast<int>(std::min<int64_t>(threads_, std::max<int64_t>(blocks_, 1)));
+    const std::size_t slot_size = static_cast<std::size_t>(block_ * C_ * D_);
+    std::vector<std::vector<A>> slots(static_cast<std::size_t>(threads));
+    std::exception_ptr first;
+    bool failed = false;
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+      const int nt = omp_get_num_threads();
+      omp_set_num_threads(1);  // the libraries single-threaded inside (as in for_each_block)
+      Scratch s(*this);
+      std::vector<A>& slot = slots[static_cast<std::size_t>(t)];
+      slot.resize(slot_size);
+      for (int64_t wave = 0; wave < blocks_; wave += nt) {
+        const int64_t b = wave + t;
+        bool skip = false;
+#pragma omp atomic read
+        skip = failed;
+        if (b < blocks_ && !skip) {
+          try {
+            backward_block(b, s, out, lse, grad_out, grad_q, sink_rows.data(), slot.data());
+          } catch (...) {
+#pragma omp critical(sparsecp_attention_error)
+            {
+              if (!first) first = std::current_exception();
+#pragma omp atomic write
+              failed = true;
+            }
+          }
+        }
+#pragma omp barrier
+        bool stop = false;
+#pragma omp atomic read
+        stop = failed;
+        if (!stop) {
+          const int64_t lo = D_ * t / nt, hi = D_ * (t + 1) / nt;
+          for (int64_t done = 0; done < nt && wave + done < blocks_; ++done) {
+            scatter(wave + done, slots[static_cast<std::size_t>(done)].data(), lo, hi, grad_kv);
+          }
+        }
+#pragma omp barrier
+      }
+    }
+    if (first) std::rethrow_exception(first);
+    if (grad_sinks != nullptr) {
+      std::fill(grad_sinks, grad_sinks + H_, A(0));
+      for (int64_t r = 0; r < in_.rows; ++r) {
+        for (int64_t h = 0; h < H_; ++h) grad_sinks[h] += sink_rows[static_cast<std::size_t>(r * H_ + h)];
+      }
+    }
+  }
+
+ private:
+  // Uninitialised storage: every element is written before it is read.
+  template <class E>
+  class Buffer {
+   public:
+    void resize(std::size_t n) { data_ = std::make_unique_for_overwrite<E[]>(n); }
+    E* data() { return data_.get(); }
+    E& operator[](std::size_t i) { return data_[i]; }
+
+   private:
+    std::unique_ptr<E[]> data_;
+  };
+
+  struct Scratch {
+    explicit Scratch(const Kernel& k) {
+      const auto R = static_cast<std::size_t>(k.block_), H = static_cast<std::size_t>(k.H_);
+      const auto C = static_cast<std::size_t>(k.C_), D = static_cast<std::size_t>(k.D_);
+      const auto V = static_cast<std::size_t>(k.V_);
+      gathered.resize(R * C * D);
+      logits.resize(R * H * C);
+      probs.resize(R * H * C);
+      dprobs.resize(R * H * C);
+      grad.resize(R * H * C);
+      if constexpr (!std::is_same_v<W, A>) {
+        probs_w.resize(R * H * C);
+        grad_w.resize(R * H * C);
+      }
+      if constexpr (!std::is_same_v<T, W>) {
+        q_w.resize(R * H * D);
+        dout_w.resize(R * H * V);
+      }
+      result.resize(R * H * std::max(D, V));
+      rows.resize(R * H * 4);
+    }
+    Buffer<W> gathered, probs_w, grad_w, q_w, dout_w;
+    Buffer<A> logits, probs, dprobs, grad, result, rows;
+  };
+
+  const int32_t* ids(int64_t row) const { return in_.indices + row * C_; }
+  A sink(int64_t h) const { return in_.sinks == nullptr ? A(0) : static_cast<const A*>(in_.sinks)[h]; }
+
+  void gather(int64_t r0, int64_t n, W* dst) const {
+    const T* kv = static_cast<const T*>(in_.kv);
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t* row = ids(r0 + r);
+      for (int64_t c = 0; c < C_; ++c) {
+        W* to = dst + (r * C_ + c) * D_;
+        if (row[c] < 0) {
+          std::fill(to, to + D_, W(0));
+        } else if constexpr (std::is_same_v<T, W>) {
+          std::memcpy(to, kv + static_cast<int64_t>(row[c]) * D_, sizeof(W) * static_cast<std::size_t>(D_));
+        } else {
+          convert_span(kv + static_cast<int64_t>(row[c]) * D_, D_, to);
+        }
+      }
+    }
+  }
+
+  // A block's operand rows of a [rows, heads, dim] tensor: the tensor itself when T is W.
+  const W* operand(const T* tensor, int64_t r0, int64_t n, int64_t dim, Buffer<W>& buffer) const {
+    if constexpr (std::is_same_v<T, W>) {
+      (void)n;
+      (void)buffer;
+      return tensor + r0 * H_ * dim;
+    } else {
+      convert_span(tensor + r0 * H_ * dim, n * H_ * dim, buffer.data());
+      return buffer.data();
+    }
+  }
+
+  const W* as_operand(Buffer<A>& values, Buffer<W>& buffer, int64_t count) const {
+    if constexpr (std::is_same_v<W, A>) {
+      (void)buffer;
+      (void)count;
+      return values.data();
+    } else {
+      convert_span(values.data(), count, buffer.data());
+      return buffer.data();
+    }
+  }
+
+  void gemm(int64_t batch, int64_t m, int64_t n, int64_t k, ad::Operand a, ad::Operand b, A* c, int64_t c_batch,
+            int64_t ldc, bool accumulate = false) const {
+    ad::BatchedGemm g;
+    g.in = element_of<W>();
+    g.batch = batch;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = a;
+    g.b = b;
+    g.c = c;
+    g.c_batch_stride = c_batch;
+    g.ldc = ldc;
+    g.accumulate = accumulate;
+    ad::run_gemm(g, onednn_);
+  }
+
+  // logits[r] = q[r] (H x D) . gathered[r]^T (D x C)
+  void scores(int64_t n, const W* q, Scratch& s) const {
+    gemm(n, H_, C_, D_, {q, H_ * D_, D_, false}, {s.gathered.data(), C_ * D_, D_, true}, s.logits.data(), H_ * C_,
+         C_);
+  }
+
+  void softmax_rows(int64_t r0, int64_t n, Scratch& s, A* lse) const {
+    for (int64_t r = 0; r < n; ++r) {
+      A* logits = s.logits.data() + r * H_ * C_;
+      A* probs = s.probs.data() + r * H_ * C_;
+      if constexpr (std::is_same_v<A, float>) {
+        ops_.softmax({logits, H_, C_, C_, ids(r0 + r), static_cast<float>(in_.scale)},
+                     static_cast<const float*>(in_.sinks), probs, lse + (r0 + r) * H_);
+      } else {
+        softmax_generic<A>(logits, H_, C_, ids(r0 + r), static_cast<A>(in_.scale),
+                           static_cast<const A*>(in_.sinks), probs, lse + (r0 + r) * H_);
+      }
+    }
+  }
+
+  void forward_block(int64_t b, Scratch& s, T* out, A* lse) const {
+    const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
+    gather(r0, n, s.gathered.data());
+    scores(n, operand(static_cast<const T*>(in_.q), r0, n, D_, s.q_w), s);
+    softmax_rows(r0, n, s, lse);
+    const W* probs = as_operand(s.probs, s.probs_w, n * H_ * C_);
+    // out[r] = probs[r] (H x C) . gathered[r][:, :V] (C x V)
+    A* result = std::is_same_v<T, A> ? reinterpret_cast<A*>(out + r0 * H_ * V_) : s.result.data();
+    gemm(n, H_, V_, C_, {probs, H_ * C_, C_, false}, {s.gathered.data(), C_ * D_, D_, false}, result, H_ * V_, V_);
+    if constexpr (!std::is_same_v<T, A>) convert_span(result, n * H_ * V_, out + r0 * H_ * V_);
+  }
+
+  void backward_block(int64_t b, Scratch& s, const T* out, const A* lse, const T* grad_out, T* grad_q,
+                      A* sink_rows, A* dgathered) const {
+    const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
+    constexpr A kInf = std::numeric_limits<A>::infinity();
+    gather(r0, n, s.gathered.data());
+    const W* q = operand(static_cast<const T*>(in_.q), r0, n, D_, s.q_w);
+    const W* dout = operand(grad_out, r0, n, V_, s.dout_w);
+    scores(n, q, s);
+    // d probs[r] = d out[r] (H x V) . gathered[r][:, :V]^T (V x C)
+    gemm(n, H_, C_, V_, {dout, H_ * V_, V_, false}, {s.gathered.data(), C_ * D_, D_, true}, s.dprobs.data(),
+         H_ * C_, C_);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t row = r0 + r;
+      A* full = s.rows.data();
+      A* delta = s.rows.data() + H_;
+      for (int64_t h = 0; h < H_; ++h) {
+        const A keys = lse[row * H_ + h];
+        full[h] = in_.sinks != nullptr ? log_add_exp(keys, sink(h)) : keys;
+        const T* o = out + (row * H_ + h) * V_;
+        const T* d = grad_out + (row * H_ + h) * V_;
+        A sum = 0;
+        for (int64_t v = 0; v < V_; ++v) sum += convert<A>(o[v]) * convert<A>(d[v]);
+        delta[h] = sum;
+        if (in_.sinks != nullptr) {  // the sink's value is zero: d sink = -p_sink * delta
+          const A p_sink = full[h] > -kInf ? std::exp(sink(h) - full[h]) : A(0);
+          sink_rows[row * H_ + h] = -p_sink * sum;
+        }
+      }
+      const int64_t at = r * H_ * C_;
+      if constexpr (std::is_same_v<A, float>) {
+        ops_.logit_gradient({s.logits.data() + at, H_, C_, C_, ids(row), static_cast<float>(in_.scale)}, full,
+                            s.dprobs.data() + at, delta, s.probs.data() + at, s.grad.data() + at);
+      } else {
+        logit_gradient_generic<A>(s.logits.data() + at, H_, C_, ids(row), static_cast<A>(in_.scale), full,
+                                  s.dprobs.data() + at, delta, s.probs.data() + at, s.grad.data() + at);
+      }
+    }
+    const W* grad = as_operand(s.grad, s.grad_w, n * H_ * C_);
+    const W* probs = as_operand(s.probs, s.probs_w, n * H_ * C_);
+    // d q[r] = grad[r] (H x C) . gathered[r] (C x D)
+    A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
+    gemm(n, H_, D_, C_, {grad, H_ * C_, C_, false}, {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_, D_);
+    if constexpr (!std::is_same_v<T, A>) convert_span(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
+    // d gathered[r] = grad[r]^T (C x H) . q[r] (H x D), then + probs[r]^T . d out[r] on the value columns
+    gemm(n, C_, D_, H_, {grad, H_ * C_, C_, true}, {q, H_ * D_, D_, false}, dgathered, C_ * D_, D_);
+    gemm(n, C_, V_, H_, {probs, H_ * C_, C_, true}, {dout, H_ * V_, V_, false}, dgathered, C_ * D_, D_, true);
+  }
+
+  // grad_kv[id][lo, hi) += block b's gradient rows, in row then column order.
+  void scatter(int64_t b, const A* dgathered, int64_t lo, int64_t hi, A* grad_kv) const {
+    const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t* row = ids(r0 + r);
+      for (int64_t c = 0; c < C_; ++c) {
+        if (row[c] < 0) continue;
+        const A* from = dgathered + (r * C_ + c) * D_;
+        A* to = grad_kv + static_cast<int64_t>(row[c]) * D_;
+#pragma omp simd
+        for (int64_t d = lo; d < hi; ++d) to[d] += from[d];
+      }
+    }
+  }
+
+  const SparseAttentionInputs& in_;
+  bool onednn_;
+  ad::RowOps ops_;
+  int threads_;
+  int64_t block_;
+  int64_t blocks_;
+  int64_t H_, C_, D_, V_;
+};
+
+template <class Visit>
+void dispatch(const SparseAttentionInputs& in, bool onednn, const Visit& visit) {
+  switch (in.dtype) {
+    case AttentionDType::kFloat32:
+      visit(Types<float, float, float>{});
+      return;
+    case AttentionDType::kBFloat16:
+      if (onednn) {
+        visit(Types<uint16_t, uint16_t, float>{});
+      } else {
+        visit(Types<uint16_t, float, float>{});
+      }
+      return;
+    case AttentionDType::kFloat64:
+      visit(Types<double, double, double>{});
+      return;
+  }
+}
+
+}  // namespace
+
+bool sparse_attention_has_onednn() { return ad::onednn_built(); }
+
+const char* sparse_attention_gemm_name(AttentionDType dtype, AttentionGemm gemm) {
+  return ad::gemm_library_name(use_onednn(dtype, gemm));
+}
+
+void validate_sparse_attention(const SparseAttentionInputs& in, const SparseAttentionConfig& config) {
+  SPARSECP_CHECK(in.heads >= 1, "sparse attention heads must be positive, got ", in.heads);
+  SPARSECP_CHECK(in.qk_dim >= 1, "sparse attention qk_dim must be positive, got ", in.qk_dim);
+  SPARSECP_CHECK(in.value_dim >= 1 && in.value_dim <= in.qk_dim, "sparse attention value_dim must be in [1, qk_dim ",
+                 in.qk_dim, "], got ", in.value_dim);
+  SPARSECP_CHECK(in.rows >= 0, "sparse attention rows must be non-negative, got ", in.rows);
+  SPARSECP_CHECK(in.keys >= 0, "sparse attention keys must be non-negative, got ", in.keys);
+  SPARSECP_CHECK(in.columns >= 0, "sparse attention columns must be non-negative, got ", in.columns);
+  SPARSECP_CHECK(std::isfinite(in.scale), "sparse attention scale must be finite, got ", in.scale);
+  SPARSECP_CHECK(in.keys <= std::numeric_limits<int32_t>::max(), "sparse attention keys ", in.keys,
+                 " exceed int32 indices");
+  SPARSECP_CHECK(config.threads >= 0 && config.threads <= kMaxAttentionThreads, "sparse attention threads must be in [0, ",
+                 kMaxAttentionThreads, "], got ", config.threads);
+  SPARSECP_CHECK(config.gemm != AttentionGemm::kOneDnn || ad::onednn_built(),
+                 "sparse attention gemm 'onednn' was asked for, but this build has no oneDNN");
+  (void)resolve_kernel_isa(config.isa);  // throws naming an ISA this CPU cannot run
+  const bool empty = in.rows == 0;
+  SPARSECP_CHECK(empty || in.q != nullptr, "sparse attention q is null");
+  SPARSECP_CHECK(empty || in.columns == 0 || in.indices != nullptr, "sparse attention indices is null");
+  for (int64_t r = 0; r < in.rows; ++r) {
+    for (int64_t c = 0; c < in.columns; ++c) {
+      const int32_t id = in.indices[r * in.columns + c];
+      SPARSECP_CHECK(id >= -1 && id < in.keys, "sparse attention index ", id, " at row ", r, ", column ", c,
+                     " is out of range [-1, ", in.keys, ") (kv has ", in.keys, " rows)");
+    }
+  }
+  SPARSECP_CHECK(in.keys == 0 || in.kv != nullptr, "sparse attention kv is null");
+}
+
+int64_t sparse_attention_block_rows(const SparseAttentionInputs& in, const SparseAttentionConfig& config) {
+  const auto [w, a] = element_sizes(in.dtype, use_onednn(in.dtype, config.gemm));
+  const std::size_t per_row = std::max<std::size_t>(row_bytes(in, w, a), 1);
+  return static_cast<int64_t>(std::clamp<std::size_t>(config.scratch_bytes / per_row, 1, 16));
+}
+
+std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& in, const SparseAttentionConfig& config) {
+  const auto [w, a] = element_sizes(in.dtype, use_onednn(in.dtype, config.gemm));
+  return static_cast<std::size_t>(sparse_attention_block_rows(in, config)) * row_bytes(in, w, a);
+}
+
+void sparse_attention_forward(const SparseAttentionInputs& in, const SparseAttentionConfig& config, void* out,
+                              void* lse) {
+  validate_sparse_attention(in, config);
+  if (in.rows == 0) return;
+  const bool onednn = use_onednn(in.dtype, config.gemm);
+  dispatch(in, onednn, [&](auto types) {
+    using K = Kernel<decltype(types)>;
+    K(in, config, onednn).forward(static_cast<typename K::T*>(out), static_cast<typename K::A*>(lse));
+  });
+}
+
+void sparse_attention_backward(const SparseAttentionInputs& in, const SparseAttentionConfig& config,
+                               const void* out, const void* lse, const void* grad_out, void* grad_q, void* grad_kv,
+                               void* grad_sinks) {
+  validate_sparse_attention(in, config);
+  SPARSECP_CHECK(in.sinks == nullptr || grad_sinks != nullptr, "sparse attention grad_sinks is null with sinks");
+  const bool onednn = use_onednn(in.dtype, config.gemm);
+  dispatch(in, onednn, [&](auto types) {
+    using K = Kernel<decltype(types)>;
+    using A = typename K::A;
+    if (in.rows == 0) {
+      std::fill(static_cast<A*>(grad_kv), static_cast<A*>(grad_kv) + in.keys * in.qk_dim, A(0));
+      if (grad_sinks != nullptr && in.sinks != nullptr) {
+        std::fill(static_cast<A*>(grad_sinks), static_cast<A*>(grad_sinks) + in.heads, A(0));
+      }
+      return;
+    }
+    K(in, config, onednn)
+        .backward(static_cast<const typename K::T*>(out), static_cast<const A*>(lse),
+                  static_cast<const typename K::T*>(grad_out), static_cast<typename K::T*>(grad_q),
+                  static_cast<A*>(grad_kv), in.sinks != nullptr ? static_cast<A*>(grad_sinks) : nullptr);
+  });
+}
+
+}  // namespace sparsecp
