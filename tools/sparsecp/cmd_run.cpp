@@ -588,6 +588,49 @@ std::vector<StrategyRuns> measure(const RunFlags& flags, Job& job, MpiCommunicat
 //
 // The first step is the job's first measurement: from its wall time the job sizes itself
 // to the machine (size_to_budget) before the next step.
+//
+// Test hook (tests of the refit, whose outcome must not depend on the machine's load):
+// SPARSECP_RUN_ADAPT_NS="a,b,c,d[,spread]" replaces each rank's measured selection CPU time
+// in the --adapt steps by a*rows + b*visible + c*capped + d*heap nanoseconds of the rank's
+// own sums (segment_cost_sample's), times (1 + spread * rank). Spread 0 (the default) gives
+// times the refit recovers exactly, so every step's fit is accepted; a large spread gives
+// times no per-row model explains, so every fit is refused and the previous model kept.
+// The selections still run (and are verified); the measured repeats are untouched.
+struct InjectedAdaptTimes {
+  CostModel model;
+  double spread = 0;
+};
+
+std::optional<InjectedAdaptTimes> injected_adapt_times() {
+  const char* text = std::getenv("SPARSECP_RUN_ADAPT_NS");
+  if (text == nullptr) return std::nullopt;
+  std::vector<double> values;
+  const std::string all = text;
+  size_t begin = 0;
+  while (begin <= all.size()) {
+    const size_t end = std::min(all.find(',', begin), all.size());
+    const std::string field = all.substr(begin, end - begin);
+    char* stop = nullptr;
+    const double value = std::strtod(field.c_str(), &stop);
+    SPARSECP_CHECK(!field.empty() && stop == field.c_str() + field.size() && std::isfinite(value) &&
+                       value >= 0,
+                   "SPARSECP_RUN_ADAPT_NS must be 4 or 5 finite non-negative numbers a,b,c,d[,spread]; "
+                   "got '", all, "'");
+    values.push_back(value);
+    begin = end + 1;
+  }
+  SPARSECP_CHECK(values.size() == 4 || values.size() == 5,
+                 "SPARSECP_RUN_ADAPT_NS must be 4 or 5 finite non-negative numbers a,b,c,d[,spread]; "
+                 "got '", all, "'");
+  InjectedAdaptTimes injected;
+  injected.model.a = values[0];
+  injected.model.b = values[1];
+  injected.model.c = values[2];
+  injected.model.d = values[3];
+  if (values.size() == 5) injected.spread = values[4];
+  return injected;
+}
+
 void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm, double started,
            const Progress& progress) {
   std::vector<const Strategy*> stepping = {job.strategies.front()};
@@ -595,6 +638,7 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm, double starte
     if (balances_cost_model(*s)) stepping.push_back(s);
   }
   if (flags.adapt == 0 || stepping.size() == 1) return;
+  const std::optional<InjectedAdaptTimes> injected = injected_adapt_times();
   // sparsecp's kernel keeps a running top-k: the refit learns d even from a start without it.
   CostModelRefit refit(job.params.cost_model.value_or(CostModel{}), flags.adapt_window,
                        kDefaultRefitResidualBound, /*heap_term=*/true);
@@ -619,10 +663,16 @@ void adapt(const RunFlags& flags, Job& job, MpiCommunicator& comm, double starte
       if (r.strategy != job.strategies.front()) without_none += wall_seconds() - run_start;
       const CostSample s =
           segment_cost_sample(r.route->segments, flags.ratio, topk, 0, candidates, quantum);
+      double select_ns = figures.select_cpu * 1e9;
+      if (injected) {  // the test hook above
+        const CostModel& m = injected->model;
+        select_ns = (m.a * s.rows + m.b * s.visible + m.c * s.capped + m.d * s.heap) *
+                    (1 + injected->spread * static_cast<double>(comm.rank()));
+      }
       // The heap sum is a real number; whole replacements are precision enough.
       mine.insert(mine.end(), {static_cast<int64_t>(s.rows), static_cast<int64_t>(s.visible),
                                static_cast<int64_t>(s.capped), std::llround(s.heap),
-                               static_cast<int64_t>(figures.select_cpu * 1e9)});
+                               static_cast<int64_t>(select_ns)});
     }
     constexpr size_t kFigures = 5;                          // rows, visible, capped, heap, ns
     const std::vector<int64_t> every = gather(comm, mine);  // [rank][strategy][kFigures]
