@@ -5,13 +5,14 @@ The contract is ``_attention_reference.reference_sparse_attention``'s (token-maj
 takes one row and a block of heads and walks the row's columns in blocks, gathering the listed
 ``kv`` rows; qk dims that are not a power of two are split into a main part and a masked tail
 (576 = 512 + 64). The backward is FlashAttention's recipe: ``Delta = rowsum(dO * O)``, ``P``
-recomputed from ``lse`` and the sink.
+recomputed from ``lse`` and the sink; ``dsinks = -sum_rows exp(sink - L) * Delta`` in torch.
 
 The key gradient is deterministic by default: the row kernel writes each (head block, row,
 column) contribution ``scale * dS^T Q + P^T dO`` to a float32 buffer (row chunks keep it within
-``CONTRIB_BUDGET_BYTES``); a stable argsort of the chunk's key ids lists, for each key, the
-entries that name it in a fixed order, and one program per key sums them in that order. No
-atomics. ``deterministic=False`` adds the contributions with ``tl.atomic_add`` instead.
+``CONTRIB_BUDGET_BYTES``); a stable sort of the chunk's key ids lists, for each key, the entries
+that name it in a fixed order, and one program per key (and 128 of its columns) sums them in that
+order into a float32 ``dkv``. No atomics. ``deterministic=False`` adds the contributions with
+``tl.atomic_add`` instead.
 
 Under ``TRITON_INTERPRET=1`` (set before this module is imported) the kernels run on CPU tensors.
 """
@@ -36,6 +37,9 @@ CONTRIB_BUDGET_BYTES = 1 << 30
 # Largest qk dim the kernels are sized for (V3.2's 576 = 512 + 64).
 _MAX_QK_DIM = 576
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Shared memory per block the bf16/fp16 kernels take at 512 and 576 (at most 121 KiB on sm_80, sm_90
+# and sm_100; the compile-only tests keep it under 227 KiB), so sm_86/sm_89's 99 KiB is refused.
+_SHARED_NEEDED = 124 * 1024
 
 
 def available() -> bool:
@@ -70,6 +74,12 @@ def supports(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
     if any(t.device != q.device for t in tensors):
         return "tensors on different devices"
     if q.device.type == "cuda":
+        properties = torch.cuda.get_device_properties(q.device)
+        if properties.major < 8:
+            return f"sm_{properties.major}{properties.minor}: needs sm_80 or newer"
+        shared = getattr(properties, "shared_memory_per_block_optin", None)
+        if shared is not None and shared < _SHARED_NEEDED:
+            return f"{shared} bytes of shared memory per block: the kernels need {_SHARED_NEEDED}"
         return None
     if q.device.type == "cpu" and _interpreting():
         return None
