@@ -652,3 +652,18 @@ def indexer_kl_scratch_bytes(index_query: Annotated[NDArray, dict(device='cpu', 
     """
     Upper bound of indexer_kl_loss's scratch bytes for these shapes, dtypes and threads (0: OpenMP's default); independent of B and S (indexer_kl_scratch_bytes).
     """
+
+def sparse_attention_forward(q: Annotated[NDArray, dict(device='cpu', writable=False)], kv: Annotated[NDArray, dict(device='cpu', writable=False)], indices: Annotated[NDArray, dict(device='cpu', writable=False)], sinks: Annotated[NDArray, dict(device='cpu', writable=False)] | None, out: Annotated[NDArray, dict(device='cpu')], lse: Annotated[NDArray, dict(device='cpu')], scale: float, value_dim: int, threads: int = 0, isa: str = 'auto', gemm: str = 'auto', scratch_bytes: int = 0) -> None:
+    """
+    Sparse attention forward (kernels/sparse_attention.hpp): q [rows, heads, qk_dim], kv [keys, qk_dim] (float32, bfloat16 or float64), indices [rows, columns] int32 (-1: none), sinks [heads] or None (float32; float64 for float64 calls); writes out [rows, heads, value_dim] and lse [rows, heads]. scratch_bytes: per-thread budget that sets the rows of a block (0: the default, 16 MiB).
+    """
+
+def sparse_attention_backward(q: Annotated[NDArray, dict(device='cpu', writable=False)], kv: Annotated[NDArray, dict(device='cpu', writable=False)], indices: Annotated[NDArray, dict(device='cpu', writable=False)], sinks: Annotated[NDArray, dict(device='cpu', writable=False)] | None, out: Annotated[NDArray, dict(device='cpu', writable=False)], lse: Annotated[NDArray, dict(device='cpu', writable=False)], grad_out: Annotated[NDArray, dict(device='cpu', writable=False)], grad_q: Annotated[NDArray, dict(device='cpu')], grad_kv: Annotated[NDArray, dict(device='cpu')], grad_sinks: Annotated[NDArray, dict(device='cpu')] | None, scale: float, value_dim: int, threads: int = 0, isa: str = 'auto', gemm: str = 'auto', scratch_bytes: int = 0) -> None:
+    """
+    Sparse attention backward: from the forward's out and lse and grad_out, writes grad_q (the call's dtype), grad_kv [keys, qk_dim] and grad_sinks [heads] (float32; float64 for float64 calls). grad_kv is summed in row order whatever the thread count.
+    """
+
+def sparse_attention_gemm(dtype: str = 'bfloat16', gemm: str = 'auto') -> str:
+    """
+    The library that multiplies a sparse attention call of this dtype: 'onednn <version>' or 'blas'.
+    """

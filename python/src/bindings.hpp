@@ -96,5 +96,6 @@ void bind_planning(nb::module_& m);
 void bind_transport(nb::module_& m);
 void bind_kernels(nb::module_& m);
 void bind_indexer_kl(nb::module_& m);
+void bind_attention(nb::module_& m);
 
 }  // namespace sparsecp::python

@@ -38,4 +38,5 @@ NB_MODULE(_core, m) {
   sparsecp::python::bind_transport(m);
   sparsecp::python::bind_kernels(m);
   sparsecp::python::bind_indexer_kl(m);
+  sparsecp::python::bind_attention(m);
 }

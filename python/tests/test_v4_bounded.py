@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparsecp.models._cp_rows import merge_intervals, plan_row_gather
-from sparsecp.models._sparse_attention import attention_chunk_rows, sparse_attention
+from sparsecp.torch._attention_chunked import attention_chunk_rows, sparse_attention
 
 
 def _seed() -> int:

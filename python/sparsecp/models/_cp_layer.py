@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ..torch._agreement import capture
 from ..torch._exchange import launch_rows, to_owners
 from ..torch._overlapped import launch_on_route
+from ..torch.attention import sparse_attention, sparse_attention_backend
 from ._cp_checks import BATCH_DIGEST
 from ._cp_training import document_lengths, group_shape, resolve_group
 
@@ -368,7 +369,13 @@ class StateBookkeeping:
     strategy_params: dict[str, Any]
     selector: str
     kl_coeff: float | None
-    attention_chunk_bytes: int = 64 << 20  # scratch budget of one attention row chunk
+    # scratch budget of one attention row block: per thread for the C++ kernel, per row chunk for
+    # the torch path (sparse_attention's chunk_bytes)
+    attention_chunk_bytes: int = 64 << 20
+    # sparse_attention's backend: None picks per input ('cpu' kernel on CPU tensors, then 'triton',
+    # then 'torch'); a name forces it. attention_path: what the last layer call ran.
+    attention_backend: str | None = None
+    attention_path: str | None = None
     keep_last_ids: bool = False  # keep the last forward's ids for ``last_ids`` (tests, diagnostics)
     stats: ContextParallelStats = field(default_factory=ContextParallelStats)
     clock: SelectorClock = field(default_factory=SelectorClock)
@@ -378,6 +385,15 @@ class StateBookkeeping:
     kl_losses: list[torch.Tensor] = field(default_factory=list)  # the last forward with gradients' KL losses
     last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
     calibration: Any = None  # spill's cost model on the layer's selector (_cp_calibration.SelectionCalibration)
+
+    def attend(self, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, *,
+               value_dim: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's attention over each row's listed ``kv`` rows (``sparse_attention``'s
+        contract) on this state's backend; the backend taken is kept in ``attention_path``."""
+        path = sparse_attention_backend(q, kv, indices, sinks, self.attention_backend)
+        self.attention_path = path
+        return sparse_attention(q, kv, indices, scale, value_dim=value_dim, sinks=sinks, backend=path,
+                                chunk_bytes=self.attention_chunk_bytes)
 
     def context(self, forward: Any) -> ForwardContext:
         """The forward a layer runs in (from its keyword arguments)."""

@@ -16,8 +16,9 @@ the batch was agreed across ranks once, in the model's forward (``_cp_layer.chec
    the first forward's ids: no selection, no selection collective;
 4. attention in MLA's absorbed form, which is the model's math regrouped: ``q_h . k_h(t) =
    (W_kb_h^T q_nope_h) . c_t + q_rot_h . k_rot_t`` and ``sum_t p_t W_vb_h c_t = W_vb_h sum_t p_t
-   c_t``; so each head attends the shared latent rows its row selected (``sparse_attention``: row
-   chunks under a byte budget, FlashAttention's recipe, scores recomputed in backward), and
+   c_t``; so each head attends the shared latent rows its row selected
+   (``sparsecp.torch.sparse_attention`` with qk_dim 576 and value_dim 512: the C++ kernel on CPU,
+   the chunked torch path elsewhere; FlashAttention's recipe, scores recomputed in backward), and
    ``W_vb`` is applied once per row and head afterwards; then ``o_proj``;
 5. optional indexer KL on the owner (``indexer_kl_loss_any_topk``, the model's ``index_topk``):
    student = the indexer's own query, merge weights and Index K (its inputs detached, so only
@@ -35,7 +36,6 @@ import torch
 from ..torch.kl import indexer_kl_loss_any_topk
 from ._cp_layer import BankView, balanced_select, in_recompute
 from ._cp_rows import DeviceRowGather, gather_rows
-from ._sparse_attention import attention_chunk_rows, sparse_attention
 from ._v32_selector import FusedSelector, ModelSelector
 
 if TYPE_CHECKING:
@@ -91,15 +91,10 @@ def _select(attn: Any, state: ContextParallelState, context: ForwardContext, lay
     return ids, bank
 
 
-def _columns(ids: torch.Tensor, prefix_start: int) -> Any:
-    """The attention's ``ColumnSource``: per own row, its selected ids as prefix block rows."""
-
-    def columns(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chosen = ids[start:stop]
-        valid = chosen >= 0
-        return torch.where(valid, chosen - prefix_start, torch.zeros_like(chosen)), valid
-
-    return columns
+def _indices(ids: torch.Tensor, prefix_start: int) -> torch.Tensor:
+    """Per own row, its selected ids as prefix block rows, int32 with -1 for none
+    (``sparse_attention``'s ``indices``)."""
+    return torch.where(ids >= 0, ids - prefix_start, torch.full_like(ids, -1)).to(torch.int32)
 
 
 def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: torch.Tensor,
@@ -134,12 +129,9 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     query = torch.cat([torch.einsum("hln,hnc->hlc", q_pass[0], kv_b[:, :nope]), q_rot[0]], dim=-1)
 
     ids, index_bank = _select(attn, state, context, layout, hidden_states, q_residual, cos, sin)
-    batch = layout.batch
-    chunk = attention_chunk_rows(int(ids.shape[1]), heads, latent_dim + rope_dim, latent_dim, query.element_size(),
-                                 state.attention_chunk_bytes)
-    attended = sparse_attention(query, prefix, _columns(ids, batch.prefix_start), scale=attn.scaling,
-                                values=prefix[:, :latent_dim], chunk_rows=chunk)  # [heads, own rows, kv_lora_rank]
-    output = torch.einsum("hlc,hvc->lhv", attended, kv_b[:, nope:]).reshape(1, local, heads * value_dim)
+    attended = state.attend(query.transpose(0, 1), prefix, _indices(ids, layout.batch.prefix_start), attn.scaling,
+                            value_dim=latent_dim)  # [own rows, heads, kv_lora_rank]
+    output = torch.einsum("lhc,hvc->lhv", attended, kv_b[:, nope:]).reshape(1, local, heads * value_dim)
     result = attn.o_proj(output)
 
     if state.kl_coeff is not None and torch.is_grad_enabled():

@@ -19,9 +19,10 @@ agreed across ranks once, in the model's forward, so the collectives here run un
    recompute (activation checkpointing) the first forward's ids are replayed: no selection, no
    selection collective;
 6. attention with sinks over each row's own keys only (its window, then HCA's causal prefix or
-   CSA's selected ids), in row chunks under a byte budget (``sparse_attention``: the
-   FlashAttention recipe, scores recomputed in backward), the conjugate RoPE on the output and
-   the grouped output projection;
+   CSA's selected ids) through ``sparsecp.torch.sparse_attention`` (the C++ kernel on CPU, the
+   chunked torch path elsewhere, or the state's ``attention_backend``: the FlashAttention recipe,
+   scores recomputed in backward), the conjugate RoPE on the output and the grouped output
+   projection;
 7. optional indexer KL on the owner (``indexer_kl_loss_any_topk``): student = the indexer's own
    query, merge weights and Index K bank (gradients reach only indexer parameters: its inputs
    are detached), teacher = this attention's distribution over the selected keys plus its sink.
@@ -36,7 +37,6 @@ import torch
 from ..torch.kl import indexer_kl_loss_any_topk
 from ._cp_layer import BankView, balanced_select, in_recompute
 from ._cp_rows import DeviceRowGather, gather_rows
-from ._sparse_attention import attention_chunk_rows, sparse_attention
 from ._v4_compress import owned_entries
 from ._v4_selector import FusedSelector, ModelSelector
 
@@ -97,34 +97,23 @@ def _window_columns(layout: DeviceLayout, start: int, stop: int, window: int) ->
     return index, index >= begin[:, None]
 
 
-def _columns(layout: DeviceLayout, tables: DeviceCompression | None, ids: torch.Tensor | None, window: int,
-             window_rows: int, chunk: int) -> Any:
-    """The attention's ``ColumnSource``: per own row, the rows of ``[window block | bank block]``
-    it attends (its window; then CSA's selected ids, or for HCA its chunk's bank range, valid on
-    the row's causal document prefix)."""
-    ranges = None
-    if tables is not None and ids is None:
-        ranges = layout.batch.chunk_ranges(tables.layout.ratio, chunk)
-
-    def columns(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        index, valid = _window_columns(layout, start, stop, window)
-        if tables is not None:
-            if ids is not None:  # CSA: the selected ids
-                chosen = ids[start:stop]
-                seen = chosen >= 0
-                compressed = chosen - tables.layout.bank_start
-            else:  # HCA: the chunk's range of its rows' causal prefixes
-                assert ranges is not None
-                lo, hi = ranges[start // chunk]
-                keys = torch.arange(lo, hi, device=index.device)
-                vb, ve = tables.visible_begin[start:stop], tables.visible_end[start:stop]
-                seen = (keys[None, :] >= vb[:, None]) & (keys[None, :] < ve[:, None])
-                compressed = keys[None, :].expand(stop - start, -1)
-            index = torch.cat([index, compressed + window_rows], dim=1)
-            valid = torch.cat([valid, seen], dim=1)
-        return torch.where(valid, index, torch.zeros_like(index)), valid
-
-    return columns
+def _indices(layout: DeviceLayout, tables: DeviceCompression | None, ids: torch.Tensor | None, window: int,
+             window_rows: int) -> torch.Tensor:
+    """Per own row, the rows of ``[window block | bank block]`` it attends, int32 with -1 for
+    none (``sparse_attention``'s ``indices``): its window; then CSA's selected ids, or for HCA
+    its causal document prefix (at most ``widest`` bank rows, which the host layout knows)."""
+    index, valid = _window_columns(layout, 0, layout.window_begin.shape[0], window)
+    if tables is not None:
+        if ids is not None:  # CSA: the selected ids
+            seen = ids >= 0
+            compressed = ids - tables.layout.bank_start
+        else:  # HCA: the row's causal prefix of its document's bank rows
+            begin, end = tables.visible_begin, tables.visible_end
+            compressed = begin[:, None] + torch.arange(tables.layout.widest, device=begin.device)[None, :]
+            seen = compressed < end[:, None]
+        index = torch.cat([index, compressed + window_rows], dim=1)
+        valid = torch.cat([valid, seen], dim=1)
+    return torch.where(valid, index, torch.full_like(index, -1)).to(torch.int32)
 
 
 def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: torch.Tensor,
@@ -165,10 +154,9 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
         if tables.layout.overlap:
             ids, index_bank, index_rope = _select(attn, state, context, tables, hidden_states, block, q_residual,
                                                   position_ids, rope)
-    columns = batch.window + (0 if tables is None else int(ids.shape[1]) if ids is not None else tables.layout.widest)
-    chunk = attention_chunk_rows(columns, q.shape[1], head_dim, head_dim, q.element_size(), state.attention_chunk_bytes)
-    output = sparse_attention(q[0], keys, _columns(layout, tables, ids, batch.window, window.shape[0], chunk),
-                              scale=attn.scaling, sinks=attn.sinks, chunk_rows=chunk)[None]
+    indices = _indices(layout, tables, ids, batch.window, window.shape[0])
+    output = state.attend(q[0].transpose(0, 1), keys, indices, attn.scaling, sinks=attn.sinks)
+    output = output.transpose(0, 1)[None]  # [1, heads, local, head_dim]
     output = rope(output, cos, -sin).transpose(1, 2)  # [1, local, heads, head_dim]
     grouped = attn.o_a_proj(output.reshape(1, local, attn.config.o_groups, -1)).flatten(2)
     result = attn.o_b_proj(grouped)

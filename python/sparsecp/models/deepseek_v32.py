@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..torch.attention import BACKENDS as ATTENTION_BACKENDS
 from . import _cp_training
 from ._cp_checks import agree_parameters, refuse_labels, refuse_model_loss_under_cp
 from ._cp_layer import BatchCheck, check_and_agree, indexer_kl_share
@@ -126,7 +127,8 @@ def context_parallel_state(model: Any) -> ContextParallelState | None:
 
 def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, block_size: int | None = None,
                      zigzag_min_length: int | None = None, selector: str = "model",
-                     indexer_kl_coeff: float | None = None, calibrate: bool | str = True,
+                     indexer_kl_coeff: float | None = None,
+                     attention_backend: str | None = None, calibrate: bool | str = True,
                      **strategy_params: Any) -> Any:
     """Make a ``DeepseekV32ForCausalLM`` / ``DeepseekV32Model`` context-parallel over ``group``, in place.
 
@@ -145,6 +147,10 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         indexer_kl_coeff: Enables the indexer KL loss with this coefficient (over the whole
             packed sequence: ``coeff / S`` times the sum of row losses); read it with
             ``indexer_kl_loss(model)``.
+        attention_backend: ``sparsecp.torch.sparse_attention``'s backend for every attention layer:
+            None (default) picks per input (the C++ kernel for CPU tensors, Triton on a GPU, else the
+            chunked torch path); 'cpu', 'triton' or 'torch' forces one. The one taken is
+            ``context_parallel_state(model).attention_path``.
         calibrate: spill's (and auto's) cost model on the layer's own selector
             (``_cp_calibration``): True (default) calibrates it in the first forward (rank 0
             times the selector, broadcasts the fit) and refits it from every rank's measured
@@ -175,6 +181,8 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         raise ValueError(f"selector must be one of {_SELECTORS}, got {selector!r}")
     if indexer_kl_coeff is not None and not np.isfinite(float(indexer_kl_coeff)):
         raise ValueError(f"indexer_kl_coeff must be finite, got {indexer_kl_coeff}")
+    if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS} or None, got {attention_backend!r}")
     if not isinstance(mode, str) or not mode:
         raise ValueError(f"mode must be a strategy name, got {mode!r}")
     size, rank = _cp_training.group_shape(group, "CP group")
@@ -183,6 +191,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         strategy_params=dict(strategy_params), selector=selector,
         kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), rope=modeling.apply_rotary_pos_emb,
         mla_rope=modeling.apply_rotary_pos_emb_interleave)
+    state.attention_backend = attention_backend
     _check_strategy(state)
     agree_parameters(base, group, "context_parallel")
     state.calibration = v32_calibration(state, base, calibrate)  # checks calibrate=

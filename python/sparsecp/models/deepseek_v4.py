@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..torch.attention import BACKENDS as ATTENTION_BACKENDS
 from . import _cp_training
 from ._cp_checks import agree_parameters, refuse_labels, refuse_model_loss_under_cp
 from ._cp_layer import BatchCheck, check_and_agree, indexer_kl_share
@@ -144,7 +145,8 @@ def context_parallel_state(model: Any) -> ContextParallelState | None:
 
 def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, block_size: int | None = None,
                      zigzag_min_length: int | None = None, selector: str = "model",
-                     indexer_kl_coeff: float | None = None, **strategy_params: Any) -> Any:
+                     indexer_kl_coeff: float | None = None,
+                     attention_backend: str | None = None, **strategy_params: Any) -> Any:
     """Make a ``DeepseekV4ForCausalLM`` / ``DeepseekV4Model`` context-parallel over ``group``, in place.
 
     Args:
@@ -167,6 +169,10 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         indexer_kl_coeff: Enables the indexer KL loss with this coefficient (the seed's
             ``loss_coeff``, over the whole packed sequence: ``coeff / S`` times the sum of row
             losses); read it with ``indexer_kl_loss(model)``.
+        attention_backend: ``sparsecp.torch.sparse_attention``'s backend for every attention layer:
+            None (default) picks per input (the C++ kernel for CPU tensors, Triton on a GPU, else the
+            chunked torch path); 'cpu', 'triton' or 'torch' forces one. The one taken is
+            ``context_parallel_state(model).attention_path``.
 
     Returns:
         ``model``, whose forward now takes this rank's shard (``shard_batch``) and
@@ -191,6 +197,8 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         raise ValueError(f"selector must be one of {_SELECTORS}, got {selector!r}")
     if indexer_kl_coeff is not None and not np.isfinite(float(indexer_kl_coeff)):
         raise ValueError(f"indexer_kl_coeff must be finite, got {indexer_kl_coeff}")
+    if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS} or None, got {attention_backend!r}")
     if not isinstance(mode, str) or not mode:
         raise ValueError(f"mode must be a strategy name, got {mode!r}")
     size, rank = _group_shape(group)
@@ -203,6 +211,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
     # -- spill's cost model on the layer's own selector (_cp_calibration: issue 36) --
     calibrate = state.strategy_params.pop("calibrate", True)
     # --
+    state.attention_backend = attention_backend
     _check_strategy(state, config)
     agree_parameters(base, group, "context_parallel")
     compressions = set()

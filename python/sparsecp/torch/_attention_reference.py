@@ -34,7 +34,8 @@ def reference_sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch
     rows, heads = q.shape[0], q.shape[1]
     valid = (indices >= 0)[:, None, :]                                     # [rows, 1, columns]
     safe = torch.where(indices >= 0, indices, torch.zeros_like(indices)).long()
-    keys = kv.double()[safe]                                              # [rows, columns, qk_dim]
+    bank = kv.double() if kv.shape[0] else kv.new_zeros((1, kv.shape[1]), dtype=torch.float64)  # no key: -1 only
+    keys = bank[safe]                                                     # [rows, columns, qk_dim]
     logits = torch.einsum("rhd,rcd->rhc", q.double(), keys) * scale       # [rows, heads, columns]
     masked = logits.masked_fill(~valid, float("-inf"))
     # Shift by a constant (the largest logit, the sink included): the softmax does not depend on

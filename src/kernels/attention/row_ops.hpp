@@ -7,24 +7,24 @@
 
 namespace sparsecp::attention_detail {
 
-// One row block's scores: `heads` rows of `columns` logits (stride `ld`) for one query row
-// whose column ids are `ids` (-1: no key).
+// One query row's scores, column-major over heads: logits[c * heads + h] for column c
+// (id ids[c], -1: no key) and head h. Keeping heads innermost lets every pass run in vectors
+// of heads, and lets the products read the gathered keys as their row-major left operand.
 struct RowScores {
-  const float* logits = nullptr;  // q . k, unscaled
+  const float* logits = nullptr;  // [columns, heads]: q . k, unscaled
   int64_t heads = 0;
   int64_t columns = 0;
-  int64_t ld = 0;
   const int32_t* ids = nullptr;
   float scale = 1.0f;
 };
 
 struct RowOps {
-  // Forward: probs[h, c] = exp(scale * l - L_h) on valid columns (0 elsewhere), with
+  // Forward: probs[c, h] = exp(scale * l - L_h) on valid columns (0 elsewhere), with
   // L_h = log(sum_c exp(scale * l) + exp(sinks[h])) (sinks may be null); lse[h] = the log
-  // over the keys only (-inf with no key). probs has stride ld.
-  void (*softmax)(const RowScores& s, const float* sinks, float* probs, float* lse);
-  // Backward: probs[h, c] = exp(scale * l - full[h]) on valid columns (0 elsewhere; 0 where
-  // full[h] is -inf), then grad[h, c] = probs * (dprobs[h, c] - delta[h]) * scale.
+  // over the keys only (-inf with no key). work: 2 * heads floats.
+  void (*softmax)(const RowScores& s, const float* sinks, float* probs, float* lse, float* work);
+  // Backward: probs[c, h] = exp(scale * l - full[h]) on valid columns (0 elsewhere; 0 where
+  // full[h] is -inf), then grad[c, h] = probs * (dprobs[c, h] - delta[h]) * scale.
   void (*logit_gradient)(const RowScores& s, const float* full, const float* dprobs, const float* delta,
                          float* probs, float* grad);
 };

@@ -104,6 +104,7 @@ std::size_t row_bytes(const SparseAttentionInputs& in, std::size_t w, std::size_
   return C * D * (w + a)              // gathered kv rows, their gradient
          + H * C * (4 * a + 2 * w)    // logits, probabilities, their gradients (and W copies)
          + H * (D + V) * (w + a)      // q, d out as operands; out / d q before rounding
+         + (V == D ? 2 * H * (C + D) * w : 0)  // K = V: [grad | probs] and [q ; d out]
          + H * 4 * a;                 // per-head lse, delta, sink terms
 }
 
@@ -113,30 +114,37 @@ std::pair<std::size_t, std::size_t> element_sizes(AttentionDType dtype, bool one
   return {4, 4};
 }
 
-// Generic softmax passes for float64 (the ISA's RowOps are float32).
+// Generic softmax passes for float64 (the ISA's RowOps are float32), in the same
+// [columns, heads] layout (row_ops.hpp).
 template <class A>
 void softmax_generic(const A* logits, int64_t heads, int64_t columns, const int32_t* ids, A scale,
-                     const A* sinks, A* probs, A* lse) {
+                     const A* sinks, A* probs, A* lse, A* work) {
   constexpr A kInf = std::numeric_limits<A>::infinity();
+  A* shift = work;
+  A* keys = work + heads;
   for (int64_t h = 0; h < heads; ++h) {
-    const A* l = logits + h * columns;
-    A* p = probs + h * columns;
     A top = -kInf;
     for (int64_t c = 0; c < columns; ++c) {
-      if (ids[c] >= 0) top = std::max(top, l[c] * scale);
+      if (ids[c] >= 0) top = std::max(top, logits[c * heads + h] * scale);
     }
-    const A sink = sinks != nullptr ? sinks[h] : -kInf;
-    A shift = std::max(top, sink);
-    if (!(shift > -kInf)) shift = 0;
-    A keys = 0;
-    for (int64_t c = 0; c < columns; ++c) {
-      p[c] = ids[c] >= 0 ? std::exp(l[c] * scale - shift) : A(0);
-      keys += p[c];
+    top = std::max(top, sinks != nullptr ? sinks[h] : -kInf);
+    shift[h] = top > -kInf ? top : A(0);
+    keys[h] = 0;
+  }
+  for (int64_t c = 0; c < columns; ++c) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const A e = ids[c] >= 0 ? std::exp(logits[c * heads + h] * scale - shift[h]) : A(0);
+      probs[c * heads + h] = e;
+      keys[h] += e;
     }
-    const A total = keys + (sinks != nullptr ? std::exp(sink - shift) : A(0));
-    const A inverse = total > 0 ? A(1) / total : (total == total ? A(0) : total);
-    for (int64_t c = 0; c < columns; ++c) p[c] *= inverse;
-    lse[h] = keys > 0 ? shift + std::log(keys) : (keys == keys ? -kInf : keys);
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    const A total = keys[h] + (sinks != nullptr ? std::exp(sinks[h] - shift[h]) : A(0));
+    lse[h] = keys[h] > 0 ? shift[h] + std::log(keys[h]) : (keys[h] == keys[h] ? -kInf : keys[h]);
+    keys[h] = total > 0 ? A(1) / total : (total == total ? A(0) : total);
+  }
+  for (int64_t c = 0; c < columns; ++c) {
+    for (int64_t h = 0; h < heads; ++h) probs[c * heads + h] *= keys[h];
   }
 }
 
@@ -144,10 +152,10 @@ template <class A>
 void logit_gradient_generic(const A* logits, int64_t heads, int64_t columns, const int32_t* ids, A scale,
                             const A* full, const A* dprobs, const A* delta, A* probs, A* grad) {
   constexpr A kInf = std::numeric_limits<A>::infinity();
-  for (int64_t h = 0; h < heads; ++h) {
-    const bool live = full[h] > -kInf || full[h] != full[h];
-    for (int64_t c = 0; c < columns; ++c) {
-      const int64_t i = h * columns + c;
+  for (int64_t c = 0; c < columns; ++c) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t i = c * heads + h;
+      const bool live = full[h] > -kInf || full[h] != full[h];
       probs[i] = (ids[c] >= 0 && live) ? std::exp(logits[i] * scale - full[h]) : A(0);
       grad[i] = probs[i] * (dprobs[i] - delta[h]) * scale;
     }
@@ -211,7 +219,7 @@ class Kernel {
         threads_(resolve_threads(config.threads)),
         block_(sparse_attention_block_rows(in, config)),
         blocks_(in.rows == 0 ? 0 : (in.rows + block_ - 1) / block_),
-        H_(in.heads), C_(in.columns), D_(in.qk_dim), V_(in.value_dim) {}
+        H_(in.heads), C_(in.columns), D_(in.qk_dim), V_(in.value_dim), fused_(in.value_dim == in.qk_dim) {}
 
   void forward(T* out, A* lse) const {
     const int threads = static_cast<int>(std::min<int64_t>(threads_, blocks_));
@@ -312,10 +320,14 @@ class Kernel {
         q_w.resize(R * H * D);
         dout_w.resize(R * H * V);
       }
+      if (k.fused_) {  // K = V: [grad | probs] per column and [q ; d out] per row, for one product
+        pair.resize(R * C * 2 * H);
+        stack.resize(R * 2 * H * D);
+      }
       result.resize(R * H * std::max(D, V));
-      rows.resize(R * H * 4);
+      rows.resize(H * 4);
     }
-    Buffer<W> gathered, probs_w, grad_w, q_w, dout_w;
+    Buffer<W> gathered, probs_w, grad_w, q_w, dout_w, pair, stack;
     Buffer<A> logits, probs, dprobs, grad, result, rows;
   };
 
@@ -379,10 +391,11 @@ class Kernel {
     ad::run_gemm(g, onednn_);
   }
 
-  // logits[r] = q[r] (H x D) . gathered[r]^T (D x C)
+  // logits[r] (C x H) = gathered[r] (C x D) . q[r]^T (D x H): the gathered rows are the
+  // products' row-major left operand (no repacking of the large block).
   void scores(int64_t n, const W* q, Scratch& s) const {
-    gemm(n, H_, C_, D_, {q, H_ * D_, D_, false}, {s.gathered.data(), C_ * D_, D_, true}, s.logits.data(), H_ * C_,
-         C_);
+    gemm(n, C_, H_, D_, {s.gathered.data(), C_ * D_, D_, false}, {q, H_ * D_, D_, true}, s.logits.data(), C_ * H_,
+         H_);
   }
 
   void softmax_rows(int64_t r0, int64_t n, Scratch& s, A* lse) const {
@@ -390,11 +403,11 @@ class Kernel {
       A* logits = s.logits.data() + r * H_ * C_;
       A* probs = s.probs.data() + r * H_ * C_;
       if constexpr (std::is_same_v<A, float>) {
-        ops_.softmax({logits, H_, C_, C_, ids(r0 + r), static_cast<float>(in_.scale)},
-                     static_cast<const float*>(in_.sinks), probs, lse + (r0 + r) * H_);
+        ops_.softmax({logits, H_, C_, ids(r0 + r), static_cast<float>(in_.scale)},
+                     static_cast<const float*>(in_.sinks), probs, lse + (r0 + r) * H_, s.rows.data());
       } else {
         softmax_generic<A>(logits, H_, C_, ids(r0 + r), static_cast<A>(in_.scale),
-                           static_cast<const A*>(in_.sinks), probs, lse + (r0 + r) * H_);
+                           static_cast<const A*>(in_.sinks), probs, lse + (r0 + r) * H_, s.rows.data());
       }
     }
   }
@@ -405,9 +418,9 @@ class Kernel {
     scores(n, operand(static_cast<const T*>(in_.q), r0, n, D_, s.q_w), s);
     softmax_rows(r0, n, s, lse);
     const W* probs = as_operand(s.probs, s.probs_w, n * H_ * C_);
-    // out[r] = probs[r] (H x C) . gathered[r][:, :V] (C x V)
+    // out[r] (H x V) = probs[r]^T (H x C) . gathered[r][:, :V] (C x V)
     A* result = std::is_same_v<T, A> ? reinterpret_cast<A*>(out + r0 * H_ * V_) : s.result.data();
-    gemm(n, H_, V_, C_, {probs, H_ * C_, C_, false}, {s.gathered.data(), C_ * D_, D_, false}, result, H_ * V_, V_);
+    gemm(n, H_, V_, C_, {probs, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, result, H_ * V_, V_);
     if constexpr (!std::is_same_v<T, A>) convert_span(result, n * H_ * V_, out + r0 * H_ * V_);
   }
 
@@ -419,9 +432,9 @@ class Kernel {
     const W* q = operand(static_cast<const T*>(in_.q), r0, n, D_, s.q_w);
     const W* dout = operand(grad_out, r0, n, V_, s.dout_w);
     scores(n, q, s);
-    // d probs[r] = d out[r] (H x V) . gathered[r][:, :V]^T (V x C)
-    gemm(n, H_, C_, V_, {dout, H_ * V_, V_, false}, {s.gathered.data(), C_ * D_, D_, true}, s.dprobs.data(),
-         H_ * C_, C_);
+    // d probs[r] (C x H) = gathered[r][:, :V] (C x V) . d out[r]^T (V x H)
+    gemm(n, C_, H_, V_, {s.gathered.data(), C_ * D_, D_, false}, {dout, H_ * V_, V_, true}, s.dprobs.data(),
+         C_ * H_, H_);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t row = r0 + r;
       A* full = s.rows.data();
@@ -439,24 +452,45 @@ class Kernel {
           sink_rows[row * H_ + h] = -p_sink * sum;
         }
       }
-      const int64_t at = r * H_ * C_;
+      const int64_t at = r * C_ * H_;
       if constexpr (std::is_same_v<A, float>) {
-        ops_.logit_gradient({s.logits.data() + at, H_, C_, C_, ids(row), static_cast<float>(in_.scale)}, full,
+        ops_.logit_gradient({s.logits.data() + at, H_, C_, ids(row), static_cast<float>(in_.scale)}, full,
                             s.dprobs.data() + at, delta, s.probs.data() + at, s.grad.data() + at);
       } else {
         logit_gradient_generic<A>(s.logits.data() + at, H_, C_, ids(row), static_cast<A>(in_.scale), full,
                                   s.dprobs.data() + at, delta, s.probs.data() + at, s.grad.data() + at);
       }
     }
+    if (fused_) {
+      W* pair = s.pair.data();
+      W* stack = s.stack.data();
+      for (int64_t rc = 0; rc < n * C_; ++rc) {
+        convert_span(s.grad.data() + rc * H_, H_, pair + rc * 2 * H_);
+        convert_span(s.probs.data() + rc * H_, H_, pair + rc * 2 * H_ + H_);
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        std::memcpy(stack + r * 2 * H_ * D_, q + r * H_ * D_, sizeof(W) * static_cast<std::size_t>(H_ * D_));
+        std::memcpy(stack + (r * 2 + 1) * H_ * D_, dout + r * H_ * V_, sizeof(W) * static_cast<std::size_t>(H_ * V_));
+      }
+      // d q[r] (H x D) = grad[r]^T (H x C) . gathered[r] (C x D)
+      A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
+      gemm(n, H_, D_, C_, {pair, C_ * 2 * H_, 2 * H_, true}, {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_,
+           D_);
+      if constexpr (!std::is_same_v<T, A>) convert_span(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
+      // d gathered[r] (C x D) = [grad | probs][r] (C x 2H) . [q ; d out][r] (2H x D)
+      gemm(n, C_, D_, 2 * H_, {pair, C_ * 2 * H_, 2 * H_, false}, {stack, 2 * H_ * D_, D_, false}, dgathered,
+           C_ * D_, D_);
+      return;
+    }
     const W* grad = as_operand(s.grad, s.grad_w, n * H_ * C_);
     const W* probs = as_operand(s.probs, s.probs_w, n * H_ * C_);
-    // d q[r] = grad[r] (H x C) . gathered[r] (C x D)
+    // d q[r] (H x D) = grad[r]^T (H x C) . gathered[r] (C x D)
     A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
-    gemm(n, H_, D_, C_, {grad, H_ * C_, C_, false}, {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_, D_);
+    gemm(n, H_, D_, C_, {grad, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_, D_);
     if constexpr (!std::is_same_v<T, A>) convert_span(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
-    // d gathered[r] = grad[r]^T (C x H) . q[r] (H x D), then + probs[r]^T . d out[r] on the value columns
-    gemm(n, C_, D_, H_, {grad, H_ * C_, C_, true}, {q, H_ * D_, D_, false}, dgathered, C_ * D_, D_);
-    gemm(n, C_, V_, H_, {probs, H_ * C_, C_, true}, {dout, H_ * V_, V_, false}, dgathered, C_ * D_, D_, true);
+    // d gathered[r] (C x D) = grad[r] (C x H) . q[r] (H x D), then + probs[r] . d out[r] on the value columns
+    gemm(n, C_, D_, H_, {grad, C_ * H_, H_, false}, {q, H_ * D_, D_, false}, dgathered, C_ * D_, D_);
+    gemm(n, C_, V_, H_, {probs, C_ * H_, H_, false}, {dout, H_ * V_, V_, false}, dgathered, C_ * D_, D_, true);
   }
 
   // grad_kv[id][lo, hi) += block b's gradient rows, in row then column order.
@@ -481,6 +515,9 @@ class Kernel {
   int64_t block_;
   int64_t blocks_;
   int64_t H_, C_, D_, V_;
+  // K = V (DeepSeek-V4): the key gradient grad . q + probs . d out is one product of depth
+  // 2 * heads, writing the [columns, qk_dim] block once instead of twice.
+  bool fused_;
 };
 
 template <class Visit>

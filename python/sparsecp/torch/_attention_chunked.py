@@ -122,7 +122,9 @@ class _SparseAttention(torch.autograd.Function):
                 d_probs = torch.einsum("hrd,rchd->hrc", d_out, gathered_values).to(accumulate)
             d_logits = (probs * (d_probs - delta[..., None])).masked_fill(~valid[None], 0)
             if grad_sinks is not None:  # the sink's value is zero: d(sink) = -p_sink * delta
-                p_sink = torch.exp(sinks.to(accumulate)[:, None] - lse[:, start:stop])  # [heads, rows]
+                chunk_lse = lse[:, start:stop]  # a row with no key and a -inf sink has none to differentiate
+                p_sink = torch.where(torch.isfinite(chunk_lse), torch.exp(sinks.to(accumulate)[:, None] - chunk_lse),
+                                     torch.zeros_like(chunk_lse))  # [heads, rows]
                 grad_sinks -= (p_sink * delta).sum(1)
             d_logits = (d_logits * scale).to(q.dtype)
             probs = probs.to(q.dtype)

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""sparse_attention on CPU: the C++ kernel against torch's own matmul rate and the chunked torch
+path, in one process, same dtype and threads.
+
+Shapes (per query row, as the models run them):
+  v4      DeepSeek-V4-Flash: 64 heads, K=V 512 (qk_dim = value_dim = 512), 640 columns (window 128
+          + top-k 512), sinks, 8,192 kv rows;
+  v32     DeepSeek-V3.2: 64 heads, absorbed MLA 576 / 512, 2,048 columns, no sinks, 8,192 kv rows;
+  v32h128 the same with 128 heads.
+Ids are distinct random kv rows per query row (int32), one row in 16 with its last 10% of
+columns -1 (rows near a document start).
+
+Work: ``2 * rows * heads * columns * (qk_dim + value_dim)`` flops forward and
+``2 * rows * heads * columns * (3 * qk_dim + 2 * value_dim)`` backward (the recomputed scores,
+d probs, d q, d k, d v), ``... * (4 * qk_dim + 3 * value_dim)`` together. Each figure is the
+median of --repeats timed calls after one warm-up; "matmul" is torch's ``a @ b`` on 2048 x 2048
+in the same dtype and threads, timed in the same process between the kernel's measurements;
+"ratio" is the kernel's forward + backward rate over it. "chunked" is the torch path
+(``backend="torch"``, the pre-kernel model path) on --chunked-rows rows.
+
+Usage:
+  .venv/bin/python python/benchmarks/attention_speed.py [--shapes v4,v32,v32h128] [--dtypes float32,bfloat16]
+      [--threads 1,2] [--rows 256] [--repeats 5] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+import sparsecp
+from sparsecp.torch.attention import sparse_attention, sparse_attention_gemm
+
+SHAPES = {
+    "v4": {"heads": 64, "qk_dim": 512, "value_dim": 512, "columns": 640, "keys": 8192, "sinks": True},
+    "v32": {"heads": 64, "qk_dim": 576, "value_dim": 512, "columns": 2048, "keys": 8192, "sinks": False},
+    "v32h128": {"heads": 128, "qk_dim": 576, "value_dim": 512, "columns": 2048, "keys": 8192, "sinks": False},
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def make_inputs(shape: dict[str, Any], rows: int, dtype: torch.dtype, seed: int = 1) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    heads, qk, keys, columns = shape["heads"], shape["qk_dim"], shape["keys"], shape["columns"]
+    q = (torch.randn(rows, heads, qk, generator=g) * 0.5).to(dtype)
+    kv = (torch.randn(keys, qk, generator=g) * 0.5).to(dtype)
+    indices = torch.stack([torch.randperm(keys, generator=g)[:columns] for _ in range(rows)]).int()
+    indices[::16, int(columns * 0.9):] = -1
+    sinks = torch.randn(heads, generator=g) if shape["sinks"] else None
+    grad = torch.randn(rows, heads, shape["value_dim"], generator=g).to(dtype)
+    return {"q": q, "kv": kv, "indices": indices, "sinks": sinks, "grad": grad}
+
+
+def flops(shape: dict[str, Any], rows: int) -> dict[str, float]:
+    base = 2.0 * rows * shape["heads"] * shape["columns"]
+    qk, value = shape["qk_dim"], shape["value_dim"]
+    return {"forward": base * (qk + value), "backward": base * (3 * qk + 2 * value),
+            "total": base * (4 * qk + 3 * value)}
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_rate(dtype: torch.dtype, repeats: int) -> float:
+    a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
+    return 2.0 * 2048**3 / median_seconds(lambda: a @ b, repeats) / 1e9
+
+
+def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int) -> dict[str, float]:
+    scale = x["q"].shape[2] ** -0.5
+    q = x["q"].clone().requires_grad_()
+    kv = x["kv"].clone().requires_grad_()
+    sinks = None if x["sinks"] is None else x["sinks"].clone().requires_grad_()
+    inputs = [t for t in (q, kv, sinks) if t is not None]
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return sparse_attention(q, kv, x["indices"], scale, value_dim=value_dim, sinks=sinks, backend=backend)
+
+    def both() -> None:
+        out = sparse_attention(q, kv, x["indices"], scale, value_dim=value_dim, sinks=sinks, backend=backend)
+        torch.autograd.grad(out, inputs, x["grad"])
+
+    fwd = median_seconds(forward, repeats)
+    total = median_seconds(both, repeats)
+    return {"forward": fwd, "total": total, "backward": max(total - fwd, 1e-9)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="v4,v32,v32h128")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--threads", default=f"1,{torch.get_num_threads()}",
+                        help="comma-separated thread counts (default: 1 and torch's default)")
+    parser.add_argument("--rows", type=int, default=256, help="query rows of a kernel call (default 256)")
+    parser.add_argument("--chunked-rows", type=int, default=16,
+                        help="query rows of a chunked torch path call (0: skip it; default 16)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args()
+    threads_list = sorted({int(t) for t in args.threads.split(",")})
+    results = []
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        for dtype_name in args.dtypes.split(","):
+            dtype = DTYPES[dtype_name]
+            for shape_name in args.shapes.split(","):
+                shape = SHAPES[shape_name]
+                rows = args.rows if shape_name == "v4" else max(1, args.rows // 4)
+                x = make_inputs(shape, rows, dtype)
+                work = flops(shape, rows)
+                times = attention_times(x, shape["value_dim"], "cpu", args.repeats)
+                matmul = matmul_rate(dtype, args.repeats)
+                row: dict[str, Any] = {
+                    "shape": shape_name, "dtype": dtype_name, "threads": threads, "rows": rows,
+                    **{f"{k}_gflops": work[k] / times[k] / 1e9 for k in ("forward", "backward", "total")},
+                    "matmul_gflops": matmul}
+                row["ratio"] = row["total_gflops"] / matmul
+                if args.chunked_rows:
+                    small = make_inputs(shape, args.chunked_rows, dtype)
+                    t = attention_times(small, shape["value_dim"], "torch", max(1, args.repeats // 2))
+                    row["chunked_total_gflops"] = flops(shape, args.chunked_rows)["total"] / t["total"] / 1e9
+                    row["speedup_over_chunked"] = row["total_gflops"] / row["chunked_total_gflops"]
+                results.append(row)
+                if not args.json:
+                    chunked = (f"  chunked {row['chunked_total_gflops']:7.1f} (x{row['speedup_over_chunked']:.1f})"
+                               if args.chunked_rows else "")
+                    print(f"{shape_name:8s} {dtype_name:8s} threads {threads}  fwd {row['forward_gflops']:7.1f}  "
+                          f"bwd {row['backward_gflops']:7.1f}  fwd+bwd {row['total_gflops']:7.1f} GFLOP/s  "
+                          f"matmul {matmul:7.1f}  ratio {row['ratio']:.2f}{chunked}", flush=True)
+    header = {"cpu": cpu_model(), "isa": sparsecp.kernel_isa(), "gemm_float32": sparse_attention_gemm(torch.float32),
+              "gemm_bfloat16": sparse_attention_gemm(torch.bfloat16), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d")}
+    if args.json:
+        print(json.dumps({**header, "results": results}, indent=1))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in header.items()))
+
+
+if __name__ == "__main__":
+    main()
