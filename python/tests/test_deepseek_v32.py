@@ -283,7 +283,9 @@ def test_spill_calibrates_its_cost_model_on_the_layers_selector() -> None:
     for rank, result in enumerate(results):
         assert result["source"] == "calibrated" and result["model"] is not None, (rank, result["history"])
         assert result["model"] == results[0]["model"], "every rank must plan with the same cost model"
-        assert result["refits"] >= 1, ("the measured times of forwards 1-4 refit the model", result["history"])
+        # forwards 1-4's (injected) times refit the model: exactly, whatever the machine's load
+        assert result["refits"] >= 1, ("the times of forwards 1-4 refit the model", result["history"])
+        assert result["refit_residual"] < 1e-6, result["history"]
         assert not v32_tasks.compare_ids(result["ids"], expected["ids"], lengths, 2, rank, expected["scores"])
     logits = torch.cat([r["logits"] for r in results])
     assert float((logits - expected["logits"]).abs().max()) <= LOGIT_TOLERANCE * float(expected["logits"].abs().max())

@@ -7,7 +7,6 @@ the whole batch (fp32 tolerance: the same sums in another order)."""
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
@@ -114,7 +113,9 @@ def test_a_failing_rank_is_reported_at_once():
     an error naming the ranks, long before its timeout."""
     module = example()
     config = module.IndexerConfig(**CONFIG, cost_model="/nonexistent/cost_model.txt")
-    started = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"rank\(s\) \[0, 1, 2, 3\] exited"):
+    # run_ranks raises TimeoutError when its timeout ends the wait: the RuntimeError naming the
+    # exited ranks proves the failure was reported when the ranks exited, without timing the
+    # call (issue 43: no wall-time bound). Which ranks it names depends on how many exited within
+    # its 10 s grace (every rank fails here, but on a loaded machine one may still be starting).
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[[0-3](, [0-3])*\] exited with status"):
         module.run_ranks(SIZE, config, ["spill"], SEED, timeout=300)
-    assert time.monotonic() - started < 120
