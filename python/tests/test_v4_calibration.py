@@ -68,3 +68,35 @@ def test_prediction_residual_of_seconds_and_of_shares() -> None:
     assert report.prediction_residual(refit_only=True) == 1.0
     assert report.prediction_residual(shares=True, refit_only=True) != report.prediction_residual(shares=True,
                                                                                                   refit_only=True)
+
+
+def test_a_long_runs_history_is_bounded_as_its_predictions_are() -> None:
+    """A refit every forward (times that drift: each fit a new model) adds one history line per
+    forward; the report keeps the first (the calibration) and the last ones, like the predictions."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import sparsecp
+    from sparsecp.models._cp_calibration import _HISTORY_KEPT, _PREDICTIONS_KEPT, SelectionCalibration
+
+    calibration = SelectionCalibration("spill", {}, True, lambda bank: None, "stub", {}, torch.zeros(1), [4])
+    start = sparsecp.CostModel.linear(1000, 50, 0, 8)
+    calibration.report.model = start
+    calibration.report.note("forward 1: calibrated (stand-in)")
+    calibration.refit = sparsecp.CostModelRefit(start, window=8)
+    state = SimpleNamespace(size=2, forwards=0, layouts={})
+    forwards = 3 * _HISTORY_KEPT
+    for forward in range(1, forwards + 1):
+        rows = (100 + forward % 7, 300 + forward % 5)
+        calibration._pending = [(r, r * r / 10, 8.0 * r, 0.0) for r in rows]  # each rank's sums
+        a = 1000 * (1 + forward / 100)  # ns a row, drifting
+        calibration.received_times([(1e-9 * (a * r + 50 * r * r / 10), 1) for r in rows])
+        state.forwards = forward
+        calibration._refit(state)
+    report = calibration.report
+    assert report.refits > 2 * _HISTORY_KEPT, report.refits
+    assert len(report.history) == _HISTORY_KEPT and len(report.predictions) == _PREDICTIONS_KEPT
+    assert report.history[0] == "forward 1: calibrated (stand-in)"
+    assert report.history[-1].startswith(f"forward {forwards + 1}: refit "), report.history[-1]
+    assert report.history_dropped == report.refits + 1 - _HISTORY_KEPT

@@ -46,6 +46,7 @@ COST_MODEL_MODES = ("spill", "auto")  # the strategies that plan on a cost model
 _REFIT_WINDOW = 8  # forwards whose per-rank times the refit fits
 _REFIT_MIN_STEPS = 3
 _PREDICTIONS_KEPT = 64  # forwards whose predicted and measured times the report keeps (a long run's last)
+_HISTORY_KEPT = 64  # model changes the report's history keeps: the first (the calibration) and the last 63
 _CACHE: dict[tuple[Any, ...], tuple[Any, float, float]] = {}  # key -> (CostModel, residual, cpu seconds)
 
 
@@ -73,12 +74,24 @@ class CalibrationReport:
     model: Any = None  # the CostModel spill plans the next forward with
     refits: int = 0  # forwards whose refit replaced the model
     refit_residual: float = 0.0  # rms relative residual of the last accepted refit
-    history: list[str] = field(default_factory=list)  # one line per model change
+    # One line per model change, bounded (``note``): the first (the calibration) and the last 63
+    # refits; ``history_dropped`` counts the refits left out between them.
+    history: list[str] = field(default_factory=list)
+    history_dropped: int = 0
     # Held out: per forward measured (with the refit on; the last 64), each rank's selector seconds as
     # the model that planned the forward predicted them, and as measured: (predicted, measured) per
     # rank; and whether that model was a refit (else the first fit, timed outside any training step).
     predictions: list[list[tuple[float, float]]] = field(default_factory=list)
     predicted_by_refit: list[bool] = field(default_factory=list)
+
+    def note(self, line: str) -> None:
+        """Adds a model change to ``history``: a run that refits every forward keeps its first line
+        and its last ``_HISTORY_KEPT - 1``, not one line per forward for the whole run."""
+        self.history.append(line)
+        extra = len(self.history) - _HISTORY_KEPT
+        if extra > 0:
+            del self.history[1:1 + extra]
+            self.history_dropped += extra
 
     def prediction_residual(self, shares: bool = False, refit_only: bool = False) -> float:
         """rms relative error of the planning model's predicted per-rank selector seconds over the
@@ -190,7 +203,7 @@ class SelectionCalibration:
         model, residual, cpu, wall, source = found[0]
         self.report.source, self.report.seconds, self.report.cpu_seconds = source, wall, cpu
         self.report.rms_relative_residual, self.report.model = residual, model
-        self.report.history.append(f"forward {state.forwards + 1}: {source} {self.report}")
+        self.report.note(f"forward {state.forwards + 1}: {source} {self.report}")
         if self.option is True and device.type == "cpu":
             import sparsecp
             self.refit = sparsecp.CostModelRefit(model, window=_REFIT_WINDOW)
@@ -275,7 +288,7 @@ class SelectionCalibration:
         if model.id != self.report.model.id:
             self.report.model, self.report.refits = model, self.report.refits + 1
             self.report.refit_residual = self.refit.rms_relative_residual
-            self.report.history.append(f"forward {state.forwards + 1}: refit {self.report}")
+            self.report.note(f"forward {state.forwards + 1}: refit {self.report}")
             state.layouts.clear()  # replan a batch seen before with the new model
 
 
