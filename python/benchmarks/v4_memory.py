@@ -102,7 +102,8 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
     model.train()
     # The baseline has no CSA layer, so no indexer and no KL.
     cp_v4.context_parallel(model, None, "spill", selector=job["selector"],
-                           indexer_kl_coeff=None if job["baseline"] else KL_COEFF)
+                           indexer_kl_coeff=None if job["baseline"] else KL_COEFF,
+                           attention_backend=job.get("attention"))
     state = cp_v4.context_parallel_state(model)
     lengths = lengths_of(job["pack"], job["tokens"], size)
     input_ids = torch.randint(0, 512, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
@@ -243,6 +244,9 @@ def main() -> int:
     parser.add_argument("--baseline", choices=("off", "also", "only"), default="off",
                         help="the same model with every layer sliding and a window of 4, lognormal packs, model "
                              "selector: 'also' beside the configurations, 'only' instead of them (default off)")
+    parser.add_argument("--attention", default="auto",
+                        help="sparse_attention backends, comma-separated: 'auto' (the C++ kernel on CPU), 'cpu', "
+                             "'torch' (the chunked torch path) (default auto)")
     parser.add_argument("--json", help="append each configuration's result to this JSON file as it finishes")
     parser.add_argument("--svg", help="write the memory-per-row plot here")
     parser.add_argument("--from", dest="source", help="read results from this JSON file instead of running")
@@ -262,6 +266,9 @@ def main() -> int:
     selectors = [s for s in args.selectors.split(",") if s]
     if set(selectors) - {"model", "fused"} or not selectors:
         parser.error(f"--selectors takes 'model' and/or 'fused', got {args.selectors!r}")
+    attentions = [None if a == "auto" else a for a in args.attention.split(",") if a]
+    if {a for a in attentions if a is not None} - {"cpu", "torch"} or not attentions:
+        parser.error(f"--attention takes 'auto', 'cpu' and/or 'torch', got {args.attention!r}")
     checkpointing = [c for c in args.checkpointing.split(",") if c]
     if set(checkpointing) - {"on", "off"} or not checkpointing:
         parser.error(f"--checkpointing takes 'off' and/or 'on', got {args.checkpointing!r}")
@@ -277,15 +284,15 @@ def main() -> int:
                   "date": datetime.date.today().isoformat(), "ranks": args.ranks, "command": " ".join(sys.argv)}
         print(f"# {header['cpu']}, kernels {header['isa']}, {header['cores']} cores, {args.ranks} ranks, "
               f"{header['date']}")
-        print("# tokens  pack       selector ckpt  peak/rank MiB  KB/row  step s  selector s  "
+        print("# tokens  pack       selector ckpt  attention  peak/rank MiB  KB/row  step s  selector s  "
               "Index K recv MB (whole-bank MB)")
-        jobs = [{"tokens": t, "pack": p, "selector": s, "checkpointing": c == "on", "baseline": False}
-                for t in tokens for p in packs for s in selectors for c in checkpointing]
+        jobs = [{"tokens": t, "pack": p, "selector": s, "checkpointing": c == "on", "baseline": False, "attention": a}
+                for t in tokens for p in packs for s in selectors for c in checkpointing for a in attentions]
         if args.baseline == "only":
             jobs = []
         if args.baseline != "off":
-            jobs += [{"tokens": t, "pack": "lognormal", "selector": "model", "checkpointing": False, "baseline": True}
-                     for t in tokens]
+            jobs += [{"tokens": t, "pack": "lognormal", "selector": "model", "checkpointing": False, "baseline": True,
+                      "attention": a} for t in tokens for a in attentions]
         for job in jobs:
             ranks = run_job(job, args.ranks)
             busiest = max(ranks, key=lambda r: r["peak_growth_kib"])
@@ -298,7 +305,8 @@ def main() -> int:
             rows.append(row)
             ckpt = "on " if job["checkpointing"] else "off"
             tag = " (baseline)" if job["baseline"] else ""
-            print(f"{job['tokens']:>8}  {job['pack']:<10} {job['selector']:<8} {ckpt}{tag}  {row['peak_mib']:>13.0f}  "
+            print(f"{job['tokens']:>8}  {job['pack']:<10} {job['selector']:<8} {ckpt}  "
+                  f"{job['attention'] or 'auto':<9}{tag}  {row['peak_mib']:>13.0f}  "
                   f"{row['kb_per_row']:>6.0f}  {row['step_seconds']:>6.1f}  {row['selector_seconds']:>10.1f}  {bank}",
                   flush=True)
             if args.json:

@@ -89,7 +89,7 @@ std::vector<unsigned char> store(const std::vector<double>& v, AttentionDType dt
   std::vector<unsigned char> bytes;
   if (dtype == AttentionDType::kFloat64) {
     bytes.resize(n * 8);
-    std::memcpy(bytes.data(), v.data(), n * 8);
+    if (n > 0) std::memcpy(bytes.data(), v.data(), n * 8);
   } else if (dtype == AttentionDType::kFloat32 || accumulate) {
     bytes.resize(n * 4);
     for (std::size_t i = 0; i < n; ++i) reinterpret_cast<float*>(bytes.data())[i] = static_cast<float>(v[i]);

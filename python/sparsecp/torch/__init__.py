@@ -9,7 +9,9 @@ sparsecp's C++ planners; ``mode`` also takes sparsecp's strategies (``spill``, `
 ...). Data moves with ``torch.distributed`` on the caller's process group (gloo for CPU
 tensors, NCCL for CUDA tensors).
 
-Also here: the selection op (``select_indices``, ``csa_tnd_plan``,
+Also here: sparse attention on the contract every DSA kernel shares (``sparse_attention``: the
+C++ kernel on CPU, Triton on a GPU, a chunked torch path anywhere), the selection op
+(``select_indices``, ``csa_tnd_plan``,
 ``packed_indexer_select``, ``project_index_query``, ``IndexerSelector``) and the KV routes
 with autograd (``sliding_window_route``, ``document_prefix_route``,
 ``sequence_dispatch``, ``sequence_gather``, ``SequenceGatherHandle``,
@@ -76,6 +78,12 @@ from ._prebuilt import (  # noqa: E402
 )
 from ._replay import SelectionReplay, selection_replay_contexts, verify_replays  # noqa: E402
 from ._worker_time import step_cost_samples  # noqa: E402
+from .attention import (  # noqa: E402
+    sparse_attention,
+    sparse_attention_backend,
+    sparse_attention_backends,
+    sparse_attention_gemm,
+)
 from .calibrate import Calibration, CalibrationPoint, calibrate  # noqa: E402
 from .indexer_balance import (  # noqa: E402
     IndexerInputExchange,
@@ -161,6 +169,10 @@ __all__ = [
     "sequence_gather",
     "shared_compressed_indexer_kl_loss",
     "sliding_window_route",
+    "sparse_attention",
+    "sparse_attention_backend",
+    "sparse_attention_backends",
+    "sparse_attention_gemm",
     "step_cost_samples",
     "validate_indexer_hybrid_threshold",
     "verify_replays",
