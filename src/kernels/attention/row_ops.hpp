@@ -27,6 +27,15 @@ struct RowOps {
   // full[h] is -inf), then grad[c, h] = probs * (dprobs[c, h] - delta[h]) * scale.
   void (*logit_gradient)(const RowScores& s, const float* full, const float* dprobs, const float* delta,
                          float* probs, float* grad);
+  // The element loops around the products, vectorised with the ISA's flags:
+  // to[i] += from[i] (the key gradient's scatter, in index order);
+  void (*accumulate)(const float* from, int64_t n, float* to);
+  // bf16 -> float32 (exact) and float32 -> bf16 (nearest even, NaN kept: bf16.hpp's rules);
+  void (*widen)(const uint16_t* from, int64_t n, float* to);
+  void (*narrow)(const float* from, int64_t n, uint16_t* to);
+  // sum_i a[i] * b[i] in float32, a and b float32 or bf16 (Delta = rowsum(d out * out)).
+  float (*dot_f32)(const float* a, const float* b, int64_t n);
+  float (*dot_bf16)(const uint16_t* a, const uint16_t* b, int64_t n);
 };
 
 RowOps row_ops_portable();

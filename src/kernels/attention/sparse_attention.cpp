@@ -345,20 +345,32 @@ class Kernel {
         } else if constexpr (std::is_same_v<T, W>) {
           std::memcpy(to, kv + static_cast<int64_t>(row[c]) * D_, sizeof(W) * static_cast<std::size_t>(D_));
         } else {
-          convert_span(kv + static_cast<int64_t>(row[c]) * D_, D_, to);
+          convert(kv + static_cast<int64_t>(row[c]) * D_, D_, to);
         }
       }
     }
   }
 
   // A block's operand rows of a [rows, heads, dim] tensor: the tensor itself when T is W.
+  // from -> to, through the ISA's loops where one side is bf16 and the other float32.
+  template <class To, class From>
+  void convert(const From* from, int64_t count, To* to) const {
+    if constexpr (std::is_same_v<From, uint16_t> && std::is_same_v<To, float>) {
+      ops_.widen(from, count, to);
+    } else if constexpr (std::is_same_v<From, float> && std::is_same_v<To, uint16_t>) {
+      ops_.narrow(from, count, to);
+    } else {
+      ::sparsecp::convert_span(from, count, to);
+    }
+  }
+
   const W* operand(const T* tensor, int64_t r0, int64_t n, int64_t dim, Buffer<W>& buffer) const {
     if constexpr (std::is_same_v<T, W>) {
       (void)n;
       (void)buffer;
       return tensor + r0 * H_ * dim;
     } else {
-      convert_span(tensor + r0 * H_ * dim, n * H_ * dim, buffer.data());
+      convert(tensor + r0 * H_ * dim, n * H_ * dim, buffer.data());
       return buffer.data();
     }
   }
@@ -369,7 +381,7 @@ class Kernel {
       (void)count;
       return values.data();
     } else {
-      convert_span(values.data(), count, buffer.data());
+      convert(values.data(), count, buffer.data());
       return buffer.data();
     }
   }
@@ -421,7 +433,7 @@ class Kernel {
     // out[r] (H x V) = probs[r]^T (H x C) . gathered[r][:, :V] (C x V)
     A* result = std::is_same_v<T, A> ? reinterpret_cast<A*>(out + r0 * H_ * V_) : s.result.data();
     gemm(n, H_, V_, C_, {probs, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, result, H_ * V_, V_);
-    if constexpr (!std::is_same_v<T, A>) convert_span(result, n * H_ * V_, out + r0 * H_ * V_);
+    if constexpr (!std::is_same_v<T, A>) convert(result, n * H_ * V_, out + r0 * H_ * V_);
   }
 
   void backward_block(int64_t b, Scratch& s, const T* out, const A* lse, const T* grad_out, T* grad_q,
@@ -445,7 +457,13 @@ class Kernel {
         const T* o = out + (row * H_ + h) * V_;
         const T* d = grad_out + (row * H_ + h) * V_;
         A sum = 0;
-        for (int64_t v = 0; v < V_; ++v) sum += convert<A>(o[v]) * convert<A>(d[v]);
+        if constexpr (std::is_same_v<T, uint16_t>) {
+          sum = ops_.dot_bf16(o, d, V_);
+        } else if constexpr (std::is_same_v<T, float>) {
+          sum = ops_.dot_f32(o, d, V_);
+        } else {
+          for (int64_t v = 0; v < V_; ++v) sum += o[v] * d[v];
+        }
         delta[h] = sum;
         if (in_.sinks != nullptr) {  // the sink's value is zero: d sink = -p_sink * delta
           const A p_sink = full[h] > -kInf ? std::exp(sink(h) - full[h]) : A(0);
@@ -465,8 +483,8 @@ class Kernel {
       W* pair = s.pair.data();
       W* stack = s.stack.data();
       for (int64_t rc = 0; rc < n * C_; ++rc) {
-        convert_span(s.grad.data() + rc * H_, H_, pair + rc * 2 * H_);
-        convert_span(s.probs.data() + rc * H_, H_, pair + rc * 2 * H_ + H_);
+        convert(s.grad.data() + rc * H_, H_, pair + rc * 2 * H_);
+        convert(s.probs.data() + rc * H_, H_, pair + rc * 2 * H_ + H_);
       }
       for (int64_t r = 0; r < n; ++r) {
         std::memcpy(stack + r * 2 * H_ * D_, q + r * H_ * D_, sizeof(W) * static_cast<std::size_t>(H_ * D_));
@@ -476,7 +494,7 @@ class Kernel {
       A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
       gemm(n, H_, D_, C_, {pair, C_ * 2 * H_, 2 * H_, true}, {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_,
            D_);
-      if constexpr (!std::is_same_v<T, A>) convert_span(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
+      if constexpr (!std::is_same_v<T, A>) convert(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
       // d gathered[r] (C x D) = [grad | probs][r] (C x 2H) . [q ; d out][r] (2H x D)
       gemm(n, C_, D_, 2 * H_, {pair, C_ * 2 * H_, 2 * H_, false}, {stack, 2 * H_ * D_, D_, false}, dgathered,
            C_ * D_, D_);
@@ -487,7 +505,7 @@ class Kernel {
     // d q[r] (H x D) = grad[r]^T (H x C) . gathered[r] (C x D)
     A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
     gemm(n, H_, D_, C_, {grad, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_, D_);
-    if constexpr (!std::is_same_v<T, A>) convert_span(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
+    if constexpr (!std::is_same_v<T, A>) convert(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
     // d gathered[r] (C x D) = grad[r] (C x H) . q[r] (H x D), then + probs[r] . d out[r] on the value columns
     gemm(n, C_, D_, H_, {grad, C_ * H_, H_, false}, {q, H_ * D_, D_, false}, dgathered, C_ * D_, D_);
     gemm(n, C_, V_, H_, {probs, C_ * H_, H_, false}, {dout, H_ * V_, V_, false}, dgathered, C_ * D_, D_, true);
@@ -502,8 +520,11 @@ class Kernel {
         if (row[c] < 0) continue;
         const A* from = dgathered + (r * C_ + c) * D_;
         A* to = grad_kv + static_cast<int64_t>(row[c]) * D_;
-#pragma omp simd
-        for (int64_t d = lo; d < hi; ++d) to[d] += from[d];
+        if constexpr (std::is_same_v<A, float>) {
+          ops_.accumulate(from + lo, hi - lo, to + lo);
+        } else {
+          for (int64_t d = lo; d < hi; ++d) to[d] += from[d];
+        }
       }
     }
   }
