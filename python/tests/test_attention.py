@@ -203,9 +203,9 @@ def test_errors_name_the_argument(backend: str) -> None:
         sparse_attention(q, kv.double(), ids, 1.0, backend=backend)
     with pytest.raises(ValueError, match="chunk_bytes must be a positive integer"):
         sparse_attention(q, kv, ids, 1.0, backend=backend, chunk_bytes=0)
-    with pytest.raises(ValueError, match="backend must be one of cpu, triton, torch"):
+    with pytest.raises(ValueError, match="backend must be one of cpu, flashmla, cudnn, triton, torch"):
         sparse_attention(q, kv, ids, 1.0, backend="cuda")
 
 
 def test_module_lists_its_backends() -> None:
-    assert attention_module.BACKENDS == ("cpu", "triton", "torch")
+    assert attention_module.BACKENDS == ("cpu", "flashmla", "cudnn", "triton", "torch")

@@ -22,14 +22,26 @@ it cannot take an input, and the next one is tried):
   the BLAS, a key gradient that is bit-identical across runs and thread counts. It runs on
   ``torch.get_num_threads()`` threads. A ``torch.library`` custom op (``sparsecp::sparse_attention``)
   with a fake kernel and registered autograd, so ``torch.compile(fullgraph=True)`` traces it.
+* ``"flashmla"``: FlashMLA's sparse forward (``flash_mla.flash_mla_sparse_fwd``: installed
+  separately; sm_90 / sm_100, bfloat16, 64 or 128 heads, qk 512 or 576, values 512), its
+  backward by cuDNN-frontend's DSA backward where that takes the input, else by Triton's
+  (``_attention_flashmla``).
+* ``"cudnn"``: Triton's forward and cuDNN-frontend's DSA backward (package
+  ``nvidia-cudnn-frontend``; sm_90 / sm_100, bfloat16, 64 or 128 heads, qk 512 or 576, values
+  512; ``_attention_cudnn``).
 * ``"triton"``: Triton kernels (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
 * ``"torch"``: chunked torch code with the same semantics, any device; the reference path.
+
+On CPU tensors the order is ``cpu``, ``torch``; on a CUDA device ``flashmla``, ``cudnn``,
+``triton``, ``torch``. The first pick of each backend on each device type is logged once per
+process (logger ``sparsecp.attention``, INFO) with what the backends before it said.
 
 ``sparse_attention_backends(q, kv, indices, sinks)`` lists what each backend says of an input;
 ``sparse_attention_gemm(dtype)`` names the library the C++ kernel multiplies with.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any, Callable
@@ -37,7 +49,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _core
-from . import _attention_triton
+from . import _attention_cudnn, _attention_flashmla, _attention_library, _attention_triton
 from ._attention_chunked import DEFAULT_CHUNK_BYTES, attention_chunk_rows
 from ._attention_chunked import sparse_attention as _chunked_attention
 from .select import kernel_arg
@@ -45,7 +57,12 @@ from .select import kernel_arg
 __all__ = ["BACKENDS", "sparse_attention", "sparse_attention_backend", "sparse_attention_backends",
            "sparse_attention_gemm"]
 
-BACKENDS = ("cpu", "triton", "torch")
+BACKENDS = ("cpu", "flashmla", "cudnn", "triton", "torch")
+# Tried in this order where backend is None, by device type (others: the "cuda" order).
+PICK_ORDER = {"cpu": ("cpu", "torch"), "cuda": ("flashmla", "cudnn", "triton", "torch")}
+
+_LOG = logging.getLogger("sparsecp.attention")
+_LOGGED: set[tuple[str, str]] = set()
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 
@@ -180,7 +197,8 @@ _cpu_forward.register_autograd(_cpu_autograd, setup_context=_cpu_setup)
 
 # --- backends ----------------------------------------------------------------------------------------
 
-def _cpu_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None) -> str | None:
+def _cpu_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
+                 value_dim: int | None = None) -> str | None:
     if q.device.type != "cpu":
         return f"tensors on {q.device}, not the CPU"
     if q.dtype not in _CPU_DTYPES:
@@ -188,45 +206,109 @@ def _cpu_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks
     return None
 
 
-def _torch_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None) -> str | None:
+def _torch_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
+                   value_dim: int | None = None) -> str | None:
     return None
 
 
-def _triton_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
-                    sinks: torch.Tensor | None) -> str | None:
+def _triton_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
+                    value_dim: int | None = None) -> str | None:
     if not _attention_triton.available():
         return "triton is not installed"
     return _attention_triton.supports(q, kv, indices, sinks)
 
 
+def _flashmla_backward(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
+                       value_dim: int | None) -> tuple[str | None, str]:
+    """(the backward paired with FlashMLA's forward: "cudnn" or "triton", or None; why)."""
+    cudnn = _attention_cudnn.supports(q, kv, indices, sinks, value_dim)
+    if cudnn is None:
+        return "cudnn", ""
+    triton = _triton_support(q, kv, indices, sinks)
+    if triton is None:
+        return "triton", ""
+    return None, f"no backward takes it (cudnn: {cudnn}; triton: {triton})"
+
+
+def _flashmla_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
+                      value_dim: int | None = None) -> str | None:
+    reason = _attention_flashmla.supports(q, kv, indices, sinks, value_dim)
+    if reason is not None:
+        return reason
+    backward, why = _flashmla_backward(q, kv, indices, sinks, value_dim)
+    return None if backward is not None else why
+
+
+def _cudnn_support(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
+                   value_dim: int | None = None) -> str | None:
+    reason = _attention_cudnn.supports(q, kv, indices, sinks, value_dim)
+    if reason is not None:
+        return reason
+    triton = _triton_support(q, kv, indices, sinks)
+    return None if triton is None else f"its forward is Triton's, which cannot take it: {triton}"
+
+
 _SUPPORT: dict[str, Callable[..., str | None]] = {
-    "cpu": _cpu_support, "triton": _triton_support, "torch": _torch_support}
+    "cpu": _cpu_support, "flashmla": _flashmla_support, "cudnn": _cudnn_support, "triton": _triton_support,
+    "torch": _torch_support}
 
 
 def sparse_attention_backends(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
-                              sinks: torch.Tensor | None = None) -> dict[str, str | None]:
-    """For every backend, None where it takes this input, else the reason it does not."""
-    return {name: _SUPPORT[name](q, kv, indices, sinks) for name in BACKENDS}
+                              sinks: torch.Tensor | None = None, *,
+                              value_dim: int | None = None) -> dict[str, str | None]:
+    """For every backend, None where it takes this input, else the reason it does not
+    (``value_dim`` None: not known, the libraries' value width is not checked)."""
+    return {name: _SUPPORT[name](q, kv, indices, sinks, value_dim) for name in BACKENDS}
+
+
+def _log_pick(name: str, refused: dict[str, str], q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+              sinks: torch.Tensor | None, value_dim: int | None) -> None:
+    """Logs the first pick of ``name`` on this device type (once per process)."""
+    if torch.compiler.is_compiling():
+        return
+    key = (_attention_library.device_type(q), name)
+    if key in _LOGGED:
+        return
+    _LOGGED.add(key)
+    detail = ""
+    if name == "flashmla":
+        detail = f" (forward FlashMLA, backward {_flashmla_backward(q, kv, indices, sinks, value_dim)[0]})"
+    elif name == "cudnn":
+        detail = " (forward Triton, backward cuDNN-frontend)"
+    skipped = "; ".join(f"{other}: {reason}" for other, reason in refused.items())
+    _LOG.info("sparsecp.sparse_attention on %s takes %r%s%s", key[0], name, detail,
+              f"; not taken: {skipped}" if skipped else "")
 
 
 def sparse_attention_backend(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
-                             sinks: torch.Tensor | None = None, backend: str | None = None) -> str:
+                             sinks: torch.Tensor | None = None, backend: str | None = None, *,
+                             value_dim: int | None = None) -> str:
     """The backend ``sparse_attention`` runs for this input: ``backend`` itself when it can take the
-    input (else ValueError with its reason), or with None the first of the CPU kernel (CPU
-    tensors) or Triton (other devices), then the torch path, that takes it."""
+    input (else ValueError with its reason), or with None the first in ``PICK_ORDER`` for the
+    tensors' device type that takes it (CPU: the C++ kernel, then the torch path; CUDA: FlashMLA,
+    cuDNN-frontend, Triton, the torch path). ``value_dim`` None: not known (the libraries check
+    their value width again when ``sparse_attention`` runs). The first pick of each backend on
+    each device type is logged (INFO, logger ``sparsecp.attention``)."""
     if backend is not None:
         if backend not in _SUPPORT:
             raise ValueError(f"sparse_attention backend must be one of {', '.join(BACKENDS)} or None, got {backend!r}")
-        reason = _SUPPORT[backend](q, kv, indices, sinks)
+        reason = _SUPPORT[backend](q, kv, indices, sinks, value_dim)
         if reason is not None:
             raise ValueError(f"sparse_attention backend {backend!r} cannot take this input: {reason}")
+        _log_pick(backend, {}, q, kv, indices, sinks, value_dim)
         return backend
-    order = ("cpu", "torch") if q.device.type == "cpu" else ("triton", "torch")
-    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    kind = _attention_library.device_type(q)
+    order = PICK_ORDER.get(kind, PICK_ORDER["cuda"])
+    if kind == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         order = ("cpu", "torch")  # the interpreter is for tests that ask for it by name
+    refused: dict[str, str] = {}
     for name in order:
-        if _SUPPORT[name](q, kv, indices, sinks) is None:
+        reason = _SUPPORT[name](q, kv, indices, sinks, value_dim)
+        if reason is None:
+            _log_pick(name, refused, q, kv, indices, sinks, value_dim)
             return name
+        refused[name] = reason
+    _log_pick("torch", refused, q, kv, indices, sinks, value_dim)
     return "torch"
 
 
@@ -246,6 +328,40 @@ class _TritonAttention(torch.autograd.Function):
         grad_q, grad_kv, grad_sinks = _attention_triton.backward(
             q, kv, indices, ctx.scale, ctx.value_dim, sinks, out, lse, grad_out.contiguous())
         return grad_q, grad_kv, None, grad_sinks, None, None
+
+
+class _LibraryAttention(torch.autograd.Function):
+    """An installed library's forward with another's backward (from the forward's out and lse)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
+                scale: float, value_dim: int, forward: Callable[..., Any],
+                backward: Callable[..., Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = forward(q, kv, indices, scale, value_dim, sinks)
+        ctx.save_for_backward(q, kv, indices, sinks, out, lse)
+        ctx.scale, ctx.value_dim, ctx.backward = scale, value_dim, backward
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
+        q, kv, indices, sinks, out, lse = ctx.saved_tensors
+        grad_q, grad_kv, grad_sinks = ctx.backward(q, kv, indices, ctx.scale, ctx.value_dim, sinks, out, lse,
+                                                   grad_out.contiguous())
+        return grad_q, grad_kv, None, grad_sinks, None, None, None, None
+
+
+def _library_attention(name: str, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                       sinks: torch.Tensor | None, scale: float, value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if name == "flashmla":
+        paired, why = _flashmla_backward(q, kv, indices, sinks, value_dim)
+        if paired is None:
+            raise ValueError(f"sparse_attention backend 'flashmla' cannot take this input: {why}")
+        backward = _attention_cudnn.backward if paired == "cudnn" else _attention_triton.backward
+        return _LibraryAttention.apply(q, kv, indices, sinks, scale, value_dim, _attention_flashmla.forward,
+                                       backward)
+    return _LibraryAttention.apply(q, kv, indices, sinks, scale, value_dim, _attention_triton.forward,
+                                   _attention_cudnn.backward)
 
 
 def _torch_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
@@ -288,7 +404,8 @@ def sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, s
         value_dim: Value columns (default: ``qk_dim``).
         sinks: ``[heads]`` sink logits, or None.
         return_lse: Also return ``lse`` ``[rows, heads]`` (over the keys only; no gradient).
-        backend: ``"cpu"``, ``"triton"``, ``"torch"`` or None (the first that takes the input).
+        backend: ``"cpu"``, ``"flashmla"``, ``"cudnn"``, ``"triton"``, ``"torch"`` or None (the
+            first that takes the input, ``PICK_ORDER``).
         chunk_bytes: Scratch budget that sets how many rows go together: per thread for the C++
             kernel (default 16 MiB), per row chunk for the torch path (default 64 MiB). Never
             changes results beyond the last bits of the torch path's sums.
@@ -307,13 +424,15 @@ def sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, s
         raise ValueError(f"sparse_attention chunk_bytes must be a positive integer or None, got {chunk_bytes!r}")
     chunk = int(chunk_bytes or 0)
     _check(q, kv, indices, scale, value_dim, sinks)
-    name = sparse_attention_backend(q, kv, indices, sinks, backend)
+    name = sparse_attention_backend(q, kv, indices, sinks, backend, value_dim=value_dim)
     if name != "cpu" and not torch.compiler.is_compiling():  # the C++ kernel checks them itself
         _check_ids(indices, kv.shape[0])
     if name == "cpu":
         out, lse = torch.ops.sparsecp.sparse_attention(q, kv, indices, sinks, scale, value_dim, chunk)
     elif name == "triton":
         out, lse = _TritonAttention.apply(q, kv, indices, sinks, scale, value_dim)
+    elif name in ("flashmla", "cudnn"):
+        out, lse = _library_attention(name, q, kv, indices, sinks, scale, value_dim)
     else:
         out, lse = _torch_attention(q, kv, indices, sinks, scale, value_dim, return_lse, chunk)
     return (out, lse) if return_lse else out
