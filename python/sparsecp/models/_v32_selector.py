@@ -12,7 +12,9 @@ plus one), and returns each row's top-k bank ids (global token rows, ascending, 
   the head sum as the model's ``matmul`` of the float32 merge weights (``weights_proj(x) *
   n_heads^-0.5``), the causal mask, top-k. Rows in chunks, keys in chunks with a running top-k
   (ties to the lower id, so a row's ids do not depend on where it was computed); a chunk scores
-  only the keys its last row can see. Any device, any float dtype.
+  only the keys its last row can see. Any device, any float dtype; on a GPU in bfloat16 / float16
+  the products ``q . k`` are taken in the model's dtype, accumulated and written in float32
+  (``_cp_topk.float32_products``), with no host read.
 * ``FusedSelector``: sparsecp's fused C++ kernel (``IndexerSelector``) on CPU, float32. The kernel
   rotates the *trailing* ``rope_dim`` channels in *interleaved* pairs; V3.2 rotates the *leading*
   ones in *half-split* pairs ``(j, j + rope/2)``. A dot product does not change when both sides'
@@ -30,7 +32,7 @@ import torch
 from ..torch import IndexerSelector
 from ..torch.select import segment_array
 from ._cp_layer import BankView
-from ._cp_topk import merge_top
+from ._cp_topk import float32_products, half_products, merge_top
 
 __all__ = ["FusedSelector", "ModelSelector", "kernel_channel_order"]
 
@@ -77,7 +79,9 @@ class ModelSelector:
             base = self.locate(key_begin) if key_end > key_begin else 0
             for start in range(q_begin, q_end, _CHUNK_ROWS):
                 stop = min(q_end, start + _CHUNK_ROWS)
-                q = self._queries(query_residual[:, start:stop], cos[:, start:stop], sin[:, start:stop]).float()
+                q = self._queries(query_residual[:, start:stop], cos[:, start:stop], sin[:, start:stop])
+                # the model's q.float() unless the products are taken in its dtype (_cp_topk)
+                q32 = None if half_products(q, self.bank[:0].transpose(0, 1)) else q.float()
                 w = weights[:, start:stop].float().unsqueeze(-2)  # [1, r, 1, heads]
                 visible = torch.arange(first + start - q_begin, first + stop - q_begin, device=q.device) + 1
                 last_visible = first + stop - q_begin  # keys the chunk's last row sees
@@ -88,7 +92,10 @@ class ModelSelector:
                     k1 = min(last_visible, k0 + key_chunk)
                     keys = self.bank[base + k0:base + k1][None]  # [1, keys, head_dim]
                     # the model's lines: scores [1, r, heads, keys], ReLU, the head sum by matmul
-                    scores = torch.matmul(q, keys.transpose(-1, -2).float().unsqueeze(1)) * scale
+                    if q32 is None:  # [1, r, heads, keys] float32 from the model's dtype
+                        scores = float32_products(q, keys[0].transpose(0, 1)) * scale
+                    else:
+                        scores = torch.matmul(q32, keys.transpose(-1, -2).float().unsqueeze(1)) * scale
                     scores = torch.relu(scores)
                     scores = torch.matmul(w, scores).squeeze(-2)[0]  # [r, keys]
                     columns = torch.arange(k0, k1, device=q.device)

@@ -9,7 +9,11 @@ compressed-bank ids (ascending, ``-1`` padded: the seed's convention). Two selec
   position, ``DeepseekV4IndexerScorer``'s score (``ReLU(q . k)`` in float32, times
   ``softmax_scale``, times the float32 merge weights, summed over heads), the causal threshold
   ``(position + 1) // ratio``, top-k. Ties go to the lower id (a stable sort), so a row's ids do
-  not depend on where or with what it was computed. Any device, any float dtype.
+  not depend on where or with what it was computed. Any device, any float dtype; on a GPU in
+  bfloat16 / float16 the products are taken in the model's dtype and accumulated and written in
+  float32 (``_cp_topk.float32_products``: the model's float32 sums in another order, no float32
+  copy of the bank), and nothing reads the device from the host (the running top-k sorts instead
+  of ``nonzero``).
 * ``FusedSelector``: sparsecp's fused C++ kernel (``IndexerSelector``: projection, RoPE, score
   and top-k in one pass over the tensors) on CPU, in float32 (float64 and bfloat16 inputs are
   cast to float32); the same score up to float32 rounding (the kernel multiplies
@@ -25,7 +29,7 @@ import torch
 from ..torch import IndexerSelector
 from ..torch.select import segment_array
 from ._cp_layer import BankView, SelectorClock
-from ._cp_topk import merge_top
+from ._cp_topk import float32_products, half_products, merge_top
 
 __all__ = ["BankView", "FusedSelector", "ModelSelector", "SelectorClock"]
 
@@ -85,7 +89,9 @@ class ModelSelector:
                     continue
                 q = indexer.q_b_proj(query_residual[:, start:stop])
                 q = q.view(1, stop - start, -1, indexer.head_dim).transpose(1, 2)
-                q = self.rope(q, cos[:, start:stop], sin[:, start:stop]).transpose(1, 2)[0].float()  # [r, h, d]
+                q = self.rope(q, cos[:, start:stop], sin[:, start:stop]).transpose(1, 2)[0]  # [r, h, d], model dtype
+                # the model's q.float() unless the products are taken in its dtype (_cp_topk)
+                q32 = None if half_products(q, self.bank[:0].transpose(0, 1)) else q.float()
                 w = weights[0, start:stop].float()
                 positions = torch.arange(first + start - q_begin, first + stop - q_begin, device=q.device)
                 visible = torch.div(positions + 1, ratio, rounding_mode="floor")
@@ -99,8 +105,9 @@ class ModelSelector:
                     scores = torch.empty(stop - start, k1 - k0, dtype=torch.float32, device=q.device)
                     for s0 in range(k0, k1, slice_keys):
                         s1 = min(k1, s0 + slice_keys)
-                        keys = self.bank[base + s0:base + s1].float().transpose(0, 1)  # [d, keys]
-                        head = torch.relu_(torch.matmul(q, keys))  # [r, heads, keys], in place: the model's
+                        keys = self.bank[base + s0:base + s1].transpose(0, 1)  # [d, keys], model dtype
+                        products = float32_products(q, keys) if q32 is None else torch.matmul(q32, keys.float())
+                        head = torch.relu_(products)  # [r, heads, keys] float32, in place: the model's
                         head.mul_(scale).mul_(w[:, :, None])  # relu(q . k) * scale * w, in its order
                         torch.sum(head, dim=1, out=scores[:, s0 - k0:s1 - k0])
                     columns = torch.arange(k0, k1, device=q.device)
