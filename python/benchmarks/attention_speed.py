@@ -18,6 +18,12 @@ in the same dtype and threads, timed in the same process between the kernel's me
 "ratio" is the kernel's forward + backward rate over it. "chunked" is the torch path
 (``backend="torch"``, the pre-kernel model path) on --chunked-rows rows.
 
+The fused select kernel (``--select``, on by default), at the shape of ``sparsecp bench select``
+(one 8,192-token document, its last --select-rows rows, 2,048 compressed keys, 64 heads x 128,
+top-k 512, ratio 4), bf16, through oneDNN (the default where built) and through the VDPBF16PS
+kernel (``SPARSECP_SELECT_GEMM=native``), each at ``2 * heads * head_dim`` flops per visible
+(row, key) pair, against torch's bf16 matmul in the same threads.
+
 Usage:
   .venv/bin/python python/benchmarks/attention_speed.py [--shapes v4,v32,v32h128] [--dtypes float32,bfloat16]
       [--threads 1,2] [--rows 256] [--repeats 5] [--json]
@@ -109,6 +115,34 @@ def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: in
     return {"forward": fwd, "total": total, "backward": max(total - fwd, 1e-9)}
 
 
+def select_rates(rows: int, threads: int, repeats: int) -> dict[str, float]:
+    """GFLOP/s of select_indices in bf16 on each product path, and torch's bf16 matmul."""
+    import os
+
+    import sparsecp.torch as sct
+
+    doc, keys, heads, dim, topk, ratio = 8192, 2048, 64, 128, 512, 4
+    g = torch.Generator().manual_seed(2)
+    query = (torch.randn(rows, heads, dim, generator=g) * 0.3).to(torch.bfloat16)
+    key = (torch.randn(keys, dim, generator=g) * 0.3).to(torch.bfloat16)
+    weights = torch.rand(rows, heads, generator=g)
+    segments = [(0, rows, 0, keys, 0)]  # the document's last `rows` rows: it ends at position doc - 1
+    pairs = sum((p + 1) // ratio for p in range(doc - rows, doc))
+    work = 2.0 * heads * dim * pairs
+    rates = {}
+    for path in ("onednn", "native"):
+        if path == "native":
+            os.environ["SPARSECP_SELECT_GEMM"] = "native"
+        try:
+            seconds = median_seconds(lambda: sct.select_indices(query, key, weights, segments, ratio, topk,
+                                                                threads=threads), repeats)
+        finally:
+            os.environ.pop("SPARSECP_SELECT_GEMM", None)
+        rates[f"select_{path}_gflops"] = work / seconds / 1e9
+    rates["matmul_gflops"] = matmul_rate(torch.bfloat16, repeats)
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="v4,v32,v32h128")
@@ -119,6 +153,8 @@ def main() -> None:
     parser.add_argument("--chunked-rows", type=int, default=16,
                         help="query rows of a chunked torch path call (0: skip it; default 16)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--select", choices=("on", "off"), default="on", help="also time the bf16 select kernel")
+    parser.add_argument("--select-rows", type=int, default=2048, help="select rows (default 2048)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     threads_list = sorted({int(t) for t in args.threads.split(",")})
@@ -151,11 +187,22 @@ def main() -> None:
                     print(f"{shape_name:8s} {dtype_name:8s} threads {threads}  fwd {row['forward_gflops']:7.1f}  "
                           f"bwd {row['backward_gflops']:7.1f}  fwd+bwd {row['total_gflops']:7.1f} GFLOP/s  "
                           f"matmul {matmul:7.1f}  ratio {row['ratio']:.2f}{chunked}", flush=True)
+    selects = []
+    if args.select == "on":
+        for threads in threads_list:
+            torch.set_num_threads(threads)
+            rates = {"threads": threads, **select_rates(args.select_rows, threads, args.repeats)}
+            rates["ratio"] = rates["select_onednn_gflops"] / rates["matmul_gflops"]
+            selects.append(rates)
+            if not args.json:
+                print(f"select   bfloat16 threads {threads}  onednn {rates['select_onednn_gflops']:7.1f}  native "
+                      f"{rates['select_native_gflops']:7.1f} GFLOP/s  matmul {rates['matmul_gflops']:7.1f}  "
+                      f"ratio {rates['ratio']:.2f}", flush=True)
     header = {"cpu": cpu_model(), "isa": sparsecp.kernel_isa(), "gemm_float32": sparse_attention_gemm(torch.float32),
               "gemm_bfloat16": sparse_attention_gemm(torch.bfloat16), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d")}
     if args.json:
-        print(json.dumps({**header, "results": results}, indent=1))
+        print(json.dumps({**header, "results": results, "select": selects}, indent=1))
     else:
         print(" ".join(f"{k}={v}" for k, v in header.items()))
 

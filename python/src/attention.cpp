@@ -6,8 +6,6 @@
 // are read where they are: the binding checks dtype and C-contiguity and the shapes' agreement,
 // and never copies; the library checks values (ids in range, a finite scale). Outputs are
 // written into arrays the caller allocated. The GIL is released while the kernel runs.
-#include "sparsecp/kernels/sparse_attention.hpp"
-
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -19,6 +17,7 @@
 
 #include "bindings.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/kernels/sparse_attention.hpp"
 
 namespace sparsecp::python {
 namespace {
@@ -32,10 +31,10 @@ AttentionDType attention_dtype(const CpuInput& array, const char* name) {
 
 template <typename Array>
 const void* checked(const Array& array, const char* name, size_t ndim) {
-  SPARSECP_CHECK(array.ndim() == ndim, "sparse attention ", name, " must have ", ndim, " dimensions, got shape ",
-                 shape_text(array));
-  SPARSECP_CHECK(c_contiguous(array), "sparse attention ", name, " must be C-contiguous, got shape ",
-                 shape_text(array), " with other strides");
+  SPARSECP_CHECK(array.ndim() == ndim, "sparse attention ", name, " must have ", ndim,
+                 " dimensions, got shape ", shape_text(array));
+  SPARSECP_CHECK(c_contiguous(array), "sparse attention ", name,
+                 " must be C-contiguous, got shape ", shape_text(array), " with other strides");
   return array.data();
 }
 
@@ -45,7 +44,7 @@ void expect(const Array& array, const char* name, AttentionDType dtype, bool acc
             std::initializer_list<int64_t> shape) {
   const bool wide = dtype == AttentionDType::kFloat64;
   const nb::dlpack::dtype want = accumulate ? (wide ? nb::dtype<double>() : nb::dtype<float>())
-                                 : dtype == AttentionDType::kFloat32 ? nb::dtype<float>()
+                                 : dtype == AttentionDType::kFloat32  ? nb::dtype<float>()
                                  : dtype == AttentionDType::kBFloat16 ? kBFloat16
                                                                       : nb::dtype<double>();
   SPARSECP_CHECK(array.dtype() == want, "sparse attention ", name, " has the wrong dtype for a ",
@@ -53,14 +52,15 @@ void expect(const Array& array, const char* name, AttentionDType dtype, bool acc
   checked(array, name, shape.size());
   size_t i = 0;
   for (const int64_t extent : shape) {
-    SPARSECP_CHECK(static_cast<int64_t>(array.shape(i)) == extent, "sparse attention ", name, " has shape ",
-                   shape_text(array), ", dimension ", i, " should be ", extent);
+    SPARSECP_CHECK(static_cast<int64_t>(array.shape(i)) == extent, "sparse attention ", name,
+                   " has shape ", shape_text(array), ", dimension ", i, " should be ", extent);
     ++i;
   }
 }
 
 SparseAttentionInputs inputs_of(const CpuInput& q, const CpuInput& kv, const CpuInput& indices,
-                                const std::optional<CpuInput>& sinks, double scale, int64_t value_dim) {
+                                const std::optional<CpuInput>& sinks, double scale,
+                                int64_t value_dim) {
   SparseAttentionInputs in;
   in.dtype = attention_dtype(q, "q");
   in.q = checked(q, "q", 3);
@@ -75,8 +75,9 @@ SparseAttentionInputs inputs_of(const CpuInput& q, const CpuInput& kv, const Cpu
   in.value_dim = value_dim;
   in.scale = scale;
   expect(kv, "kv", in.dtype, false, {in.keys, in.qk_dim});
-  SPARSECP_CHECK(static_cast<int64_t>(indices.shape(0)) == in.rows, "sparse attention indices has shape ",
-                 shape_text(indices), ", dimension 0 should be q's rows ", in.rows);
+  SPARSECP_CHECK(static_cast<int64_t>(indices.shape(0)) == in.rows,
+                 "sparse attention indices has shape ", shape_text(indices),
+                 ", dimension 0 should be q's rows ", in.rows);
   if (sinks.has_value()) {
     expect(*sinks, "sinks", in.dtype, true, {in.heads});
     in.sinks = sinks->data();
@@ -84,10 +85,12 @@ SparseAttentionInputs inputs_of(const CpuInput& q, const CpuInput& kv, const Cpu
   return in;
 }
 
-SparseAttentionConfig config_of(int threads, std::string_view isa, std::string_view gemm, int64_t scratch_bytes = 0) {
+SparseAttentionConfig config_of(int threads, std::string_view isa, std::string_view gemm,
+                                int64_t scratch_bytes = 0) {
   SparseAttentionConfig config;
   config.threads = threads;
-  SPARSECP_CHECK(scratch_bytes >= 0, "sparse attention scratch_bytes must be non-negative, got ", scratch_bytes);
+  SPARSECP_CHECK(scratch_bytes >= 0, "sparse attention scratch_bytes must be non-negative, got ",
+                 scratch_bytes);
   if (scratch_bytes > 0) config.scratch_bytes = static_cast<std::size_t>(scratch_bytes);
   config.isa = parse_isa(isa);
   if (gemm == "auto") {
@@ -97,8 +100,9 @@ SparseAttentionConfig config_of(int threads, std::string_view isa, std::string_v
   } else if (gemm == "blas") {
     config.gemm = AttentionGemm::kBlas;
   } else {
-    throw nb::value_error(("sparse attention gemm must be 'auto', 'onednn' or 'blas', got '" + std::string(gemm) +
-                           "'").c_str());
+    throw nb::value_error(("sparse attention gemm must be 'auto', 'onednn' or 'blas', got '" +
+                           std::string(gemm) + "'")
+                              .c_str());
   }
   return config;
 }
@@ -107,7 +111,9 @@ AttentionDType parse_dtype(std::string_view name) {
   if (name == "float32") return AttentionDType::kFloat32;
   if (name == "bfloat16") return AttentionDType::kBFloat16;
   if (name == "float64") return AttentionDType::kFloat64;
-  throw nb::value_error(("dtype must be 'float32', 'bfloat16' or 'float64', got '" + std::string(name) + "'").c_str());
+  throw nb::value_error(
+      ("dtype must be 'float32', 'bfloat16' or 'float64', got '" + std::string(name) + "'")
+          .c_str());
 }
 
 }  // namespace
@@ -115,9 +121,10 @@ AttentionDType parse_dtype(std::string_view name) {
 void bind_attention(nb::module_& m) {
   m.def(
       "sparse_attention_forward",
-      [](const CpuInput& q, const CpuInput& kv, const CpuInput& indices, const std::optional<CpuInput>& sinks,
-         const CpuArray& out, const CpuArray& lse, double scale, int64_t value_dim, int threads, std::string_view isa,
-         std::string_view gemm, int64_t scratch_bytes) {
+      [](const CpuInput& q, const CpuInput& kv, const CpuInput& indices,
+         const std::optional<CpuInput>& sinks, const CpuArray& out, const CpuArray& lse,
+         double scale, int64_t value_dim, int threads, std::string_view isa, std::string_view gemm,
+         int64_t scratch_bytes) {
         const SparseAttentionInputs in = inputs_of(q, kv, indices, sinks, scale, value_dim);
         const SparseAttentionConfig config = config_of(threads, isa, gemm, scratch_bytes);
         expect(out, "out", in.dtype, false, {in.rows, in.heads, in.value_dim});
@@ -125,19 +132,23 @@ void bind_attention(nb::module_& m) {
         nb::gil_scoped_release release;
         sparse_attention_forward(in, config, out.data(), lse.data());
       },
-      nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sinks").none(), nb::arg("out"), nb::arg("lse"),
-      nb::arg("scale"), nb::arg("value_dim"), nb::arg("threads") = 0, nb::arg("isa") = "auto",
-      nb::arg("gemm") = "auto", nb::arg("scratch_bytes") = 0,
-      "Sparse attention forward (kernels/sparse_attention.hpp): q [rows, heads, qk_dim], kv [keys, qk_dim] "
-      "(float32, bfloat16 or float64), indices [rows, columns] int32 (-1: none), sinks [heads] or None "
-      "(float32; float64 for float64 calls); writes out [rows, heads, value_dim] and lse [rows, heads]. "
+      nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sinks").none(), nb::arg("out"),
+      nb::arg("lse"), nb::arg("scale"), nb::arg("value_dim"), nb::arg("threads") = 0,
+      nb::arg("isa") = "auto", nb::arg("gemm") = "auto", nb::arg("scratch_bytes") = 0,
+      "Sparse attention forward (kernels/sparse_attention.hpp): q [rows, heads, qk_dim], kv [keys, "
+      "qk_dim] "
+      "(float32, bfloat16 or float64), indices [rows, columns] int32 (-1: none), sinks [heads] or "
+      "None "
+      "(float32; float64 for float64 calls); writes out [rows, heads, value_dim] and lse [rows, "
+      "heads]. "
       "scratch_bytes: per-thread budget that sets the rows of a block (0: the default, 16 MiB).");
   m.def(
       "sparse_attention_backward",
-      [](const CpuInput& q, const CpuInput& kv, const CpuInput& indices, const std::optional<CpuInput>& sinks,
-         const CpuInput& out, const CpuInput& lse, const CpuInput& grad_out, const CpuArray& grad_q,
-         const CpuArray& grad_kv, const std::optional<CpuArray>& grad_sinks, double scale, int64_t value_dim,
-         int threads, std::string_view isa, std::string_view gemm, int64_t scratch_bytes) {
+      [](const CpuInput& q, const CpuInput& kv, const CpuInput& indices,
+         const std::optional<CpuInput>& sinks, const CpuInput& out, const CpuInput& lse,
+         const CpuInput& grad_out, const CpuArray& grad_q, const CpuArray& grad_kv,
+         const std::optional<CpuArray>& grad_sinks, double scale, int64_t value_dim, int threads,
+         std::string_view isa, std::string_view gemm, int64_t scratch_bytes) {
         const SparseAttentionInputs in = inputs_of(q, kv, indices, sinks, scale, value_dim);
         const SparseAttentionConfig config = config_of(threads, isa, gemm, scratch_bytes);
         expect(out, "out", in.dtype, false, {in.rows, in.heads, in.value_dim});
@@ -147,28 +158,33 @@ void bind_attention(nb::module_& m) {
         expect(grad_kv, "grad_kv", in.dtype, true, {in.keys, in.qk_dim});
         void* sink_grad = nullptr;
         if (in.sinks != nullptr) {
-          SPARSECP_CHECK(grad_sinks.has_value(), "sparse attention grad_sinks is needed with sinks");
+          SPARSECP_CHECK(grad_sinks.has_value(),
+                         "sparse attention grad_sinks is needed with sinks");
           expect(*grad_sinks, "grad_sinks", in.dtype, true, {in.heads});
           sink_grad = grad_sinks->data();
         }
         nb::gil_scoped_release release;
-        sparse_attention_backward(in, config, out.data(), lse.data(), grad_out.data(), grad_q.data(), grad_kv.data(),
-                                  sink_grad);
+        sparse_attention_backward(in, config, out.data(), lse.data(), grad_out.data(),
+                                  grad_q.data(), grad_kv.data(), sink_grad);
       },
-      nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sinks").none(), nb::arg("out"), nb::arg("lse"),
-      nb::arg("grad_out"), nb::arg("grad_q"), nb::arg("grad_kv"), nb::arg("grad_sinks").none(), nb::arg("scale"),
-      nb::arg("value_dim"), nb::arg("threads") = 0, nb::arg("isa") = "auto", nb::arg("gemm") = "auto",
-      nb::arg("scratch_bytes") = 0,
-      "Sparse attention backward: from the forward's out and lse and grad_out, writes grad_q (the call's dtype), "
-      "grad_kv [keys, qk_dim] and grad_sinks [heads] (float32; float64 for float64 calls). grad_kv is summed "
+      nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sinks").none(), nb::arg("out"),
+      nb::arg("lse"), nb::arg("grad_out"), nb::arg("grad_q"), nb::arg("grad_kv"),
+      nb::arg("grad_sinks").none(), nb::arg("scale"), nb::arg("value_dim"), nb::arg("threads") = 0,
+      nb::arg("isa") = "auto", nb::arg("gemm") = "auto", nb::arg("scratch_bytes") = 0,
+      "Sparse attention backward: from the forward's out and lse and grad_out, writes grad_q (the "
+      "call's dtype), "
+      "grad_kv [keys, qk_dim] and grad_sinks [heads] (float32; float64 for float64 calls). grad_kv "
+      "is summed "
       "in row order whatever the thread count.");
   m.def(
       "sparse_attention_gemm",
       [](std::string_view dtype, std::string_view gemm) {
-        return std::string(sparse_attention_gemm_name(parse_dtype(dtype), config_of(0, "auto", gemm).gemm));
+        return std::string(
+            sparse_attention_gemm_name(parse_dtype(dtype), config_of(0, "auto", gemm).gemm));
       },
       nb::arg("dtype") = "bfloat16", nb::arg("gemm") = "auto",
-      "The library that multiplies a sparse attention call of this dtype: 'onednn <version>' or 'blas'.");
+      "The library that multiplies a sparse attention call of this dtype: 'onednn <version>' or "
+      "'blas'.");
 }
 
 }  // namespace sparsecp::python

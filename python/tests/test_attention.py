@@ -100,6 +100,8 @@ def test_every_backend_equals_the_reference(shape: tuple, dtype: torch.dtype, ba
     got = run(x, backend)
     want = run(x, "reference")
     tol = TOLERANCE[dtype]
+    if backend == "torch" and dtype == torch.bfloat16:
+        tol = 6e-2  # the torch path's products and logit gradient are bf16, as the model's eager path
     for name, a, b in zip(("out", "lse", "grad q", "grad kv", "grad sinks"), got, want):
         bound = 1e-5 if name == "lse" and dtype == torch.float32 else tol
         assert relative(a, b) <= bound, (name, relative(a, b), backend, dtype, shape, SEED)

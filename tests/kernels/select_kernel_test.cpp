@@ -161,88 +161,109 @@ double score(const testing::Matrix& q, const testing::Matrix& w, const testing::
   return total;
 }
 
+// Runs `check` with bf16 keys on each product path the build has: oneDNN (the default where
+// built) and the VDPBF16PS / widening kernels (SPARSECP_SELECT_GEMM=native).
+template <class Check>
+void on_every_bf16_path(const Check& check) {
+  for (const char* gemm : {"", "native"}) {
+    if (*gemm) {
+      setenv("SPARSECP_SELECT_GEMM", gemm, 1);
+    } else {
+      unsetenv("SPARSECP_SELECT_GEMM");
+    }
+    SCOPED_TRACE(::testing::Message() << "SPARSECP_SELECT_GEMM='" << gemm << "'");
+    check();
+  }
+  unsetenv("SPARSECP_SELECT_GEMM");
+}
+
 TEST(SelectKernel, RealValuedSelectionsScoreWithinToleranceOfTheKthBest) {
-  const uint64_t seed = testing::test_seed() + 11;
-  SplitMix64 random(seed);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  SelectConfig config;
-  config.heads = 16;
-  config.head_dim = 64;
-  config.topk = 20;
-  config.ratio = 4;
-  const auto worker = random_worker(random, 4, 4, 900, 9, true);
-  const auto q = random_matrix(random, worker.rows, 16 * 64, 0, false);
-  const auto w = random_matrix(random, worker.rows, 16, 0, false);
-  const auto k = random_matrix(random, worker.bank, 64, 0, false);
-  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-    std::vector<int32_t> fast(static_cast<size_t>(worker.rows * 20));
-    std::vector<int32_t> reference(fast.size());
-    select_topk(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), worker.segments, config,
-                fast);
-    select_topk_reference(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), worker.segments,
-                          config, reference);
-    for (int64_t t = 0; t < worker.rows; ++t) {
-      std::vector<double> ref_scores;
-      for (int64_t i = 0; i < 20; ++i) {
-        const int32_t r = reference[static_cast<size_t>(t * 20 + i)];
-        const int32_t f = fast[static_cast<size_t>(t * 20 + i)];
-        ASSERT_EQ(r < 0, f < 0) << "row " << t;  // same number of selections
-        if (r >= 0) ref_scores.push_back(score(q, w, k, t, r, 16, 64));
-      }
-      if (ref_scores.empty()) continue;
-      const double kth = *std::min_element(ref_scores.begin(), ref_scores.end());
-      for (int64_t i = 0; i < 20; ++i) {
-        const int32_t f = fast[static_cast<size_t>(t * 20 + i)];
-        if (f >= 0) {
-          EXPECT_GE(score(q, w, k, t, f, 16, 64), kth - 1e-3 * (1.0 + std::abs(kth)))
-              << "row " << t << " key " << f << " dtype " << dtype_name(dtype);
+  on_every_bf16_path([] {
+    const uint64_t seed = testing::test_seed() + 11;
+    SplitMix64 random(seed);
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    SelectConfig config;
+    config.heads = 16;
+    config.head_dim = 64;
+    config.topk = 20;
+    config.ratio = 4;
+    const auto worker = random_worker(random, 4, 4, 900, 9, true);
+    const auto q = random_matrix(random, worker.rows, 16 * 64, 0, false);
+    const auto w = random_matrix(random, worker.rows, 16, 0, false);
+    const auto k = random_matrix(random, worker.bank, 64, 0, false);
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      std::vector<int32_t> fast(static_cast<size_t>(worker.rows * 20));
+      std::vector<int32_t> reference(fast.size());
+      select_topk(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), worker.segments, config,
+                  fast);
+      select_topk_reference(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), worker.segments,
+                            config, reference);
+      for (int64_t t = 0; t < worker.rows; ++t) {
+        std::vector<double> ref_scores;
+        for (int64_t i = 0; i < 20; ++i) {
+          const int32_t r = reference[static_cast<size_t>(t * 20 + i)];
+          const int32_t f = fast[static_cast<size_t>(t * 20 + i)];
+          ASSERT_EQ(r < 0, f < 0) << "row " << t;  // same number of selections
+          if (r >= 0) ref_scores.push_back(score(q, w, k, t, r, 16, 64));
+        }
+        if (ref_scores.empty()) continue;
+        const double kth = *std::min_element(ref_scores.begin(), ref_scores.end());
+        for (int64_t i = 0; i < 20; ++i) {
+          const int32_t f = fast[static_cast<size_t>(t * 20 + i)];
+          if (f >= 0) {
+            EXPECT_GE(score(q, w, k, t, f, 16, 64), kth - 1e-3 * (1.0 + std::abs(kth)))
+                << "row " << t << " key " << f << " dtype " << dtype_name(dtype);
+          }
         }
       }
     }
-  }
+  });
 }
 
 TEST(SelectKernel, RowResultsDoNotDependOnThreadsOrBatching) {
-  const uint64_t seed = testing::test_seed() + 12;
-  SplitMix64 random(seed);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  SelectConfig config;
-  config.heads = 8;
-  config.head_dim = 32;
-  config.topk = 16;
-  config.ratio = 4;
-  // One document of 2000 tokens, its last 70 rows: real-valued, so any change in the
-  // summation order would show.
-  const Segment whole{0, 70, 0, 500, 0};
-  const auto q = random_matrix(random, 70, 8 * 32, 0, false);
-  const auto w = random_matrix(random, 70, 8, 0, false);
-  const auto k = random_matrix(random, 500, 32, 0, false);
-  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-    std::vector<int32_t> base(70 * 16);
-    config.threads = 1;
-    select_topk(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), std::span(&whole, 1), config,
-                base);
-    for (const int threads : {2, 5}) {
-      config.threads = threads;
-      std::vector<int32_t> got(base.size());
+  on_every_bf16_path([] {
+    const uint64_t seed = testing::test_seed() + 12;
+    SplitMix64 random(seed);
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    SelectConfig config;
+    config.heads = 8;
+    config.head_dim = 32;
+    config.topk = 16;
+    config.ratio = 4;
+    // One document of 2000 tokens, its last 70 rows: real-valued, so any change in the
+    // summation order would show.
+    const Segment whole{0, 70, 0, 500, 0};
+    const auto q = random_matrix(random, 70, 8 * 32, 0, false);
+    const auto w = random_matrix(random, 70, 8, 0, false);
+    const auto k = random_matrix(random, 500, 32, 0, false);
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      std::vector<int32_t> base(70 * 16);
+      config.threads = 1;
       select_topk(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), std::span(&whole, 1),
-                  config, got);
-      EXPECT_EQ(got, base) << "threads " << threads;
+                  config, base);
+      for (const int threads : {2, 5}) {
+        config.threads = threads;
+        std::vector<int32_t> got(base.size());
+        select_topk(q.view(dtype), w.view(DType::kFloat32), k.view(dtype), std::span(&whole, 1),
+                    config, got);
+        EXPECT_EQ(got, base) << "threads " << threads;
+      }
+      // Batching: the last `tail` rows alone, as their own segment (positions unchanged).
+      for (const int64_t tail : {1, 3, 33, 41}) {
+        const int64_t skip = 70 - tail;
+        const Segment part{0, tail, 0, 500, 0};
+        std::vector<int32_t> got(static_cast<size_t>(tail * 16));
+        select_topk(MatrixView{dtype == DType::kFloat32
+                                   ? static_cast<const void*>(q.f32.data() + skip * 256)
+                                   : static_cast<const void*>(q.b16.data() + skip * 256),
+                               dtype, tail, 256},
+                    MatrixView::f32(w.f32.data() + skip * 8, tail, 8), k.view(dtype),
+                    std::span(&part, 1), config, got);
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), base.begin() + skip * 16))
+            << "tail " << tail;
+      }
     }
-    // Batching: the last `tail` rows alone, as their own segment (positions unchanged).
-    for (const int64_t tail : {1, 3, 33, 41}) {
-      const int64_t skip = 70 - tail;
-      const Segment part{0, tail, 0, 500, 0};
-      std::vector<int32_t> got(static_cast<size_t>(tail * 16));
-      select_topk(
-          MatrixView{dtype == DType::kFloat32 ? static_cast<const void*>(q.f32.data() + skip * 256)
-                                              : static_cast<const void*>(q.b16.data() + skip * 256),
-                     dtype, tail, 256},
-          MatrixView::f32(w.f32.data() + skip * 8, tail, 8), k.view(dtype), std::span(&part, 1),
-          config, got);
-      EXPECT_TRUE(std::equal(got.begin(), got.end(), base.begin() + skip * 16)) << "tail " << tail;
-    }
-  }
+  });
 }
 
 TEST(SelectKernel, RejectsBadShapesAndSegments) {

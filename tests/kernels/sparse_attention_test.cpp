@@ -84,7 +84,8 @@ struct Stored {
   std::vector<unsigned char> q, kv, grad_out, sinks;
 };
 
-std::vector<unsigned char> store(const std::vector<double>& v, AttentionDType dtype, bool accumulate = false) {
+std::vector<unsigned char> store(const std::vector<double>& v, AttentionDType dtype,
+                                 bool accumulate = false) {
   const std::size_t n = v.size();
   std::vector<unsigned char> bytes;
   if (dtype == AttentionDType::kFloat64) {
@@ -92,7 +93,8 @@ std::vector<unsigned char> store(const std::vector<double>& v, AttentionDType dt
     if (n > 0) std::memcpy(bytes.data(), v.data(), n * 8);
   } else if (dtype == AttentionDType::kFloat32 || accumulate) {
     bytes.resize(n * 4);
-    for (std::size_t i = 0; i < n; ++i) reinterpret_cast<float*>(bytes.data())[i] = static_cast<float>(v[i]);
+    for (std::size_t i = 0; i < n; ++i)
+      reinterpret_cast<float*>(bytes.data())[i] = static_cast<float>(v[i]);
   } else {
     bytes.resize(n * 2);
     for (std::size_t i = 0; i < n; ++i) {
@@ -102,7 +104,8 @@ std::vector<unsigned char> store(const std::vector<double>& v, AttentionDType dt
   return bytes;
 }
 
-std::vector<double> load(const void* data, AttentionDType dtype, int64_t n, bool accumulate = false) {
+std::vector<double> load(const void* data, AttentionDType dtype, int64_t n,
+                         bool accumulate = false) {
   std::vector<double> v(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     if (dtype == AttentionDType::kFloat64) {
@@ -143,17 +146,22 @@ struct Outputs {
 };
 
 Outputs run(const Case& c, AttentionDType dtype, const SparseAttentionConfig& config) {
-  Stored st{store(c.q, dtype), store(c.kv, dtype), store(c.grad_out, dtype), store(c.sinks, dtype, true)};
+  Stored st{store(c.q, dtype), store(c.kv, dtype), store(c.grad_out, dtype),
+            store(c.sinks, dtype, true)};
   const SparseAttentionInputs in = inputs_of(c, st, dtype);
   const Shape& s = c.shape;
-  std::vector<unsigned char> out(static_cast<std::size_t>(s.rows * s.heads * s.value_dim) * bytes_of(dtype, false));
-  std::vector<unsigned char> lse(static_cast<std::size_t>(s.rows * s.heads) * bytes_of(dtype, true));
+  std::vector<unsigned char> out(static_cast<std::size_t>(s.rows * s.heads * s.value_dim) *
+                                 bytes_of(dtype, false));
+  std::vector<unsigned char> lse(static_cast<std::size_t>(s.rows * s.heads) *
+                                 bytes_of(dtype, true));
   sparse_attention_forward(in, config, out.data(), lse.data());
-  std::vector<unsigned char> gq(static_cast<std::size_t>(s.rows * s.heads * s.qk_dim) * bytes_of(dtype, false));
-  std::vector<unsigned char> gkv(static_cast<std::size_t>(s.keys * s.qk_dim) * bytes_of(dtype, true));
+  std::vector<unsigned char> gq(static_cast<std::size_t>(s.rows * s.heads * s.qk_dim) *
+                                bytes_of(dtype, false));
+  std::vector<unsigned char> gkv(static_cast<std::size_t>(s.keys * s.qk_dim) *
+                                 bytes_of(dtype, true));
   std::vector<unsigned char> gs(static_cast<std::size_t>(s.heads) * bytes_of(dtype, true));
-  sparse_attention_backward(in, config, out.data(), lse.data(), st.grad_out.data(), gq.data(), gkv.data(),
-                            gs.data());
+  sparse_attention_backward(in, config, out.data(), lse.data(), st.grad_out.data(), gq.data(),
+                            gkv.data(), gs.data());
   Outputs o;
   o.out = load(out.data(), dtype, s.rows * s.heads * s.value_dim);
   o.lse = load(lse.data(), dtype, s.rows * s.heads, true);
@@ -164,7 +172,8 @@ Outputs run(const Case& c, AttentionDType dtype, const SparseAttentionConfig& co
 }
 
 Outputs reference(const Case& c, AttentionDType dtype) {
-  Stored st{store(c.q, dtype), store(c.kv, dtype), store(c.grad_out, dtype), store(c.sinks, dtype, true)};
+  Stored st{store(c.q, dtype), store(c.kv, dtype), store(c.grad_out, dtype),
+            store(c.sinks, dtype, true)};
   const SparseAttentionInputs in = inputs_of(c, st, dtype);
   const Shape& s = c.shape;
   Outputs o;
@@ -203,8 +212,8 @@ double tolerance(AttentionDType dtype) {
 
 std::vector<Shape> shapes() {
   return {
-      {0, 1, 1, 1, 0, 0, false},    {1, 1, 1, 1, 1, 1, false},   {1, 2, 5, 5, 0, 3, true},
-      {7, 3, 13, 5, 11, 4, false},  {17, 4, 33, 33, 29, 7, true}, {5, 64, 8, 8, 19, 3, true},
+      {0, 1, 1, 1, 0, 0, false},     {1, 1, 1, 1, 1, 1, false},    {1, 2, 5, 5, 0, 3, true},
+      {7, 3, 13, 5, 11, 4, false},   {17, 4, 33, 33, 29, 7, true}, {5, 64, 8, 8, 19, 3, true},
       {23, 2, 16, 12, 64, 31, true}, {3, 1, 7, 7, 5, 0, true},
   };
 }
@@ -226,7 +235,8 @@ std::vector<AttentionGemm> gemms() {
 TEST(SparseAttention, MatchesTheReferenceOnEveryDtypeIsaAndLibrary) {
   uint32_t salt = 0;
   for (const Shape& s : shapes()) {
-    for (const AttentionDType dtype : {AttentionDType::kFloat32, AttentionDType::kBFloat16, AttentionDType::kFloat64}) {
+    for (const AttentionDType dtype :
+         {AttentionDType::kFloat32, AttentionDType::kBFloat16, AttentionDType::kFloat64}) {
       const Case c = random_case(s, dtype, ++salt);
       const Outputs want = reference(c, dtype);
       for (const KernelIsa isa : isas()) {
@@ -236,16 +246,19 @@ TEST(SparseAttention, MatchesTheReferenceOnEveryDtypeIsaAndLibrary) {
           config.gemm = gemm;
           config.scratch_bytes = 1 << 14;  // small blocks: several per call
           const Outputs got = run(c, dtype, config);
-          const std::string where = std::string(attention_dtype_name(dtype)) + " " + kernel_isa_name(isa) + " " +
-                                    sparse_attention_gemm_name(dtype, gemm) + " rows " + std::to_string(s.rows) +
-                                    " heads " + std::to_string(s.heads) + " columns " + std::to_string(s.columns);
+          const std::string where =
+              std::string(attention_dtype_name(dtype)) + " " + kernel_isa_name(isa) + " " +
+              sparse_attention_gemm_name(dtype, gemm) + " rows " + std::to_string(s.rows) +
+              " heads " + std::to_string(s.heads) + " columns " + std::to_string(s.columns);
           const double tol = tolerance(dtype);
           EXPECT_LE(relative_error(got.out, want.out), tol) << "out, " << where;
-          EXPECT_LE(relative_error(got.lse, want.lse), dtype == AttentionDType::kFloat64 ? 1e-12 : 1e-5)
+          EXPECT_LE(relative_error(got.lse, want.lse),
+                    dtype == AttentionDType::kFloat64 ? 1e-12 : 1e-5)
               << "lse, " << where;
           EXPECT_LE(relative_error(got.grad_q, want.grad_q), tol) << "grad q, " << where;
           EXPECT_LE(relative_error(got.grad_kv, want.grad_kv), tol) << "grad kv, " << where;
-          EXPECT_LE(relative_error(got.grad_sinks, want.grad_sinks), tol) << "grad sinks, " << where;
+          EXPECT_LE(relative_error(got.grad_sinks, want.grad_sinks), tol)
+              << "grad sinks, " << where;
         }
       }
     }
@@ -265,12 +278,14 @@ TEST(SparseAttention, RowsWithNoKeyGiveZerosAndMinusInfinity) {
 
 TEST(SparseAttention, KeyGradientIsBitIdenticalAcrossThreadsAndBlocks) {
   for (const AttentionDType dtype : {AttentionDType::kFloat32, AttentionDType::kBFloat16}) {
-    const Case c = random_case({37, 8, 24, 16, 13, 9, true}, dtype, 202);  // few keys, many listings
+    const Case c =
+        random_case({37, 8, 24, 16, 13, 9, true}, dtype, 202);  // few keys, many listings
     SparseAttentionConfig base;
     base.threads = 1;
     const Outputs first = run(c, dtype, base);
     for (const int threads : {1, 2, 3, 5}) {
-      for (const std::size_t scratch : {std::size_t{1}, std::size_t{1} << 16, std::size_t{64} << 20}) {
+      for (const std::size_t scratch :
+           {std::size_t{1}, std::size_t{1} << 16, std::size_t{64} << 20}) {
         SparseAttentionConfig config;
         config.threads = threads;
         config.scratch_bytes = scratch;
@@ -278,23 +293,28 @@ TEST(SparseAttention, KeyGradientIsBitIdenticalAcrossThreadsAndBlocks) {
         EXPECT_EQ(again.out, first.out) << "threads " << threads << " scratch " << scratch;
         EXPECT_EQ(again.grad_q, first.grad_q) << "threads " << threads << " scratch " << scratch;
         EXPECT_EQ(again.grad_kv, first.grad_kv) << "threads " << threads << " scratch " << scratch;
-        EXPECT_EQ(again.grad_sinks, first.grad_sinks) << "threads " << threads << " scratch " << scratch;
+        EXPECT_EQ(again.grad_sinks, first.grad_sinks)
+            << "threads " << threads << " scratch " << scratch;
       }
     }
   }
 }
 
 TEST(SparseAttention, NanStaysInItsRow) {
-  for (const AttentionDType dtype : {AttentionDType::kFloat32, AttentionDType::kBFloat16, AttentionDType::kFloat64}) {
+  for (const AttentionDType dtype :
+       {AttentionDType::kFloat32, AttentionDType::kBFloat16, AttentionDType::kFloat64}) {
     const Shape s{6, 2, 8, 8, 40, 5, true};
     Case c = random_case(s, dtype, 303);
     for (int64_t r = 0; r < s.rows; ++r) {  // distinct keys per row: rows share no key
-      for (int64_t j = 0; j < s.columns; ++j) c.indices[static_cast<std::size_t>(r * s.columns + j)] =
-          static_cast<int32_t>(r * s.columns + j);
+      for (int64_t j = 0; j < s.columns; ++j)
+        c.indices[static_cast<std::size_t>(r * s.columns + j)] =
+            static_cast<int32_t>(r * s.columns + j);
     }
     const Outputs clean = run(c, dtype, {});
-    c.q[static_cast<std::size_t>(3 * s.heads * s.qk_dim + 1)] = std::numeric_limits<double>::quiet_NaN();
-    c.kv[static_cast<std::size_t>(4 * s.columns * s.qk_dim)] = std::numeric_limits<double>::infinity();
+    c.q[static_cast<std::size_t>(3 * s.heads * s.qk_dim + 1)] =
+        std::numeric_limits<double>::quiet_NaN();
+    c.kv[static_cast<std::size_t>(4 * s.columns * s.qk_dim)] =
+        std::numeric_limits<double>::infinity();
     const Outputs dirty = run(c, dtype, {});
     for (int64_t r = 0; r < s.rows; ++r) {
       for (int64_t i = 0; i < s.heads * s.value_dim; ++i) {
@@ -325,7 +345,8 @@ TEST(SparseAttention, ErrorsNameTheBadValue) {
   std::vector<int32_t> bad = c.indices;
   bad[3] = 3;
   in.indices = bad.data();
-  EXPECT_EQ(error_of(in), "sparse attention index 3 at row 1, column 1 is out of range [-1, 3) (kv has 3 rows)");
+  EXPECT_EQ(error_of(in),
+            "sparse attention index 3 at row 1, column 1 is out of range [-1, 3) (kv has 3 rows)");
   bad[3] = -2;
   EXPECT_NE(error_of(in).find("index -2 at row 1, column 1"), std::string::npos);
   in.indices = c.indices.data();

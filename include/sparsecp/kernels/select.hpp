@@ -50,6 +50,13 @@
 // MatrixView does not own its data. bf16 values are raw IEEE bfloat16 bits in
 // uint16_t (the upper half of an fp32).
 //
+// bf16 keys on the avx512 ISA, in a build with oneDNN that has an optimised bf16 product on
+// this CPU: a row block's scores over a key tile come from one oneDNN product of fixed shape
+// (AMX or AVX512_BF16 as the CPU has them; rows and keys padded with zeros, so a row's scores
+// never depend on its block or tile), then ReLU and the merge weights head by head in order.
+// SPARSECP_SELECT_GEMM=native keeps the VDPBF16PS kernel. Selections on exact inputs are the
+// same on both paths; real-valued scores may differ in the last bits (different summation).
+//
 // Threads: `SelectConfig::threads` (0 = OpenMP's default). The projection's GEMM
 // uses OpenBLAS, whose own thread count is OpenBLAS's setting.
 #pragma once

@@ -68,9 +68,11 @@ struct SparseAttentionInputs {
   double scale = 1.0;
 };
 
-// Which library multiplies: kAuto is oneDNN where built (and where the environment variable
-// SPARSECP_ATTENTION_GEMM is not "blas"), else the BLAS. Never changes the contract; results
-// may differ between libraries in the last bits of real values.
+// Which library multiplies: kAuto is oneDNN where built and where it has an optimised
+// implementation of the dtype on this CPU (not its reference loops: bf16 on some AVX2-only
+// CPUs has none), unless the environment variable SPARSECP_ATTENTION_GEMM is "blas"; else the
+// BLAS (bf16 widened to float32 exactly). Never changes the contract; results may differ
+// between libraries in the last bits of real values.
 enum class AttentionGemm { kAuto, kOneDnn, kBlas };
 
 struct SparseAttentionConfig {
@@ -85,22 +87,24 @@ struct SparseAttentionConfig {
 // rows, keys, columns >= 0; scale finite; every index in [-1, keys); pointers non-null
 // where their arrays are non-empty; config's ISA runs on this CPU; threads in
 // [0, kMaxAttentionThreads]; the gemm asked for is built.
-void validate_sparse_attention(const SparseAttentionInputs& inputs, const SparseAttentionConfig& config);
+void validate_sparse_attention(const SparseAttentionInputs& inputs,
+                               const SparseAttentionConfig& config);
 
 inline constexpr int kMaxAttentionThreads = 4096;
 
 // Forward. out: [rows, heads, value_dim] of `dtype`; lse: [rows, heads] accumulation type.
 // Validates first (nothing is written when validation fails).
-void sparse_attention_forward(const SparseAttentionInputs& inputs, const SparseAttentionConfig& config,
-                              void* out, void* lse);
+void sparse_attention_forward(const SparseAttentionInputs& inputs,
+                              const SparseAttentionConfig& config, void* out, void* lse);
 
 // Backward from the forward's out and lse and the output gradient grad_out
 // ([rows, heads, value_dim], `dtype`). grad_q: [rows, heads, qk_dim] of `dtype`;
 // grad_kv: [keys, qk_dim] accumulation type, overwritten; grad_sinks: [heads] accumulation
 // type, overwritten (may be null when inputs.sinks is null).
-void sparse_attention_backward(const SparseAttentionInputs& inputs, const SparseAttentionConfig& config,
-                               const void* out, const void* lse, const void* grad_out, void* grad_q,
-                               void* grad_kv, void* grad_sinks);
+void sparse_attention_backward(const SparseAttentionInputs& inputs,
+                               const SparseAttentionConfig& config, const void* out,
+                               const void* lse, const void* grad_out, void* grad_q, void* grad_kv,
+                               void* grad_sinks);
 
 // The plain reference: loops over rows, heads and columns in float64, whatever `dtype`
 // (inputs are widened exactly). Outputs are written in float64: out [rows, heads,
@@ -111,13 +115,15 @@ void sparse_attention_reference_backward(const SparseAttentionInputs& inputs, co
                                          double* grad_q, double* grad_kv, double* grad_sinks);
 
 // Rows per block and the per-thread scratch bytes a call of this shape uses.
-int64_t sparse_attention_block_rows(const SparseAttentionInputs& inputs, const SparseAttentionConfig& config);
+int64_t sparse_attention_block_rows(const SparseAttentionInputs& inputs,
+                                    const SparseAttentionConfig& config);
 std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& inputs,
                                            const SparseAttentionConfig& config);
 
 // Whether this build has oneDNN, and what `gemm` resolves to for `dtype`:
 // "onednn <version>" or "blas".
 bool sparse_attention_has_onednn();
-const char* sparse_attention_gemm_name(AttentionDType dtype, AttentionGemm gemm = AttentionGemm::kAuto);
+const char* sparse_attention_gemm_name(AttentionDType dtype,
+                                       AttentionGemm gemm = AttentionGemm::kAuto);
 
 }  // namespace sparsecp

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sparsecp/error.hpp"
@@ -33,17 +34,21 @@ void run_blas(const BatchedGemm& g) {
   const auto ta = g.a.transposed ? CblasTrans : CblasNoTrans;
   const auto tb = g.b.transposed ? CblasTrans : CblasNoTrans;
   const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
-  const int lda = static_cast<int>(g.a.ld), ldb = static_cast<int>(g.b.ld), ldc = static_cast<int>(g.ldc);
+  const int lda = static_cast<int>(g.a.ld), ldb = static_cast<int>(g.b.ld),
+            ldc = static_cast<int>(g.ldc);
   for (int64_t i = 0; i < g.batch; ++i) {
     if (g.in == Element::kFloat64) {
-      cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, static_cast<const double*>(g.a.data) + i * g.a.batch_stride,
-                  lda, static_cast<const double*>(g.b.data) + i * g.b.batch_stride, ldb, g.accumulate ? 1.0 : 0.0,
-                  static_cast<double*>(g.c) + i * g.c_batch_stride, ldc);
+      cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0,
+                  static_cast<const double*>(g.a.data) + i * g.a.batch_stride, lda,
+                  static_cast<const double*>(g.b.data) + i * g.b.batch_stride, ldb,
+                  g.accumulate ? 1.0 : 0.0, static_cast<double*>(g.c) + i * g.c_batch_stride, ldc);
     } else {
-      SPARSECP_CHECK(g.in == Element::kFloat32, "internal: bf16 products need oneDNN (the BLAS path widens)");
-      cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, static_cast<const float*>(g.a.data) + i * g.a.batch_stride,
-                  lda, static_cast<const float*>(g.b.data) + i * g.b.batch_stride, ldb, g.accumulate ? 1.0f : 0.0f,
-                  static_cast<float*>(g.c) + i * g.c_batch_stride, ldc);
+      SPARSECP_CHECK(g.in == Element::kFloat32,
+                     "internal: bf16 products need oneDNN (the BLAS path widens)");
+      cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f,
+                  static_cast<const float*>(g.a.data) + i * g.a.batch_stride, lda,
+                  static_cast<const float*>(g.b.data) + i * g.b.batch_stride, ldb,
+                  g.accumulate ? 1.0f : 0.0f, static_cast<float*>(g.c) + i * g.c_batch_stride, ldc);
     }
   }
 }
@@ -56,11 +61,26 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
+// A batch stride of 0 (one batch entry) is given as the dense stride: oneDNN reads a zero
+// stride as a broadcast layout and falls back to its reference implementation (ref:any,
+// about 1,000 times slower).
+int64_t dense_stride(int64_t stride, int64_t rows, int64_t ld) {
+  return stride != 0 ? stride : rows * ld;
+}
+
 dnnl::memory::desc operand_desc(const Operand& o, int64_t batch, int64_t rows, int64_t cols,
                                 dnnl::memory::data_type type) {
-  const dnnl::memory::dims strides = o.transposed ? dnnl::memory::dims{o.batch_stride, 1, o.ld}
-                                                  : dnnl::memory::dims{o.batch_stride, o.ld, 1};
+  const int64_t stored_rows = o.transposed ? cols : rows;
+  const int64_t bs = dense_stride(o.batch_stride, stored_rows, o.ld);
+  const dnnl::memory::dims strides =
+      o.transposed ? dnnl::memory::dims{bs, 1, o.ld} : dnnl::memory::dims{bs, o.ld, 1};
   return dnnl::memory::desc({batch, rows, cols}, type, strides);
+}
+
+dnnl::memory::desc result_desc(const BatchedGemm& g) {
+  return dnnl::memory::desc(
+      {g.batch, g.m, g.n}, dnnl::memory::data_type::f32,
+      dnnl::memory::dims{dense_stride(g.c_batch_stride, g.m, g.ldc), g.ldc, 1});
 }
 
 struct Primitive {
@@ -75,8 +95,20 @@ struct Primitive {
 const Primitive& primitive(const BatchedGemm& g) {
   static std::mutex mutex;
   static std::map<Key, Primitive> cache;
-  const Key key{static_cast<int64_t>(g.in), g.batch, g.m, g.n, g.k, g.a.batch_stride, g.a.ld, g.a.transposed,
-                g.b.batch_stride, g.b.ld, g.b.transposed, g.c_batch_stride, g.ldc, g.accumulate};
+  const Key key{static_cast<int64_t>(g.in),
+                g.batch,
+                g.m,
+                g.n,
+                g.k,
+                g.a.batch_stride,
+                g.a.ld,
+                g.a.transposed,
+                g.b.batch_stride,
+                g.b.ld,
+                g.b.transposed,
+                g.c_batch_stride,
+                g.ldc,
+                g.accumulate};
   const std::lock_guard<std::mutex> lock(mutex);
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
@@ -84,7 +116,7 @@ const Primitive& primitive(const BatchedGemm& g) {
   const dt in = g.in == Element::kBFloat16 ? dt::bf16 : dt::f32;
   const auto a = operand_desc(g.a, g.batch, g.m, g.k, in);
   const auto b = operand_desc(g.b, g.batch, g.k, g.n, in);
-  const dnnl::memory::desc c({g.batch, g.m, g.n}, dt::f32, dnnl::memory::dims{g.c_batch_stride, g.ldc, 1});
+  const dnnl::memory::desc c = result_desc(g);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (g.accumulate) {
@@ -106,11 +138,12 @@ void run_onednn(const BatchedGemm& g) {
     const dt in = g.in == Element::kBFloat16 ? dt::bf16 : dt::f32;
     dnnl::memory a(operand_desc(g.a, g.batch, g.m, g.k, in), engine, const_cast<void*>(g.a.data));
     dnnl::memory b(operand_desc(g.b, g.batch, g.k, g.n, in), engine, const_cast<void*>(g.b.data));
-    dnnl::memory c(dnnl::memory::desc({g.batch, g.m, g.n}, dt::f32, dnnl::memory::dims{g.c_batch_stride, g.ldc, 1}),
-                   engine, g.c);
+    dnnl::memory c(result_desc(g), engine, g.c);
     dnnl::stream stream(engine);
     dnnl::memory scratchpad(p.scratchpad, engine, scratch.data());
-    p.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c},
+    p.matmul.execute(stream, {{DNNL_ARG_SRC, a},
+                              {DNNL_ARG_WEIGHTS, b},
+                              {DNNL_ARG_DST, c},
                               {DNNL_ARG_SCRATCHPAD, scratchpad}});
     stream.wait();
   } catch (const dnnl::error& error) {
@@ -122,6 +155,31 @@ void run_onednn(const BatchedGemm& g) {
 #endif
 
 }  // namespace
+
+bool onednn_fast(Element in) {
+#ifdef SPARSECP_HAVE_ONEDNN
+  if (in == Element::kFloat64) return false;
+  auto probe = [](Element element) {
+    try {
+      using dt = dnnl::memory::data_type;
+      const dt type = element == Element::kBFloat16 ? dt::bf16 : dt::f32;
+      const dnnl::memory::desc a({1, 64, 128}, type, dnnl::memory::dims{64 * 128, 128, 1});
+      const dnnl::memory::desc b({1, 128, 64}, type, dnnl::memory::dims{64 * 128, 1, 128});
+      const dnnl::memory::desc c({1, 64, 64}, dt::f32, dnnl::memory::dims{64 * 64, 64, 1});
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), cpu_engine());
+      return std::string_view(pd.impl_info_str()).rfind("ref", 0) != 0;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  };
+  static const bool f32 = probe(Element::kFloat32);
+  static const bool bf16 = probe(Element::kBFloat16);
+  return in == Element::kBFloat16 ? bf16 : f32;
+#else
+  (void)in;
+  return false;
+#endif
+}
 
 bool onednn_built() {
 #ifdef SPARSECP_HAVE_ONEDNN
@@ -136,7 +194,8 @@ const char* gemm_library_name(bool onednn) {
   if (onednn) {
     static const std::string name = [] {
       const dnnl_version_t* v = dnnl_version();
-      return "onednn " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+      return "onednn " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+             std::to_string(v->patch);
     }();
     return name.c_str();
   }

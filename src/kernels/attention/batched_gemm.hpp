@@ -40,6 +40,10 @@ struct BatchedGemm {
 void run_gemm(const BatchedGemm& gemm, bool onednn);
 
 bool onednn_built();
+// Whether oneDNN multiplies `in` with an optimised implementation on this CPU (not its
+// reference loops, which it falls back to where it has none, e.g. bf16 on some AVX2-only
+// CPUs): checked once per element type on a probe shape. False without oneDNN.
+bool onednn_fast(Element in);
 // "onednn 2.6.3" (the library's version at run time) or "blas".
 const char* gemm_library_name(bool onednn);
 

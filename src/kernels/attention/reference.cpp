@@ -47,7 +47,8 @@ RowSoftmax row_softmax(const SparseAttentionInputs& in, int64_t r, int64_t h) {
     if (id < 0) continue;
     double dot = 0.0;
     for (int64_t d = 0; d < in.qk_dim; ++d) {
-      dot += element(in.q, in.dtype, (r * in.heads + h) * in.qk_dim + d) * element(in.kv, in.dtype, id * in.qk_dim + d);
+      dot += element(in.q, in.dtype, (r * in.heads + h) * in.qk_dim + d) *
+             element(in.kv, in.dtype, id * in.qk_dim + d);
     }
     s.logits[static_cast<std::size_t>(c)] = dot * in.scale;
     top = std::max(top, dot * in.scale);
@@ -56,7 +57,8 @@ RowSoftmax row_softmax(const SparseAttentionInputs& in, int64_t r, int64_t h) {
   double shift = std::max(top, sink);
   if (!std::isfinite(shift)) shift = 0.0;
   double keys = 0.0;
-  for (int64_t c = 0; c < in.columns; ++c) keys += std::exp(s.logits[static_cast<std::size_t>(c)] - shift);
+  for (int64_t c = 0; c < in.columns; ++c)
+    keys += std::exp(s.logits[static_cast<std::size_t>(c)] - shift);
   const double total = keys + (in.sinks != nullptr ? std::exp(sink - shift) : 0.0);
   s.lse_keys = keys > 0.0 ? shift + std::log(keys) : -kInf;
   s.lse_full = total > 0.0 ? shift + std::log(total) : -kInf;
@@ -65,7 +67,9 @@ RowSoftmax row_softmax(const SparseAttentionInputs& in, int64_t r, int64_t h) {
 
 double probability(const RowSoftmax& s, int64_t c) {
   const double l = s.logits[static_cast<std::size_t>(c)];
-  return std::isfinite(s.lse_full) && l > -std::numeric_limits<double>::infinity() ? std::exp(l - s.lse_full) : 0.0;
+  return std::isfinite(s.lse_full) && l > -std::numeric_limits<double>::infinity()
+             ? std::exp(l - s.lse_full)
+             : 0.0;
 }
 
 }  // namespace
@@ -82,14 +86,15 @@ void sparse_attention_reference(const SparseAttentionInputs& in, double* out, do
         const int32_t id = in.indices[r * in.columns + c];
         if (id < 0) continue;
         const double p = probability(s, c);
-        for (int64_t v = 0; v < in.value_dim; ++v) o[v] += p * element(in.kv, in.dtype, id * in.qk_dim + v);
+        for (int64_t v = 0; v < in.value_dim; ++v)
+          o[v] += p * element(in.kv, in.dtype, id * in.qk_dim + v);
       }
     }
   }
 }
 
-void sparse_attention_reference_backward(const SparseAttentionInputs& in, const void* grad_out, double* grad_q,
-                                         double* grad_kv, double* grad_sinks) {
+void sparse_attention_reference_backward(const SparseAttentionInputs& in, const void* grad_out,
+                                         double* grad_q, double* grad_kv, double* grad_sinks) {
   validate_sparse_attention(in, SparseAttentionConfig{});
   for (int64_t i = 0; i < in.rows * in.heads * in.qk_dim; ++i) grad_q[i] = 0.0;
   for (int64_t i = 0; i < in.keys * in.qk_dim; ++i) grad_kv[i] = 0.0;
@@ -107,12 +112,14 @@ void sparse_attention_reference_backward(const SparseAttentionInputs& in, const 
         const int32_t id = in.indices[r * in.columns + c];
         if (id < 0) continue;
         for (int64_t v = 0; v < in.value_dim; ++v) {
-          out[static_cast<std::size_t>(v)] += probability(s, c) * element(in.kv, in.dtype, id * in.qk_dim + v);
+          out[static_cast<std::size_t>(v)] +=
+              probability(s, c) * element(in.kv, in.dtype, id * in.qk_dim + v);
         }
       }
       double delta = 0.0;
       for (int64_t v = 0; v < in.value_dim; ++v) {
-        delta += element(grad_out, in.dtype, head * in.value_dim + v) * out[static_cast<std::size_t>(v)];
+        delta +=
+            element(grad_out, in.dtype, head * in.value_dim + v) * out[static_cast<std::size_t>(v)];
       }
       for (int64_t c = 0; c < in.columns; ++c) {
         const int32_t id = in.indices[r * in.columns + c];

@@ -25,8 +25,8 @@ struct RowOps {
   void (*softmax)(const RowScores& s, const float* sinks, float* probs, float* lse, float* work);
   // Backward: probs[c, h] = exp(scale * l - full[h]) on valid columns (0 elsewhere; 0 where
   // full[h] is -inf), then grad[c, h] = probs * (dprobs[c, h] - delta[h]) * scale.
-  void (*logit_gradient)(const RowScores& s, const float* full, const float* dprobs, const float* delta,
-                         float* probs, float* grad);
+  void (*logit_gradient)(const RowScores& s, const float* full, const float* dprobs,
+                         const float* delta, float* probs, float* grad);
   // The element loops around the products, vectorised with the ISA's flags:
   // to[i] += from[i] (the key gradient's scatter, in index order);
   void (*accumulate)(const float* from, int64_t n, float* to);

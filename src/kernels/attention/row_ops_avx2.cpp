@@ -11,6 +11,8 @@ namespace {
 #include "row_ops.inc"
 }  // namespace
 
-RowOps row_ops_avx2() { return {softmax, logit_gradient, accumulate, widen, narrow, dot_f32, dot_bf16}; }
+RowOps row_ops_avx2() {
+  return {softmax, logit_gradient, accumulate, widen, narrow, dot_f32, dot_bf16};
+}
 
 }  // namespace sparsecp::attention_detail

@@ -43,12 +43,16 @@ bool use_onednn(AttentionDType dtype, AttentionGemm gemm) {
   if (dtype == AttentionDType::kFloat64) return false;  // oneDNN has no float64 products
   if (gemm == AttentionGemm::kBlas) return false;
   if (gemm == AttentionGemm::kOneDnn) return true;
-  if (!ad::onednn_built()) return false;
+  const ad::Element element =
+      dtype == AttentionDType::kBFloat16 ? ad::Element::kBFloat16 : ad::Element::kFloat32;
+  if (!ad::onednn_fast(element)) return false;  // not built, or only its reference loops here
   const char* env = std::getenv("SPARSECP_ATTENTION_GEMM");
   return env == nullptr || std::string_view(env) != "blas";
 }
 
-int resolve_threads(int threads) { return threads > 0 ? threads : std::max(1, omp_get_max_threads()); }
+int resolve_threads(int threads) {
+  return threads > 0 ? threads : std::max(1, omp_get_max_threads());
+}
 
 ad::RowOps row_ops(KernelIsa isa) {
   switch (resolve_kernel_isa(isa)) {
@@ -101,11 +105,11 @@ constexpr ad::Element element_of() {
 std::size_t row_bytes(const SparseAttentionInputs& in, std::size_t w, std::size_t a) {
   const auto H = static_cast<std::size_t>(in.heads), C = static_cast<std::size_t>(in.columns);
   const auto D = static_cast<std::size_t>(in.qk_dim), V = static_cast<std::size_t>(in.value_dim);
-  return C * D * (w + a)              // gathered kv rows, their gradient
-         + H * C * (4 * a + 2 * w)    // logits, probabilities, their gradients (and W copies)
-         + H * (D + V) * (w + a)      // q, d out as operands; out / d q before rounding
+  return C * D * (w + a)            // gathered kv rows, their gradient
+         + H * C * (4 * a + 2 * w)  // logits, probabilities, their gradients (and W copies)
+         + H * (D + V) * (w + a)    // q, d out as operands; out / d q before rounding
          + (V == D ? 2 * H * (C + D) * w : 0)  // K = V: [grad | probs] and [q ; d out]
-         + H * 4 * a;                 // per-head lse, delta, sink terms
+         + H * 4 * a;                          // per-head lse, delta, sink terms
 }
 
 std::pair<std::size_t, std::size_t> element_sizes(AttentionDType dtype, bool onednn) {
@@ -149,8 +153,9 @@ void softmax_generic(const A* logits, int64_t heads, int64_t columns, const int3
 }
 
 template <class A>
-void logit_gradient_generic(const A* logits, int64_t heads, int64_t columns, const int32_t* ids, A scale,
-                            const A* full, const A* dprobs, const A* delta, A* probs, A* grad) {
+void logit_gradient_generic(const A* logits, int64_t heads, int64_t columns, const int32_t* ids,
+                            A scale, const A* full, const A* dprobs, const A* delta, A* probs,
+                            A* grad) {
   constexpr A kInf = std::numeric_limits<A>::infinity();
   for (int64_t c = 0; c < columns; ++c) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -219,7 +224,11 @@ class Kernel {
         threads_(resolve_threads(config.threads)),
         block_(sparse_attention_block_rows(in, config)),
         blocks_(in.rows == 0 ? 0 : (in.rows + block_ - 1) / block_),
-        H_(in.heads), C_(in.columns), D_(in.qk_dim), V_(in.value_dim), fused_(in.value_dim == in.qk_dim) {}
+        H_(in.heads),
+        C_(in.columns),
+        D_(in.qk_dim),
+        V_(in.value_dim),
+        fused_(in.value_dim == in.qk_dim) {}
 
   void forward(T* out, A* lse) const {
     const int threads = static_cast<int>(std::min<int64_t>(threads_, blocks_));
@@ -231,13 +240,15 @@ class Kernel {
     });
   }
 
-  void backward(const T* out, const A* lse, const T* grad_out, T* grad_q, A* grad_kv, A* grad_sinks) const {
+  void backward(const T* out, const A* lse, const T* grad_out, T* grad_q, A* grad_kv,
+                A* grad_sinks) const {
     std::fill(grad_kv, grad_kv + in_.keys * D_, A(0));
     std::vector<A> sink_rows(in_.sinks != nullptr ? static_cast<std::size_t>(in_.rows * H_) : 0);
     // Waves of one block per thread: every thread computes its block's kv-row gradients into
     // its slot, then every thread adds a slice of the qk_dim columns of every slot's rows, in
     // block, row, column order: the sum's order is the same whatever the thread count.
-    const int threads = static_cast<int>(std::min<int64_t>(threads_, std::max<int64_t>(blocks_, 1)));
+    const int threads =
+        static_cast<int>(std::min<int64_t>(threads_, std::max<int64_t>(blocks_, 1)));
     const std::size_t slot_size = static_cast<std::size_t>(block_ * C_ * D_);
     std::vector<std::vector<A>> slots(static_cast<std::size_t>(threads));
     std::exception_ptr first;
@@ -284,7 +295,8 @@ class Kernel {
     if (grad_sinks != nullptr) {
       std::fill(grad_sinks, grad_sinks + H_, A(0));
       for (int64_t r = 0; r < in_.rows; ++r) {
-        for (int64_t h = 0; h < H_; ++h) grad_sinks[h] += sink_rows[static_cast<std::size_t>(r * H_ + h)];
+        for (int64_t h = 0; h < H_; ++h)
+          grad_sinks[h] += sink_rows[static_cast<std::size_t>(r * H_ + h)];
       }
     }
   }
@@ -332,7 +344,9 @@ class Kernel {
   };
 
   const int32_t* ids(int64_t row) const { return in_.indices + row * C_; }
-  A sink(int64_t h) const { return in_.sinks == nullptr ? A(0) : static_cast<const A*>(in_.sinks)[h]; }
+  A sink(int64_t h) const {
+    return in_.sinks == nullptr ? A(0) : static_cast<const A*>(in_.sinks)[h];
+  }
 
   void gather(int64_t r0, int64_t n, W* dst) const {
     const T* kv = static_cast<const T*>(in_.kv);
@@ -343,7 +357,8 @@ class Kernel {
         if (row[c] < 0) {
           std::fill(to, to + D_, W(0));
         } else if constexpr (std::is_same_v<T, W>) {
-          std::memcpy(to, kv + static_cast<int64_t>(row[c]) * D_, sizeof(W) * static_cast<std::size_t>(D_));
+          std::memcpy(to, kv + static_cast<int64_t>(row[c]) * D_,
+                      sizeof(W) * static_cast<std::size_t>(D_));
         } else {
           convert(kv + static_cast<int64_t>(row[c]) * D_, D_, to);
         }
@@ -386,8 +401,8 @@ class Kernel {
     }
   }
 
-  void gemm(int64_t batch, int64_t m, int64_t n, int64_t k, ad::Operand a, ad::Operand b, A* c, int64_t c_batch,
-            int64_t ldc, bool accumulate = false) const {
+  void gemm(int64_t batch, int64_t m, int64_t n, int64_t k, ad::Operand a, ad::Operand b, A* c,
+            int64_t c_batch, int64_t ldc, bool accumulate = false) const {
     ad::BatchedGemm g;
     g.in = element_of<W>();
     g.batch = batch;
@@ -406,8 +421,8 @@ class Kernel {
   // logits[r] (C x H) = gathered[r] (C x D) . q[r]^T (D x H): the gathered rows are the
   // products' row-major left operand (no repacking of the large block).
   void scores(int64_t n, const W* q, Scratch& s) const {
-    gemm(n, C_, H_, D_, {s.gathered.data(), C_ * D_, D_, false}, {q, H_ * D_, D_, true}, s.logits.data(), C_ * H_,
-         H_);
+    gemm(n, C_, H_, D_, {s.gathered.data(), C_ * D_, D_, false}, {q, H_ * D_, D_, true},
+         s.logits.data(), C_ * H_, H_);
   }
 
   void softmax_rows(int64_t r0, int64_t n, Scratch& s, A* lse) const {
@@ -416,10 +431,12 @@ class Kernel {
       A* probs = s.probs.data() + r * H_ * C_;
       if constexpr (std::is_same_v<A, float>) {
         ops_.softmax({logits, H_, C_, ids(r0 + r), static_cast<float>(in_.scale)},
-                     static_cast<const float*>(in_.sinks), probs, lse + (r0 + r) * H_, s.rows.data());
+                     static_cast<const float*>(in_.sinks), probs, lse + (r0 + r) * H_,
+                     s.rows.data());
       } else {
         softmax_generic<A>(logits, H_, C_, ids(r0 + r), static_cast<A>(in_.scale),
-                           static_cast<const A*>(in_.sinks), probs, lse + (r0 + r) * H_, s.rows.data());
+                           static_cast<const A*>(in_.sinks), probs, lse + (r0 + r) * H_,
+                           s.rows.data());
       }
     }
   }
@@ -432,12 +449,13 @@ class Kernel {
     const W* probs = as_operand(s.probs, s.probs_w, n * H_ * C_);
     // out[r] (H x V) = probs[r]^T (H x C) . gathered[r][:, :V] (C x V)
     A* result = std::is_same_v<T, A> ? reinterpret_cast<A*>(out + r0 * H_ * V_) : s.result.data();
-    gemm(n, H_, V_, C_, {probs, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, result, H_ * V_, V_);
+    gemm(n, H_, V_, C_, {probs, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, result,
+         H_ * V_, V_);
     if constexpr (!std::is_same_v<T, A>) convert(result, n * H_ * V_, out + r0 * H_ * V_);
   }
 
-  void backward_block(int64_t b, Scratch& s, const T* out, const A* lse, const T* grad_out, T* grad_q,
-                      A* sink_rows, A* dgathered) const {
+  void backward_block(int64_t b, Scratch& s, const T* out, const A* lse, const T* grad_out,
+                      T* grad_q, A* sink_rows, A* dgathered) const {
     const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
     constexpr A kInf = std::numeric_limits<A>::infinity();
     gather(r0, n, s.gathered.data());
@@ -445,8 +463,8 @@ class Kernel {
     const W* dout = operand(grad_out, r0, n, V_, s.dout_w);
     scores(n, q, s);
     // d probs[r] (C x H) = gathered[r][:, :V] (C x V) . d out[r]^T (V x H)
-    gemm(n, C_, H_, V_, {s.gathered.data(), C_ * D_, D_, false}, {dout, H_ * V_, V_, true}, s.dprobs.data(),
-         C_ * H_, H_);
+    gemm(n, C_, H_, V_, {s.gathered.data(), C_ * D_, D_, false}, {dout, H_ * V_, V_, true},
+         s.dprobs.data(), C_ * H_, H_);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t row = r0 + r;
       A* full = s.rows.data();
@@ -472,11 +490,13 @@ class Kernel {
       }
       const int64_t at = r * C_ * H_;
       if constexpr (std::is_same_v<A, float>) {
-        ops_.logit_gradient({s.logits.data() + at, H_, C_, ids(row), static_cast<float>(in_.scale)}, full,
-                            s.dprobs.data() + at, delta, s.probs.data() + at, s.grad.data() + at);
+        ops_.logit_gradient({s.logits.data() + at, H_, C_, ids(row), static_cast<float>(in_.scale)},
+                            full, s.dprobs.data() + at, delta, s.probs.data() + at,
+                            s.grad.data() + at);
       } else {
-        logit_gradient_generic<A>(s.logits.data() + at, H_, C_, ids(row), static_cast<A>(in_.scale), full,
-                                  s.dprobs.data() + at, delta, s.probs.data() + at, s.grad.data() + at);
+        logit_gradient_generic<A>(s.logits.data() + at, H_, C_, ids(row), static_cast<A>(in_.scale),
+                                  full, s.dprobs.data() + at, delta, s.probs.data() + at,
+                                  s.grad.data() + at);
       }
     }
     if (fused_) {
@@ -487,28 +507,34 @@ class Kernel {
         convert(s.probs.data() + rc * H_, H_, pair + rc * 2 * H_ + H_);
       }
       for (int64_t r = 0; r < n; ++r) {
-        std::memcpy(stack + r * 2 * H_ * D_, q + r * H_ * D_, sizeof(W) * static_cast<std::size_t>(H_ * D_));
-        std::memcpy(stack + (r * 2 + 1) * H_ * D_, dout + r * H_ * V_, sizeof(W) * static_cast<std::size_t>(H_ * V_));
+        std::memcpy(stack + r * 2 * H_ * D_, q + r * H_ * D_,
+                    sizeof(W) * static_cast<std::size_t>(H_ * D_));
+        std::memcpy(stack + (r * 2 + 1) * H_ * D_, dout + r * H_ * V_,
+                    sizeof(W) * static_cast<std::size_t>(H_ * V_));
       }
       // d q[r] (H x D) = grad[r]^T (H x C) . gathered[r] (C x D)
       A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
-      gemm(n, H_, D_, C_, {pair, C_ * 2 * H_, 2 * H_, true}, {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_,
-           D_);
+      gemm(n, H_, D_, C_, {pair, C_ * 2 * H_, 2 * H_, true},
+           {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_, D_);
       if constexpr (!std::is_same_v<T, A>) convert(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
       // d gathered[r] (C x D) = [grad | probs][r] (C x 2H) . [q ; d out][r] (2H x D)
-      gemm(n, C_, D_, 2 * H_, {pair, C_ * 2 * H_, 2 * H_, false}, {stack, 2 * H_ * D_, D_, false}, dgathered,
-           C_ * D_, D_);
+      gemm(n, C_, D_, 2 * H_, {pair, C_ * 2 * H_, 2 * H_, false}, {stack, 2 * H_ * D_, D_, false},
+           dgathered, C_ * D_, D_);
       return;
     }
     const W* grad = as_operand(s.grad, s.grad_w, n * H_ * C_);
     const W* probs = as_operand(s.probs, s.probs_w, n * H_ * C_);
     // d q[r] (H x D) = grad[r]^T (H x C) . gathered[r] (C x D)
     A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
-    gemm(n, H_, D_, C_, {grad, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_, D_);
+    gemm(n, H_, D_, C_, {grad, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, dq,
+         H_ * D_, D_);
     if constexpr (!std::is_same_v<T, A>) convert(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
-    // d gathered[r] (C x D) = grad[r] (C x H) . q[r] (H x D), then + probs[r] . d out[r] on the value columns
-    gemm(n, C_, D_, H_, {grad, C_ * H_, H_, false}, {q, H_ * D_, D_, false}, dgathered, C_ * D_, D_);
-    gemm(n, C_, V_, H_, {probs, C_ * H_, H_, false}, {dout, H_ * V_, V_, false}, dgathered, C_ * D_, D_, true);
+    // d gathered[r] (C x D) = grad[r] (C x H) . q[r] (H x D), then + probs[r] . d out[r] on the
+    // value columns
+    gemm(n, C_, D_, H_, {grad, C_ * H_, H_, false}, {q, H_ * D_, D_, false}, dgathered, C_ * D_,
+         D_);
+    gemm(n, C_, V_, H_, {probs, C_ * H_, H_, false}, {dout, H_ * V_, V_, false}, dgathered, C_ * D_,
+         D_, true);
   }
 
   // grad_kv[id][lo, hi) += block b's gradient rows, in row then column order.
@@ -568,62 +594,72 @@ const char* sparse_attention_gemm_name(AttentionDType dtype, AttentionGemm gemm)
   return ad::gemm_library_name(use_onednn(dtype, gemm));
 }
 
-void validate_sparse_attention(const SparseAttentionInputs& in, const SparseAttentionConfig& config) {
+void validate_sparse_attention(const SparseAttentionInputs& in,
+                               const SparseAttentionConfig& config) {
   SPARSECP_CHECK(in.heads >= 1, "sparse attention heads must be positive, got ", in.heads);
   SPARSECP_CHECK(in.qk_dim >= 1, "sparse attention qk_dim must be positive, got ", in.qk_dim);
-  SPARSECP_CHECK(in.value_dim >= 1 && in.value_dim <= in.qk_dim, "sparse attention value_dim must be in [1, qk_dim ",
-                 in.qk_dim, "], got ", in.value_dim);
+  SPARSECP_CHECK(in.value_dim >= 1 && in.value_dim <= in.qk_dim,
+                 "sparse attention value_dim must be in [1, qk_dim ", in.qk_dim, "], got ",
+                 in.value_dim);
   SPARSECP_CHECK(in.rows >= 0, "sparse attention rows must be non-negative, got ", in.rows);
   SPARSECP_CHECK(in.keys >= 0, "sparse attention keys must be non-negative, got ", in.keys);
-  SPARSECP_CHECK(in.columns >= 0, "sparse attention columns must be non-negative, got ", in.columns);
+  SPARSECP_CHECK(in.columns >= 0, "sparse attention columns must be non-negative, got ",
+                 in.columns);
   SPARSECP_CHECK(std::isfinite(in.scale), "sparse attention scale must be finite, got ", in.scale);
   SPARSECP_CHECK(in.keys <= std::numeric_limits<int32_t>::max(), "sparse attention keys ", in.keys,
                  " exceed int32 indices");
-  SPARSECP_CHECK(config.threads >= 0 && config.threads <= kMaxAttentionThreads, "sparse attention threads must be in [0, ",
-                 kMaxAttentionThreads, "], got ", config.threads);
+  SPARSECP_CHECK(config.threads >= 0 && config.threads <= kMaxAttentionThreads,
+                 "sparse attention threads must be in [0, ", kMaxAttentionThreads, "], got ",
+                 config.threads);
   SPARSECP_CHECK(config.gemm != AttentionGemm::kOneDnn || ad::onednn_built(),
                  "sparse attention gemm 'onednn' was asked for, but this build has no oneDNN");
   (void)resolve_kernel_isa(config.isa);  // throws naming an ISA this CPU cannot run
   const bool empty = in.rows == 0;
   SPARSECP_CHECK(empty || in.q != nullptr, "sparse attention q is null");
-  SPARSECP_CHECK(empty || in.columns == 0 || in.indices != nullptr, "sparse attention indices is null");
+  SPARSECP_CHECK(empty || in.columns == 0 || in.indices != nullptr,
+                 "sparse attention indices is null");
   for (int64_t r = 0; r < in.rows; ++r) {
     for (int64_t c = 0; c < in.columns; ++c) {
       const int32_t id = in.indices[r * in.columns + c];
-      SPARSECP_CHECK(id >= -1 && id < in.keys, "sparse attention index ", id, " at row ", r, ", column ", c,
-                     " is out of range [-1, ", in.keys, ") (kv has ", in.keys, " rows)");
+      SPARSECP_CHECK(id >= -1 && id < in.keys, "sparse attention index ", id, " at row ", r,
+                     ", column ", c, " is out of range [-1, ", in.keys, ") (kv has ", in.keys,
+                     " rows)");
     }
   }
   SPARSECP_CHECK(in.keys == 0 || in.kv != nullptr, "sparse attention kv is null");
 }
 
-int64_t sparse_attention_block_rows(const SparseAttentionInputs& in, const SparseAttentionConfig& config) {
+int64_t sparse_attention_block_rows(const SparseAttentionInputs& in,
+                                    const SparseAttentionConfig& config) {
   const auto [w, a] = element_sizes(in.dtype, use_onednn(in.dtype, config.gemm));
   const std::size_t per_row = std::max<std::size_t>(row_bytes(in, w, a), 1);
   return static_cast<int64_t>(std::clamp<std::size_t>(config.scratch_bytes / per_row, 1, 16));
 }
 
-std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& in, const SparseAttentionConfig& config) {
+std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& in,
+                                           const SparseAttentionConfig& config) {
   const auto [w, a] = element_sizes(in.dtype, use_onednn(in.dtype, config.gemm));
   return static_cast<std::size_t>(sparse_attention_block_rows(in, config)) * row_bytes(in, w, a);
 }
 
-void sparse_attention_forward(const SparseAttentionInputs& in, const SparseAttentionConfig& config, void* out,
-                              void* lse) {
+void sparse_attention_forward(const SparseAttentionInputs& in, const SparseAttentionConfig& config,
+                              void* out, void* lse) {
   validate_sparse_attention(in, config);
   if (in.rows == 0) return;
   const bool onednn = use_onednn(in.dtype, config.gemm);
   dispatch(in, onednn, [&](auto types) {
     using K = Kernel<decltype(types)>;
-    K(in, config, onednn).forward(static_cast<typename K::T*>(out), static_cast<typename K::A*>(lse));
+    K(in, config, onednn)
+        .forward(static_cast<typename K::T*>(out), static_cast<typename K::A*>(lse));
   });
 }
 
 void sparse_attention_backward(const SparseAttentionInputs& in, const SparseAttentionConfig& config,
-                               const void* out, const void* lse, const void* grad_out, void* grad_q, void* grad_kv,
-                               void* grad_sinks) {
+                               const void* out, const void* lse, const void* grad_out, void* grad_q,
+                               void* grad_kv, void* grad_sinks) {
   validate_sparse_attention(in, config);
-  SPARSECP_CHECK(in.sinks == nullptr || grad_sinks != nullptr, "sparse attention grad_sinks is null with sinks");
+  SPARSECP_CHECK(in.sinks == nullptr || grad_sinks != nullptr,
+                 "sparse attention grad_sinks is null with sinks");
   const bool onednn = use_onednn(in.dtype, config.gemm);
   dispatch(in, onednn, [&](auto types) {
     using K = Kernel<decltype(types)>;
@@ -638,7 +674,8 @@ void sparse_attention_backward(const SparseAttentionInputs& in, const SparseAtte
     K(in, config, onednn)
         .backward(static_cast<const typename K::T*>(out), static_cast<const A*>(lse),
                   static_cast<const typename K::T*>(grad_out), static_cast<typename K::T*>(grad_q),
-                  static_cast<A*>(grad_kv), in.sinks != nullptr ? static_cast<A*>(grad_sinks) : nullptr);
+                  static_cast<A*>(grad_kv),
+                  in.sinks != nullptr ? static_cast<A*>(grad_sinks) : nullptr);
   });
 }
 

@@ -153,8 +153,24 @@ void score_row(const ScoreRowArgs& args) {
   if (args.panels - panel == 1) group<1, Bf16>(args, panel);
 }
 
+void reduce_heads_impl(const ReduceHeadsArgs& a) {
+  for (int64_t r = 0; r < a.rows; ++r) {
+    float* out = a.out + r * a.n;
+    for (int64_t k = 0; k < a.n; ++k) out[k] = 0.0f;
+    for (int64_t h = 0; h < a.heads; ++h) {
+      const float w = a.weights[r * a.heads + h];
+      const float* l = a.logits + (r * a.heads + h) * a.n;
+#pragma omp simd
+      for (int64_t k = 0; k < a.n; ++k) {
+        const float relu = l[k] < 0.0f ? 0.0f : l[k];  // NaN stays NaN
+        out[k] += w * relu;
+      }
+    }
+  }
+}
 }  // namespace
 
+void reduce_heads_avx512(const ReduceHeadsArgs& args) { reduce_heads_impl(args); }
 void score_row_f32_avx512(const ScoreRowArgs& args) { score_row<false>(args); }
 void score_row_bf16_avx512(const ScoreRowArgs& args) { score_row<true>(args); }
 

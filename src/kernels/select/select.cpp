@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../attention/batched_gemm.hpp"
 #include "select_internal.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/kernels/bf16.hpp"
@@ -162,12 +163,29 @@ struct Kernel {
   sd::ScoreRowFn score_row = nullptr;
   bool bf16 = false;         // bf16 pair packs, VDPBF16PS
   bool avx512_pack = false;  // transpose panels with AVX-512
+  // bf16 keys on the avx512 ISA in a build with oneDNN: a row block's logits over a key tile
+  // are one oneDNN product ([block rows * heads, head_dim] x [head_dim, tile keys], AMX or
+  // AVX512_BF16 as the CPU has them), always of the same shape (rows and keys padded with
+  // zeros), so a row's scores never depend on its block or tile; then ReLU and the merge
+  // weights head by head (reduce_heads). SPARSECP_SELECT_GEMM=native keeps the VDPBF16PS
+  // kernel instead.
+  bool onednn = false;
 };
+
+bool select_uses_onednn(DType key_dtype) {
+  if (key_dtype != DType::kBFloat16 ||
+      !attention_detail::onednn_fast(attention_detail::Element::kBFloat16)) {
+    return false;  // not built, or only oneDNN's reference loops on this CPU
+  }
+  const char* env = std::getenv("SPARSECP_SELECT_GEMM");
+  return env == nullptr || std::string_view(env) != "native";
+}
 
 Kernel resolve_kernel(KernelIsa requested, DType key_dtype) {
   const KernelIsa isa = resolve_kernel_isa(requested);
 #if SPARSECP_SELECT_X86
   if (isa == KernelIsa::kAvx512) {
+    if (select_uses_onednn(key_dtype)) return {nullptr, true, false, true};
     if (key_dtype == DType::kBFloat16 && sd::cpu_has_avx512_bf16()) {
       return {sd::score_row_bf16_avx512, true, true};
     }
@@ -212,7 +230,10 @@ struct ThreadScratch {
   std::vector<uint64_t> candidates;
   std::vector<int64_t> counts;
   std::vector<uint64_t> thresholds;
-  std::vector<float> weights;  // widened bf16 merge weights of a block
+  std::vector<float> weights;   // widened bf16 merge weights of a block
+  AlignedScratch tile_rows;     // oneDNN path: the tile's keys, [kTileKeys, head_dim] bf16
+  AlignedScratch logits;        // oneDNN path: [kBlockRows * heads, kTileKeys] fp32
+  AlignedScratch block_scores;  // oneDNN path: [kBlockRows, kTileKeys] fp32
 };
 
 struct Block {
@@ -287,8 +308,11 @@ const void* prepare_query(const Call& call, int64_t row_begin, int64_t row_end,
   const int64_t dim = call.config->head_dim;
   const bool round = call.keys.dtype == DType::kBFloat16;
   if (call.kernel.bf16) {
+    // The oneDNN path multiplies a whole block's rows at once: rows past the block's are zero.
+    const int64_t held = call.kernel.onednn ? std::max(rows, kBlockRows) : rows;
     auto* pairs = static_cast<uint32_t*>(
-        scratch.query.get(static_cast<std::size_t>(rows * heads * call.depth) * 4));
+        scratch.query.get(static_cast<std::size_t>(held * heads * call.depth) * 4));
+    std::fill(pairs + rows * heads * call.depth, pairs + held * heads * call.depth, 0u);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t h = 0; h < heads; ++h) {
         uint32_t* head = pairs + (r * heads + h) * call.depth;
@@ -313,7 +337,68 @@ const void* prepare_query(const Call& call, int64_t row_begin, int64_t row_end,
   return values;
 }
 
+// Offers a row's visible keys of a tile (scores of keys key0 + i, i < count) to its
+// candidate buffer.
+void offer(const float* scores, int64_t count, int64_t key0, int64_t r, int64_t capacity,
+           int64_t topk, ThreadScratch& scratch) {
+  uint64_t* buffer = scratch.candidates.data() + r * capacity;
+  int64_t& held = scratch.counts[static_cast<std::size_t>(r)];
+  uint64_t& threshold = scratch.thresholds[static_cast<std::size_t>(r)];
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t candidate = sd::candidate(scores[i], key0 + i);
+    if (candidate <= threshold) continue;
+    buffer[held++] = candidate;
+    if (held == capacity && capacity > topk) {
+      std::nth_element(buffer, buffer + topk - 1, buffer + held, std::greater<>());
+      held = topk;
+      threshold = buffer[topk - 1];
+    }
+  }
+}
+
+// The oneDNN path (Kernel::onednn): block_scores[r][k] for the block's rows over keys
+// [first, first + count), from one product of fixed shape.
+void score_tile_onednn(const Call& call, int64_t first, int64_t count, int64_t rows,
+                       const void* query, const float* weights, ThreadScratch& scratch) {
+#if SPARSECP_SELECT_X86
+  const SelectConfig& config = *call.config;
+  const int64_t dim = config.head_dim;
+  auto* tile =
+      static_cast<uint16_t*>(scratch.tile_rows.get(static_cast<std::size_t>(kTileKeys * dim) * 2));
+  const auto* keys = static_cast<const uint16_t*>(call.keys.data);
+  std::memcpy(tile, keys + first * dim, static_cast<std::size_t>(count * dim) * 2);
+  std::fill(tile + count * dim, tile + kTileKeys * dim, uint16_t{0});
+  const int64_t m = kBlockRows * config.heads;
+  auto* logits =
+      static_cast<float*>(scratch.logits.get(static_cast<std::size_t>(m * kTileKeys) * 4));
+  attention_detail::BatchedGemm g;
+  g.in = attention_detail::Element::kBFloat16;
+  g.batch = 1;
+  g.m = m;
+  g.n = kTileKeys;
+  g.k = dim;
+  g.a = {query, 0, 2 * call.depth, false};  // bf16 pairs: head rows of 2 * depth channels
+  g.b = {tile, 0, dim, true};
+  g.c = logits;
+  g.ldc = kTileKeys;
+  attention_detail::run_gemm(g, true);
+  sd::ReduceHeadsArgs reduce;
+  reduce.logits = logits;
+  reduce.weights = weights;
+  reduce.rows = rows;
+  reduce.heads = config.heads;
+  reduce.n = kTileKeys;
+  reduce.out = static_cast<float*>(
+      scratch.block_scores.get(static_cast<std::size_t>(kBlockRows * kTileKeys) * 4));
+  sd::reduce_heads_avx512(reduce);
+#else
+  (void)call, (void)first, (void)count, (void)rows, (void)query, (void)weights, (void)scratch;
+  SPARSECP_FAIL("internal: the oneDNN selection path runs on x86-64 only");
+#endif
+}
+
 void run_block(const Call& call, const Block& block, ThreadScratch& scratch) {
+  if (call.kernel.onednn) omp_set_num_threads(1);  // oneDNN single-threaded in this worker
   const SelectConfig& config = *call.config;
   const TndSequence& sequence = *block.sequence;
   const int64_t rows = block.row_end - block.row_begin;
@@ -347,11 +432,20 @@ void run_block(const Call& call, const Block& block, ThreadScratch& scratch) {
 
   for (int64_t t0 = 0; t0 < last_visible; t0 += kTileKeys) {
     const int64_t tile_keys = std::min(kTileKeys, last_visible - t0);
-    pack_tile(call, sequence.key_begin + t0, tile_keys, tile);
+    if (call.kernel.onednn) {
+      score_tile_onednn(call, sequence.key_begin + t0, tile_keys, rows, query, weights, scratch);
+    } else {
+      pack_tile(call, sequence.key_begin + t0, tile_keys, tile);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t visible = TndPlan::visible_keys(first_position + r, config.ratio);
       if (visible <= t0) continue;  // this row sees nothing in the tile
       const int64_t count = std::min(tile_keys, visible - t0);
+      if (call.kernel.onednn) {
+        offer(static_cast<const float*>(scratch.block_scores.get(0)) + r * kTileKeys, count,
+              sequence.key_begin + t0, r, capacity, topk, scratch);
+        continue;
+      }
       sd::ScoreRowArgs args;
       args.q_pack =
           call.kernel.bf16
@@ -364,22 +458,7 @@ void run_block(const Call& call, const Block& block, ThreadScratch& scratch) {
       args.head_dim = config.head_dim;
       args.scores = scores;
       call.kernel.score_row(args);
-
-      // Offer the row's visible keys of this tile to its candidate buffer.
-      uint64_t* buffer = scratch.candidates.data() + r * capacity;
-      int64_t& held = scratch.counts[static_cast<std::size_t>(r)];
-      uint64_t& threshold = scratch.thresholds[static_cast<std::size_t>(r)];
-      const int64_t key0 = sequence.key_begin + t0;
-      for (int64_t i = 0; i < count; ++i) {
-        const uint64_t candidate = sd::candidate(scores[i], key0 + i);
-        if (candidate <= threshold) continue;
-        buffer[held++] = candidate;
-        if (held == capacity && capacity > topk) {
-          std::nth_element(buffer, buffer + topk - 1, buffer + held, std::greater<>());
-          held = topk;
-          threshold = buffer[topk - 1];
-        }
-      }
+      offer(scores, count, sequence.key_begin + t0, r, capacity, topk, scratch);
     }
   }
 

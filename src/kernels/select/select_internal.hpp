@@ -126,6 +126,19 @@ inline constexpr int64_t kChunkHeadsPortable = 2;
 inline constexpr int64_t kChunkHeadsAvx2 = 6;
 inline constexpr int64_t kChunkHeadsAvx512 = 8;
 
+// The oneDNN path for bf16 keys (select.cpp): one row block's scores over a tile,
+// out[r * n + k] = sum_h weights[r * heads + h] * ReLU(logits[(r * heads + h) * n + k]),
+// head by head in order h = 0..heads-1 (NaN kept: ReLU(NaN) is NaN), for r < rows.
+struct ReduceHeadsArgs {
+  const float* logits = nullptr;   // [rows * heads, n]
+  const float* weights = nullptr;  // [rows, heads]
+  int64_t rows = 0;
+  int64_t heads = 0;
+  int64_t n = 0;
+  float* out = nullptr;  // [rows, n]
+};
+void reduce_heads_avx512(const ReduceHeadsArgs& args);
+
 bool cpu_has_avx2();
 bool cpu_has_avx512();
 bool cpu_has_avx512_bf16();
