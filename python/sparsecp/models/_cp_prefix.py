@@ -103,7 +103,7 @@ class PrefixLayout:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
         routes = selection()
-        route = routes[self.rank]
+        route = routes[self.rank].detached()  # the layers' graph holds these tables: no C++ objects
         begin, end = self.visible
         return DevicePrefixLayout(
             batch=self, device=device, prefix=self.prefix.on(device), visible_begin=move(begin),

@@ -238,7 +238,7 @@ class BatchLayout:
             index_bank = index_rows = route = None
             if overlap:
                 routes = selection(ratio)
-                route = routes[self.rank]
+                route = routes[self.rank].detached()  # the layers' graph holds these tables: no C++ objects
                 index_bank = self.index_bank(ratio, [r.segments.array for r in routes], kl).on(device)
                 index_rows = _device_rows(route, device)
             start = layout.bank_start

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -118,10 +117,10 @@ class DeviceRows(NamedTuple):
 @lru_cache(maxsize=32)
 @torch.inference_mode(False)
 def _device_rows(route: IndexerRoute, device: torch.device) -> DeviceRows:
-    """The route's (send_rows, receive_rows, local_sources, local_targets) on ``device``."""
-    with warnings.catch_warnings():  # read-only route arrays: torch never writes index tensors
-        warnings.simplefilter("ignore", UserWarning)
-        return DeviceRows(*(torch.from_numpy(getattr(route, name).array).to(device) for name in DeviceRows._fields))
+    """The route's (send_rows, receive_rows, local_sources, local_targets) on ``device``, in
+    tensors of their own (on the CPU too: they must not keep a C++ route's memory, and with it the
+    route, alive from wherever they are kept; see ``IndexerRoute.detached``)."""
+    return DeviceRows(*(torch.tensor(getattr(route, name).array, device=device) for name in DeviceRows._fields))
 
 
 atexit.register(_device_rows.cache_clear)  # its routes, before module teardown (_plans.py)

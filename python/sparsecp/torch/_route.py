@@ -66,6 +66,20 @@ class IndexerRoute:
         set_field(self, "_hash", None)
         return self
 
+    def detached(self) -> IndexerRoute:
+        """This route holding no extension object: a C++ route's fields copied into arrays of
+        their own (itself when it holds none). For what an autograd graph can reach (a model's
+        per-batch tables): torch does not free the Python objects of a graph still alive at
+        interpreter exit (a script's global loss), and nanobind reports each extension object
+        left that way as leaked when the interpreter ends."""
+        if self.core is None:
+            return self
+        segments, inputs, outputs, sends, receives, sources, targets = (
+            self._field(index).array for index in range(len(_ROW_FIELDS)))  # __init__ copies them
+        route = IndexerRoute(segments, inputs, outputs, sends, receives, sources, targets, self.query_count)
+        object.__setattr__(route, "_hash", self._hash)
+        return route
+
     def _field(self, index: int) -> RowTuple:
         value = self._fields[index]
         if value is None:
