@@ -105,11 +105,11 @@ constexpr ad::Element element_of() {
 std::size_t row_bytes(const SparseAttentionInputs& in, std::size_t w, std::size_t a) {
   const auto H = static_cast<std::size_t>(in.heads), C = static_cast<std::size_t>(in.columns);
   const auto D = static_cast<std::size_t>(in.qk_dim), V = static_cast<std::size_t>(in.value_dim);
-  return C * D * (w + a)            // gathered kv rows, their gradient
-         + H * C * (4 * a + 2 * w)  // logits, probabilities, their gradients (and W copies)
-         + H * (D + V) * (w + a)    // q, d out as operands; out / d q before rounding
-         + (V == D ? 2 * H * (C + D) * w : 0)  // K = V: [grad | probs] and [q ; d out]
-         + H * 4 * a;                          // per-head lse, delta, sink terms
+  return C * D * (w + a)          // gathered kv rows, their gradient
+         + H * C * (4 * a + w)    // logits, probabilities, their gradients (and a W copy)
+         + H * (D + V) * (w + a)  // q, d out as operands; out / d q before rounding
+         + 2 * H * (C + D) * w    // [grad | probs] and [q ; d out]
+         + H * 4 * a;             // per-head lse, delta, sink terms
 }
 
 std::pair<std::size_t, std::size_t> element_sizes(AttentionDType dtype, bool onednn) {
@@ -227,8 +227,7 @@ class Kernel {
         H_(in.heads),
         C_(in.columns),
         D_(in.qk_dim),
-        V_(in.value_dim),
-        fused_(in.value_dim == in.qk_dim) {}
+        V_(in.value_dim) {}
 
   void forward(T* out, A* lse) const {
     const int threads = static_cast<int>(std::min<int64_t>(threads_, blocks_));
@@ -326,20 +325,17 @@ class Kernel {
       grad.resize(R * H * C);
       if constexpr (!std::is_same_v<W, A>) {
         probs_w.resize(R * H * C);
-        grad_w.resize(R * H * C);
       }
       if constexpr (!std::is_same_v<T, W>) {
         q_w.resize(R * H * D);
         dout_w.resize(R * H * V);
       }
-      if (k.fused_) {  // K = V: [grad | probs] per column and [q ; d out] per row, for one product
-        pair.resize(R * C * 2 * H);
-        stack.resize(R * 2 * H * D);
-      }
+      pair.resize(R * C * 2 * H);  // [grad | probs] per column and [q ; d out] per row
+      stack.resize(R * 2 * H * D);
       result.resize(R * H * std::max(D, V));
       rows.resize(H * 4);
     }
-    Buffer<W> gathered, probs_w, grad_w, q_w, dout_w, pair, stack;
+    Buffer<W> gathered, probs_w, q_w, dout_w, pair, stack;
     Buffer<A> logits, probs, dprobs, grad, result, rows;
   };
 
@@ -499,42 +495,32 @@ class Kernel {
                                   s.grad.data() + at);
       }
     }
-    if (fused_) {
-      W* pair = s.pair.data();
-      W* stack = s.stack.data();
-      for (int64_t rc = 0; rc < n * C_; ++rc) {
-        convert(s.grad.data() + rc * H_, H_, pair + rc * 2 * H_);
-        convert(s.probs.data() + rc * H_, H_, pair + rc * 2 * H_ + H_);
-      }
-      for (int64_t r = 0; r < n; ++r) {
-        std::memcpy(stack + r * 2 * H_ * D_, q + r * H_ * D_,
-                    sizeof(W) * static_cast<std::size_t>(H_ * D_));
-        std::memcpy(stack + (r * 2 + 1) * H_ * D_, dout + r * H_ * V_,
-                    sizeof(W) * static_cast<std::size_t>(H_ * V_));
-      }
-      // d q[r] (H x D) = grad[r]^T (H x C) . gathered[r] (C x D)
-      A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
-      gemm(n, H_, D_, C_, {pair, C_ * 2 * H_, 2 * H_, true},
-           {s.gathered.data(), C_ * D_, D_, false}, dq, H_ * D_, D_);
-      if constexpr (!std::is_same_v<T, A>) convert(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
-      // d gathered[r] (C x D) = [grad | probs][r] (C x 2H) . [q ; d out][r] (2H x D)
-      gemm(n, C_, D_, 2 * H_, {pair, C_ * 2 * H_, 2 * H_, false}, {stack, 2 * H_ * D_, D_, false},
-           dgathered, C_ * D_, D_);
-      return;
+    // The key gradient grad . q + probs . d out is one product of depth 2 * heads, writing the
+    // [columns, qk_dim] block once: [grad | probs] per column, [q ; d out] per row (d out's rows
+    // padded with zeros from value_dim to qk_dim).
+    W* pair = s.pair.data();
+    W* stack = s.stack.data();
+    for (int64_t rc = 0; rc < n * C_; ++rc) {
+      convert(s.grad.data() + rc * H_, H_, pair + rc * 2 * H_);
+      convert(s.probs.data() + rc * H_, H_, pair + rc * 2 * H_ + H_);
     }
-    const W* grad = as_operand(s.grad, s.grad_w, n * H_ * C_);
-    const W* probs = as_operand(s.probs, s.probs_w, n * H_ * C_);
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(stack + r * 2 * H_ * D_, q + r * H_ * D_,
+                  sizeof(W) * static_cast<std::size_t>(H_ * D_));
+      for (int64_t h = 0; h < H_; ++h) {
+        W* to = stack + ((r * 2 + 1) * H_ + h) * D_;
+        std::memcpy(to, dout + (r * H_ + h) * V_, sizeof(W) * static_cast<std::size_t>(V_));
+        std::fill(to + V_, to + D_, W(0));
+      }
+    }
     // d q[r] (H x D) = grad[r]^T (H x C) . gathered[r] (C x D)
     A* dq = std::is_same_v<T, A> ? reinterpret_cast<A*>(grad_q + r0 * H_ * D_) : s.result.data();
-    gemm(n, H_, D_, C_, {grad, C_ * H_, H_, true}, {s.gathered.data(), C_ * D_, D_, false}, dq,
-         H_ * D_, D_);
+    gemm(n, H_, D_, C_, {pair, C_ * 2 * H_, 2 * H_, true}, {s.gathered.data(), C_ * D_, D_, false},
+         dq, H_ * D_, D_);
     if constexpr (!std::is_same_v<T, A>) convert(dq, n * H_ * D_, grad_q + r0 * H_ * D_);
-    // d gathered[r] (C x D) = grad[r] (C x H) . q[r] (H x D), then + probs[r] . d out[r] on the
-    // value columns
-    gemm(n, C_, D_, H_, {grad, C_ * H_, H_, false}, {q, H_ * D_, D_, false}, dgathered, C_ * D_,
-         D_);
-    gemm(n, C_, V_, H_, {probs, C_ * H_, H_, false}, {dout, H_ * V_, V_, false}, dgathered, C_ * D_,
-         D_, true);
+    // d gathered[r] (C x D) = [grad | probs][r] (C x 2H) . [q ; d out][r] (2H x D)
+    gemm(n, C_, D_, 2 * H_, {pair, C_ * 2 * H_, 2 * H_, false}, {stack, 2 * H_ * D_, D_, false},
+         dgathered, C_ * D_, D_);
   }
 
   // grad_kv[id][lo, hi) += block b's gradient rows, in row then column order.
@@ -562,9 +548,6 @@ class Kernel {
   int64_t block_;
   int64_t blocks_;
   int64_t H_, C_, D_, V_;
-  // K = V (DeepSeek-V4): the key gradient grad . q + probs . d out is one product of depth
-  // 2 * heads, writing the [columns, qk_dim] block once instead of twice.
-  bool fused_;
 };
 
 template <class Visit>
