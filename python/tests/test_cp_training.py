@@ -124,11 +124,35 @@ def test_the_indexer_learns_from_its_kl() -> None:
     ("loss labels", "labels (1, 4) do not match logits (1, 5, 7)"),
     ("all_reduce after fsdp", "are DTensor shards (fully_shard / FSDP2)"),
     ("legacy count with masks", "the legacy count (S - documents) would be wrong; pass group="),
+    ("num_items_in_batch 0", "num_items_in_batch must be a positive number (the valid tokens of the optimizer step, "
+                             "count_valid_tokens), got 0"),
+    ("num_items_in_batch -4 tensor", "num_items_in_batch must be a positive number (the valid tokens of the "
+                                     "optimizer step, count_valid_tokens), got -4"),
+    ("num_items_in_batch a string", "num_items_in_batch must be a positive number (the valid tokens of the "
+                                    "optimizer step, count_valid_tokens), got '12'"),
+    ("float labels", "labels must be integer token ids (and -100), got dtype torch.float64"),
+    ("pad_to_multiple a tensor", "pad_to_multiple's multiple must be the CP size (a positive int) or the CP group (a "
+                                 "ProcessGroup or 1-D DeviceMesh), got tensor(4) (Tensor)"),
+    ("pad_to_multiple a float", "pad_to_multiple's multiple must be the CP size (a positive int) or the CP group (a "
+                                "ProcessGroup or 1-D DeviceMesh), got 4.0 (float)"),
+    ("pad_to_multiple a bool", "pad_to_multiple's multiple must be the CP size (a positive int) or the CP group (a "
+                               "ProcessGroup or 1-D DeviceMesh), got True (bool)"),
 ])
 def test_bad_training_input_raises_on_every_rank(case: str, message: str) -> None:
     errors = results_or_raise(pool_of(4).run(training_tasks.bad_training_input, case, timeout=120))
     for rank, error in enumerate(errors):
         assert error.startswith("ValueError") and message in error, f"rank {rank}: {error!r}"
+
+
+def test_int32_input_ids_and_a_numpy_multiple_train_as_int64_does() -> None:
+    """int32 input_ids (their labels stay int32) give the int64 run's logits and loss, where the
+    loss used to fail inside cross_entropy ("expected scalar type Long"); pad_to_multiple and
+    num_items_in_batch take numpy integers (a numpy multiple used to be taken for a group)."""
+    for rank, result in enumerate(results_or_raise(pool_of(2).run(training_tasks.int_widths, timeout=120))):
+        narrow, wide = result["torch.int32"], result["torch.int64"]
+        assert narrow["labels dtype"] == "torch.int32" and narrow["lengths"] == wide["lengths"] == (13, 17, 11, 3)
+        assert narrow["loss"] == wide["loss"], rank
+        assert torch.equal(narrow["logits"], wide["logits"]), rank
 
 
 @pytest.mark.parametrize(("average", "bucket_bytes"), [(False, 32 << 20), (True, 64)])

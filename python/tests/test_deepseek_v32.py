@@ -214,6 +214,10 @@ def test_float32_and_bfloat16_train() -> None:
     ("labels by position", "shard_labels and causal_lm_loss", None),
     ("weights differ", "the CP ranks hold different weights", None),
     ("another batch's shard", "ranks disagree on the batch: rank", "shard_batch's digest of the whole batch"),
+    ("kl coeff a string", "ValueError: indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, "
+                          "got '0.1' (str)", None),
+    ("kl coeff a bool", "indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, got True (bool)",
+     None),
 ])
 def test_bad_input_raises_on_every_rank(case: str, every_rank: str, single: str | None) -> None:
     errors = results_or_raise(pool_of(2).run(v32_tasks.bad_input, case, timeout=120))

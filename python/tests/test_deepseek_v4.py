@@ -174,6 +174,10 @@ def test_float32_and_bfloat16_train(dtype: torch.dtype) -> None:
     ("both ranks bad", "rank", None),
     ("no positions", "position_ids are missing", None),
     ("KL without an indexer", "indexer_kl_coeff=0.1 trains the Lightning Indexer, but this model has no", None),
+    ("kl coeff a string", "ValueError: indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, "
+                          "got '0.1' (str)", None),
+    ("kl coeff a bool", "indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, got True (bool)",
+     None),
 ])
 def test_bad_input_raises_on_every_rank(case: str, every_rank: str, single: str | None) -> None:
     errors = results_or_raise(pool_of(2).run(v4_tasks.bad_input, case, timeout=120))

@@ -174,9 +174,42 @@ def bad_training_input(rank: int, size: int, case: str) -> str:
             shard = cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
             logits = torch.zeros(1, shard.shape[1], v4_tasks.VOCAB)
             cp_v4.causal_lm_loss(logits, shard, lengths)
+        elif case.startswith("num_items_in_batch") or case == "float labels":
+            shard = cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
+            logits = torch.zeros(1, shard.shape[1], v4_tasks.VOCAB)
+            count = {"num_items_in_batch 0": 0, "num_items_in_batch -4 tensor": torch.tensor(-4),
+                     "num_items_in_batch a string": "12"}.get(case)
+            cp_v4.causal_lm_loss(logits, shard.double() if case == "float labels" else shard, lengths,
+                                 group=mesh["dp", "cp"]._flatten(), num_items_in_batch=count)
+        elif case.startswith("pad_to_multiple"):
+            multiple = {"pad_to_multiple a tensor": torch.tensor(4), "pad_to_multiple a float": 4.0,
+                        "pad_to_multiple a bool": True}[case]
+            cp_v4.pad_to_multiple(input_ids, lengths, multiple)
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
     return ""
+
+
+def int_widths(rank: int, size: int) -> dict[str, Any]:
+    """One CP forward and loss from int32 input_ids (shard_labels keeps their dtype) and from
+    int64 ones, padded by a numpy integer multiple; the losses and logits of both."""
+    import numpy as np
+
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    model = v4_tasks.tiny_model(torch.float64)
+    cp_v4.context_parallel(model, None, "spill")
+    out = {}
+    for dtype in (torch.int32, torch.int64):
+        input_ids, lengths, _ = cp_v4.pad_to_multiple(v4_tasks.packed_ids((13, 17, 11)).to(dtype), (13, 17, 11),
+                                                      np.int64(2 * size))
+        ids, positions = cp_v4.shard_batch(input_ids, lengths)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+        labels = cp_v4.shard_labels(input_ids, lengths)
+        loss = cp_v4.causal_lm_loss(logits, labels, group=None, num_items_in_batch=np.int64(sum(lengths) - 4))
+        out[str(dtype)] = {"lengths": lengths, "labels dtype": str(labels.dtype), "loss": float(loss.detach()),
+                           "logits": logits.detach()}
+    return out
 
 
 def router_aux(rank: int, size: int, lengths: tuple[int, ...]) -> dict[str, Any]:

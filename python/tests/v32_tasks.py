@@ -295,6 +295,10 @@ def bad_input(rank: int, size: int, case: str) -> str:
             cp_v32.context_parallel(torch.nn.Linear(2, 2))
         if case == "bad mode":
             cp_v32.context_parallel(model, None, "zagzig")
+        if case == "kl coeff a string":
+            cp_v32.context_parallel(model, None, "spill", indexer_kl_coeff="0.1")
+        if case == "kl coeff a bool":
+            cp_v32.context_parallel(model, None, "spill", indexer_kl_coeff=True)
         if case == "base labels":  # the inner model made CP, the outer CausalLM called with labels
             cp_v32.context_parallel(model.model, None, "spill")
         else:

@@ -306,6 +306,10 @@ def bad_input(rank: int, size: int, case: str) -> str:
         if case == "KL without an indexer":
             cp_v4.context_parallel(tiny_model(torch.float64, layer_types=["sliding_attention"] * 4), None, "spill",
                                    indexer_kl_coeff=0.1)
+        if case == "kl coeff a string":
+            cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff="0.1")
+        if case == "kl coeff a bool":
+            cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=True)
         if case == "base labels":  # the inner model made CP, the outer CausalLM called with labels
             cp_v4.context_parallel(model.model, None, "spill")
         else:

@@ -11,12 +11,15 @@
 from __future__ import annotations
 
 import hashlib
+import numbers
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["BATCH_DIGEST", "agree_parameters", "batch_digest", "refuse_labels", "refuse_model_loss_under_cp"]
+__all__ = ["BATCH_DIGEST", "agree_parameters", "batch_digest", "kl_coeff_option", "refuse_labels",
+           "refuse_model_loss_under_cp"]
 
 BATCH_DIGEST = "_sparsecp_batch_digest"  # the attribute shard_batch sets on the shards it returns
 _SLICE = 1 << 22  # elements of a parameter summed in float64 at once
@@ -103,3 +106,20 @@ def refuse_model_loss_under_cp() -> None:
 
     causal_lm_loss_outside_cp._sparsecp_refuses_cp = True  # type: ignore[attr-defined]
     loss_utils.LOSS_MAPPING["ForCausalLM"] = causal_lm_loss_outside_cp  # type: ignore[assignment]
+
+
+def kl_coeff_option(value: Any) -> float | None:
+    """``indexer_kl_coeff=``'s value, checked: None (no KL) or a finite real number (an int,
+    float, numpy scalar or one-element real tensor; not a bool, not a string). The same
+    argument on every rank, so a local refusal is every rank's."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not (value.dtype.is_complex or
+                                                                       value.dtype == torch.bool):
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, got "
+                         f"{value!r} ({type(value).__name__})")
+    if not np.isfinite(float(value)):
+        raise ValueError(f"indexer_kl_coeff must be finite, got {value}")
+    return float(value)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -190,6 +191,24 @@ def shard_labels(input_ids: torch.Tensor, lengths: Any, group: Any = None, label
     return shifted[:, rank * local:(rank + 1) * local]
 
 
+def _pad_multiple(multiple: Any) -> int:
+    """``pad_to_multiple``'s multiple as an int: a positive Python or numpy integer (not a bool),
+    or the size of a CP group (a ProcessGroup, a 1-D DeviceMesh, None for the default group)."""
+    if isinstance(multiple, (int, np.integer)) and not isinstance(multiple, (bool, np.bool_)):
+        if multiple < 1:
+            raise ValueError(f"pad_to_multiple's multiple must be positive, got {multiple!r}")
+        return int(multiple)
+    groups: tuple[type, ...] = ()
+    if dist.is_available():
+        from torch.distributed.device_mesh import DeviceMesh
+
+        groups = (dist.ProcessGroup, DeviceMesh)
+    if multiple is None or isinstance(multiple, groups):
+        return group_shape(multiple, "CP group")[0]
+    raise ValueError(f"pad_to_multiple's multiple must be the CP size (a positive int) or the CP group (a "
+                     f"ProcessGroup or 1-D DeviceMesh), got {multiple!r} ({type(multiple).__name__})")
+
+
 def pad_to_multiple(input_ids: torch.Tensor, lengths: Any, multiple: Any, labels: torch.Tensor | None = None,
                     pad_token_id: int = 0, ignore_index: int = -100
                     ) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
@@ -198,7 +217,8 @@ def pad_to_multiple(input_ids: torch.Tensor, lengths: Any, multiple: Any, labels
     Args:
         input_ids: ``[1, S]`` (or ``[S]``).
         lengths: Its document lengths.
-        multiple: The CP size (an int), or the CP group / 1-D mesh whose size it is.
+        multiple: The CP size (a positive int, Python's or numpy's), or the CP group / 1-D mesh
+            whose size it is (None: the default group).
         labels: Labels aligned with ``input_ids`` (None: ``input_ids``).
         pad_token_id: The padding document's token.
         ignore_index: Its labels: nothing in it is learned.
@@ -213,9 +233,7 @@ def pad_to_multiple(input_ids: torch.Tensor, lengths: Any, multiple: Any, labels
     values = document_lengths(lengths)
     if sum(values) != ids.shape[1]:
         raise ValueError(f"document_lengths sum to {sum(values)}, but the sequence has {ids.shape[1]} tokens")
-    size = multiple if isinstance(multiple, int) else group_shape(multiple, "CP group")[0]
-    if size < 1:
-        raise ValueError(f"pad_to_multiple needs a positive multiple, got {size}")
+    size = _pad_multiple(multiple)
     source = ids.clone() if labels is None else (labels if labels.ndim == 2 else labels[None])
     if tuple(source.shape) != tuple(ids.shape):
         raise ValueError(f"labels must be aligned with input_ids (shape {tuple(ids.shape)}), got shape "
@@ -278,18 +296,20 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
     if labels.numel() != logits.numel() // max(int(logits.shape[-1]), 1) or logits.ndim < 2:
         raise ValueError(f"labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)}: one label per "
                          "row of this rank's shard (shard_labels)")
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer token ids (and {ignore_index}), got dtype {labels.dtype}")
     flat = logits.reshape(-1, logits.shape[-1])
     if flat.dtype in (torch.bfloat16, torch.float16):
         flat = flat.float()
-    targets = labels.reshape(-1).to(flat.device)
+    targets = labels.reshape(-1).to(device=flat.device, dtype=torch.int64)  # int32 ids too (cross_entropy's)
     total = torch.nn.functional.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum")
     scale = 1
     if group is not None:
         scale = group_shape(group, "loss group")[0]
     if num_items_in_batch is not None:
-        count = torch.as_tensor(num_items_in_batch, device=flat.device)
-    elif group is not None:
-        count = count_valid_tokens(targets, group, ignore_index)
+        count = _items_count(num_items_in_batch, flat.device)
+    elif group is not None:  # 0 only when no rank has a valid label: then the sum is 0 too
+        count = count_valid_tokens(targets, group, ignore_index).clamp_min(1)
     else:
         values = document_lengths(lengths)
         masked = int((targets == ignore_index).sum())
@@ -297,8 +317,27 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
             raise ValueError(f"labels ignore {masked} tokens of this shard, more than the batch's {len(values)} "
                              "document ends: the legacy count (S - documents) would be wrong; pass group= (the "
                              "valid tokens are counted over it) or num_items_in_batch=")
-        count = torch.as_tensor(sum(values) - len(values), device=flat.device)
-    return total * scale / count.to(total.dtype).clamp_min(1)
+        count = torch.as_tensor(max(sum(values) - len(values), 1), device=flat.device)
+    return total * scale / count.to(total.dtype)
+
+
+def _items_count(value: Any, device: torch.device) -> torch.Tensor:
+    """``num_items_in_batch`` as a tensor on ``device``, checked: a positive number (Python's or
+    numpy's, finite, not a bool) or a one-element real tensor. A count of 0 or below used to be clamped
+    to 1, which multiplied the loss by the true count; it is refused, naming it. A tensor on
+    another device than the CPU is not read on the host (no sync): its value is not checked, and
+    a count of 0 or below there gives an inf or nan loss, never a silently scaled one."""
+    what = "num_items_in_batch must be a positive number (the valid tokens of the optimizer step, count_valid_tokens)"
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype.is_complex or value.dtype == torch.bool:
+            raise ValueError(f"{what}, got a {value.dtype} tensor of shape {tuple(value.shape)}")
+        count = value.reshape(())
+        if count.device.type == "cpu" and not 0 < float(count) < float("inf"):
+            raise ValueError(f"{what}, got {count.item()!r}")
+        return count.to(device)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0 < float(value) < np.inf:
+        raise ValueError(f"{what}, got {value!r}")
+    return torch.tensor(value, device=device)
 
 
 def load_balancing_loss(router_logits: Sequence[torch.Tensor], num_experts: int, top_k: int, group: Any = None,

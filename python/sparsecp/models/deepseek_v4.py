@@ -61,12 +61,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..torch.attention import BACKENDS as ATTENTION_BACKENDS
 from . import _cp_training
-from ._cp_checks import agree_parameters, refuse_labels, refuse_model_loss_under_cp
+from ._cp_checks import agree_parameters, kl_coeff_option, refuse_labels, refuse_model_loss_under_cp
 from ._cp_layer import BatchCheck, check_and_agree, indexer_kl_share
 from ._cp_training import all_reduce_gradients, count_valid_tokens, pad_to_multiple, resolve_group
 from ._v4_attention import cp_attention_forward
@@ -195,8 +194,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         raise ValueError("this DeepSeek-V4 model is already context-parallel (context_parallel was called on it)")
     if selector not in _SELECTORS:
         raise ValueError(f"selector must be one of {_SELECTORS}, got {selector!r}")
-    if indexer_kl_coeff is not None and not np.isfinite(float(indexer_kl_coeff)):
-        raise ValueError(f"indexer_kl_coeff must be finite, got {indexer_kl_coeff}")
+    indexer_kl_coeff = kl_coeff_option(indexer_kl_coeff)
     if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS} or None, got {attention_backend!r}")
     if not isinstance(mode, str) or not mode:
@@ -206,7 +204,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
     state = ContextParallelState(
         group=group, size=size, rank=rank, mode=mode, block_size=block_size, zigzag_min_length=zigzag_min_length,
         strategy_params=dict(strategy_params), selector=selector,
-        kl_coeff=None if indexer_kl_coeff is None else float(indexer_kl_coeff), window=int(config.sliding_window),
+        kl_coeff=indexer_kl_coeff, window=int(config.sliding_window),
         rope_dim=int(config.qk_rope_head_dim), rope=modeling.apply_rotary_pos_emb)
     # -- spill's cost model on the layer's own selector (_cp_calibration: issue 36) --
     calibrate = state.strategy_params.pop("calibrate", True)
