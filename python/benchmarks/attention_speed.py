@@ -115,6 +115,53 @@ def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: in
     return {"forward": fwd, "total": total, "backward": max(total - fwd, 1e-9)}
 
 
+def svg(report: dict[str, Any]) -> str:
+    """Grouped bars per (shape, dtype, threads): torch's matmul, the kernel's forward + backward and
+    the chunked torch path, in GFLOP/s on a log axis, with the kernel's ratio to the matmul."""
+    import math
+
+    rows = report["results"]
+    width, bar, gap, left, top, height = 900, 14, 26, 70, 40, 260
+    groups = len(rows)
+    plot_width = groups * (3 * bar + gap)
+    width = max(width, left + plot_width + 40)
+    top_rate = max(max(r["matmul_gflops"], r["total_gflops"]) for r in rows) * 1.3
+    low = 5.0
+
+    def y(rate: float) -> float:
+        rate = max(rate, low)
+        return top + height * (1 - math.log(rate / low) / math.log(top_rate / low))
+
+    colors = {"matmul_gflops": "#9e9e9e", "total_gflops": "#1565c0", "chunked_total_gflops": "#ef6c00"}
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 90}" '
+             'font-family="sans-serif" font-size="11">',
+             f'<text x="{left}" y="18" font-size="13">sparse_attention forward + backward on CPU, GFLOP/s (log scale): '
+             f'{report["cpu"]}, {report["isa"]}, {report["gemm_bfloat16"]}, {report["date"]}</text>']
+    for tick in (10, 30, 100, 300, 1000, 3000):
+        if tick < top_rate:
+            parts.append(f'<line x1="{left}" x2="{left + plot_width}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
+                         'stroke="#e0e0e0"/>')
+            parts.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick}</text>')
+    for i, r in enumerate(rows):
+        x0 = left + i * (3 * bar + gap)
+        for j, key in enumerate(("matmul_gflops", "total_gflops", "chunked_total_gflops")):
+            if key in r:
+                parts.append(f'<rect x="{x0 + j * bar}" y="{y(r[key]):.1f}" width="{bar - 2}" '
+                             f'height="{top + height - y(r[key]):.1f}" fill="{colors[key]}"/>')
+        parts.append(f'<text x="{x0 + 1.5 * bar}" y="{y(r["total_gflops"]) - 4:.1f}" text-anchor="middle">'
+                     f'{r["ratio"]:.2f}</text>')
+        label = f'{r["shape"]} {"f32" if r["dtype"] == "float32" else "bf16"} {r["threads"]}t'
+        parts.append(f'<text x="{x0 + 1.5 * bar}" y="{top + height + 14}" text-anchor="middle">{label}</text>')
+    legend = top + height + 40
+    for j, (key, name) in enumerate((("matmul_gflops", "torch matmul 2048^3"),
+                                     ("total_gflops", "sparsecp kernel (label: ratio to matmul)"),
+                                     ("chunked_total_gflops", "chunked torch path"))):
+        parts.append(f'<rect x="{left + j * 260}" y="{legend}" width="12" height="12" fill="{colors[key]}"/>')
+        parts.append(f'<text x="{left + j * 260 + 16}" y="{legend + 10}">{name}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
 def select_rates(rows: int, threads: int, repeats: int) -> dict[str, float]:
     """GFLOP/s of select_indices in bf16 on each product path, and torch's bf16 matmul."""
     import os
@@ -156,6 +203,7 @@ def main() -> None:
     parser.add_argument("--select", choices=("on", "off"), default="on", help="also time the bf16 select kernel")
     parser.add_argument("--select-rows", type=int, default=2048, help="select rows (default 2048)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--svg", help="write a bar chart of the results here")
     args = parser.parse_args()
     threads_list = sorted({int(t) for t in args.threads.split(",")})
     results = []
@@ -201,8 +249,12 @@ def main() -> None:
     header = {"cpu": cpu_model(), "isa": sparsecp.kernel_isa(), "gemm_float32": sparse_attention_gemm(torch.float32),
               "gemm_bfloat16": sparse_attention_gemm(torch.bfloat16), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d")}
+    report = {**header, "results": results, "select": selects}
+    if args.svg:
+        with open(args.svg, "w") as out:
+            out.write(svg(report))
     if args.json:
-        print(json.dumps({**header, "results": results, "select": selects}, indent=1))
+        print(json.dumps(report, indent=1))
     else:
         print(" ".join(f"{k}={v}" for k, v in header.items()))
 
