@@ -147,9 +147,10 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
             packed sequence: ``coeff / S`` times the sum of row losses); read it with
             ``indexer_kl_loss(model)``.
         attention_backend: ``sparsecp.torch.sparse_attention``'s backend for every attention layer:
-            None (default) picks per input (the C++ kernel for CPU tensors, Triton on a GPU, else the
-            chunked torch path); 'cpu', 'triton' or 'torch' forces one. The one taken is
-            ``context_parallel_state(model).attention_path``.
+            None (default) picks per input (the C++ kernel for CPU tensors; on a GPU FlashMLA's
+            forward or cuDNN-frontend's backward where installed and able, then Triton; else the
+            chunked torch path); 'cpu', 'flashmla', 'cudnn', 'triton' or 'torch' forces one. The
+            one taken is ``context_parallel_state(model).attention_path``.
         calibrate: spill's (and auto's) cost model on the layer's own selector
             (``_cp_calibration``): True (default) calibrates it in the first forward (rank 0
             times the selector, broadcasts the fit) and refits it from every rank's measured

@@ -169,9 +169,10 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
             ``loss_coeff``, over the whole packed sequence: ``coeff / S`` times the sum of row
             losses); read it with ``indexer_kl_loss(model)``.
         attention_backend: ``sparsecp.torch.sparse_attention``'s backend for every attention layer:
-            None (default) picks per input (the C++ kernel for CPU tensors, Triton on a GPU, else the
-            chunked torch path); 'cpu', 'triton' or 'torch' forces one. The one taken is
-            ``context_parallel_state(model).attention_path``.
+            None (default) picks per input (the C++ kernel for CPU tensors; on a GPU FlashMLA's
+            forward or cuDNN-frontend's backward where installed and able, then Triton; else the
+            chunked torch path); 'cpu', 'flashmla', 'cudnn', 'triton' or 'torch' forces one. The
+            one taken is ``context_parallel_state(model).attention_path``.
 
     Returns:
         ``model``, whose forward now takes this rank's shard (``shard_batch``) and
