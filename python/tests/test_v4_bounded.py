@@ -244,6 +244,27 @@ def test_replay_records_die_with_their_backward() -> None:
         assert seen["tensors"][30] == seen["tensors"][2], (rank, seen)
 
 
+@pytest.mark.parametrize("model_name", ["v4", "v32"])
+def test_a_kl_never_backpropagated_does_not_keep_its_forward(model_name: str) -> None:
+    """Issue 43, item 13: checkpointed forwards with the KL on whose KL is never backpropagated
+    (logged, not asked for, an evaluation pass with gradients) are freed once their outputs are
+    deleted: at most the last forward stays, held by the state's KL, and gc sees no more tensors
+    after 6 forwards than after 3. The KL losses held their context through the checkpoint's
+    recompute closure, a cycle through the autograd graph that gc never freed."""
+    results = results_or_raise(pool_of(2).run(v4_bounded_tasks.unbackpropagated_kl, model_name, timeout=300))
+    for rank, result in enumerate(results):
+        seen = result["seen"]
+        assert len(result["logged"]) == 2 and all(value > 0 for value in result["logged"]), (rank, result)
+        for step, live in enumerate(seen[:-1]):
+            # a checkpointed (training) forward's KL holds its context through the recompute;
+            # an evaluation pass runs no checkpoint, and its KL holds no context
+            expected = [] if step % 3 == 2 else [step]
+            assert live["alive"] == expected and live["contexts"] == len(expected), (rank, step, live)
+        assert seen[-1]["alive"] == [] and seen[-1]["contexts"] == 0, (rank, seen[-1])
+        tensors = [live["tensors"] for live in seen]
+        assert tensors[3:6] == tensors[0:3], (rank, tensors)  # the second round of 3 holds no more
+
+
 def test_a_rank_gathers_only_the_index_k_rows_its_selections_can_see() -> None:
     """Many documents on 4 ranks: each rank's Index K gather is the union of its segments' key
     ranges, a fraction of the whole bank (which every rank used to all-gather)."""

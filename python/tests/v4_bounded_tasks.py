@@ -151,6 +151,57 @@ def records_after_steps(rank: int, size: int, steps: tuple[int, ...]) -> dict[st
     return seen
 
 
+def unbackpropagated_kl(rank: int, size: int, model_name: str) -> dict[str, Any]:
+    """Checkpointed forwards with the KL on whose KL is never backpropagated (logged, not even
+    asked for, an evaluation pass with gradients): after each, with its outputs deleted and
+    ``gc.collect()``, which forward contexts are still alive (weak references) and how many
+    ForwardContext objects and tensors gc sees; then with the state's KL dropped."""
+    import importlib
+    import weakref
+
+    from sparsecp.models import _cp_layer
+
+    tasks = importlib.import_module(f"{model_name}_tasks")
+    cp = importlib.import_module("sparsecp.models." + {"v4": "deepseek_v4", "v32": "deepseek_v32"}[model_name])
+    model = tasks.tiny_model(torch.float64)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    cp.context_parallel(model, None, "spill", indexer_kl_coeff=0.1, calibrate=False)
+    state = cp.context_parallel_state(model)
+    contexts: list[Any] = []
+    begin = state.begin_forward
+
+    def watched(*args: Any) -> Any:
+        context = begin(*args)
+        contexts.append(weakref.ref(context))
+        return context
+
+    state.begin_forward = watched  # type: ignore[method-assign]
+    lengths = (13, 17, 11, 7)
+    input_ids = tasks.packed_ids(lengths)
+    ids, positions = cp.shard_batch(input_ids, lengths)
+
+    def live() -> dict[str, Any]:
+        gc.collect()
+        return {"alive": [i for i, ref in enumerate(contexts) if ref() is not None],
+                "contexts": sum(isinstance(o, _cp_layer.ForwardContext) for o in gc.get_objects()),
+                "tensors": sum(isinstance(o, torch.Tensor) for o in gc.get_objects())}
+
+    seen = []
+    logged = []
+    for step in range(6):
+        model.train(step % 3 != 2)  # every third: an evaluation pass with gradients
+        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+        if step % 3 == 0:  # the KL logged only
+            kl = cp.indexer_kl_loss(model)
+            logged.append(float(kl.detach()))
+            del kl
+        del out
+        seen.append(live())
+    state.kl_losses = []  # the last forward with gradients' KL, which the state keeps until the next one
+    seen.append(live())
+    return {"seen": seen, "logged": logged}
+
+
 def index_bank_rows(rank: int, size: int, lengths: tuple[int, ...], mode: str) -> dict[str, int]:
     """The Index K rows this rank gathers for its selection against the whole bank's."""
     from sparsecp.models import deepseek_v4 as cp_v4

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -34,8 +35,8 @@ from ..torch.attention import sparse_attention, sparse_attention_backend
 from ._cp_checks import BATCH_DIGEST
 from ._cp_training import document_lengths, group_shape, resolve_group
 
-__all__ = ["AgreedBatch", "BankView", "BatchCheck", "ContextParallelStats", "ForwardContext", "SelectorClock",
-           "balanced_select",
+__all__ = ["AgreedBatch", "BankView", "BatchCheck", "ContextParallelStats", "ForwardContext", "KLLosses",
+           "SelectorClock", "balanced_select",
            "check_and_agree", "in_recompute", "indexer_kl_share", "lengths_key", "plan_key", "StateBookkeeping"]
 
 
@@ -44,16 +45,27 @@ def in_recompute() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+class KLLosses(list[torch.Tensor]):
+    """A forward's indexer KL losses (a list of tensors that a ``ForwardContext`` can refer to
+    weakly)."""
+
+
 class ForwardContext:
-    """One model forward's device layout, the ids each selecting layer chose, and its KL losses.
+    """One model forward's device layout and the ids each selecting layer chose.
 
     The forward hands it to its layers in their keyword arguments, and transformers hands a
     checkpointed layer's recompute the same ones: the recompute replays the ids of its own
     forward whatever ran in between, and everything here dies with the last reference to the
-    forward (its autograd graph, or the caller's KL loss)."""
+    forward's autograd graph.
+
+    The layers' KL losses go to the state (``StateBookkeeping.kl_losses``, the last forward with
+    gradients'), which the context refers to only weakly: a KL loss's graph holds a checkpointed
+    layer's recompute, whose keyword arguments hold this context, so a context holding its losses
+    would be a cycle through the autograd graph that not even ``gc`` frees (a forward whose KL is
+    never backpropagated: logged only, an evaluation pass with gradients, a warm-up)."""
 
     def __init__(self, number: int, layout: Any, grad: bool, keep: dict[int, torch.Tensor] | None = None,
-                 padding_tokens: int = 0) -> None:
+                 padding_tokens: int = 0, kl_losses: KLLosses | None = None) -> None:
         self.number, self.layout, self.grad = number, layout, grad
         batch = layout.batch  # boundaries, first, local: the batch's host layout
         # The indexer KL's rows: every row but the padding document's (the last ``padding_tokens``
@@ -63,9 +75,16 @@ class ForwardContext:
         if padding_tokens and batch.first + batch.local > self.kl_tokens:
             rows = torch.arange(batch.first, batch.first + batch.local) < self.kl_tokens
             self.kl_rows = rows.to(layout.device)
-        self.kl_losses: list[torch.Tensor] = []
+        self._kl_losses = None if kl_losses is None else weakref.ref(kl_losses)
         self._records: dict[int, torch.Tensor] = {}
         self._keep = keep  # the state's ``last_selection`` when it keeps the last ids (tests)
+
+    def add_kl(self, loss: torch.Tensor) -> None:
+        """Keep a layer's KL loss in the state's list of this forward's (dropped when the forward
+        ran without gradients or the state has moved on to a later forward)."""
+        losses = None if self._kl_losses is None else self._kl_losses()
+        if losses is not None:
+            losses.append(loss)
 
     def record(self, layer: int, ids: torch.Tensor) -> None:
         """Keep a layer's selection for its recompute (only a forward with gradients can have one)."""
@@ -382,7 +401,8 @@ class StateBookkeeping:
     layouts: dict[tuple[int, ...], Any] = field(default_factory=dict)
     forwards: int = 0  # numbers each model forward
     forwards_with_grad: int = 0
-    kl_losses: list[torch.Tensor] = field(default_factory=list)  # the last forward with gradients' KL losses
+    # the last forward with gradients' KL losses (its context refers to this list only weakly: see ForwardContext)
+    kl_losses: list[torch.Tensor] = field(default_factory=list)
     last_selection: dict[int, torch.Tensor] = field(default_factory=dict)
     calibration: Any = None  # spill's cost model on the layer's selector (_cp_calibration.SelectionCalibration)
 
@@ -432,8 +452,8 @@ class StateBookkeeping:
         keep: dict[int, torch.Tensor] | None = None
         if self.keep_last_ids:
             self.last_selection = keep = {}
-        context = ForwardContext(self.forwards, layout, grad, keep, padding_tokens)
+        losses = None
         if grad:  # an evaluation forward in between keeps the training forward's KL
-            self.kl_losses = context.kl_losses
+            self.kl_losses = losses = KLLosses()
             self.forwards_with_grad += 1
-        return context
+        return ForwardContext(self.forwards, layout, grad, keep, padding_tokens, losses)

@@ -139,7 +139,7 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
         loss = _indexer_kl(attn, state, context, hidden_states, q_residual, query, prefix, ids, index_bank,
                            layout.index_bank, cos, sin)
         if not in_recompute():
-            context.kl_losses.append(loss)
+            context.add_kl(loss)
     return result, None
 
 

@@ -166,7 +166,7 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
         loss = _indexer_kl(attn, state, context, tables, hidden_states, q_residual, q, keys[window.shape[0]:],
                            ids, index_bank, index_rope, rope)
         if not in_recompute():
-            context.kl_losses.append(loss)
+            context.add_kl(loss)
     return result, None
 
 
