@@ -27,7 +27,9 @@ STEPS = ("build", "matmul", "attention-v4", "attention-v32", "selector-32k", "se
 def test_the_gpu_check_dry_runs_every_step_on_cpu(tmp_path: Path) -> None:
     pytest.importorskip("triton", reason="the dry run runs the Triton kernels under the interpreter")
     pytest.importorskip("transformers.models.deepseek_v4", reason="transformers without DeepseekV4")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "python"), os.environ.get("PYTHONPATH", "")]))
+    # The child imports the sparsecp this test run imports (the installed package in CI, a source
+    # tree with its built extension in development): the parent's own path, not the checkout's.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env.pop("TRITON_INTERPRET", None)  # the script sets it itself, before Triton is imported
     out = tmp_path / "report.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--budget-s", "70", "--out", str(out)],
