@@ -80,13 +80,13 @@ def relative(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     if a is None or b is None:
         assert a is None and b is None
         return 0.0
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     inf = torch.isinf(b)
     assert torch.equal(a[inf], b[inf]), "-inf entries differ"
     a, b = a[~inf], b[~inf]
     # Relative to the reference's norm, and to 1 where the reference is (analytically) zero: a row
     # whose only column has probability 1 has a logit gradient of exactly 0, left as rounding noise.
-    return float((a - b).norm() / b.norm().clamp_min(1.0))
+    return float((a - b).norm() / b.norm().clamp_min(1.0)) if a.numel() else 0.0
 
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 3e-2}
