@@ -97,12 +97,13 @@ void bind_indexer_kl(nb::module_& m) {
          const CpuInput& topk_indices, const CpuInput& sinks, const CpuArray& grad_index_query,
          const CpuArray& grad_index_key, const CpuArray& grad_merge_weight, double attention_scale,
          double loss_coeff, int64_t main_key_offset, int threads, std::string_view isa,
-         bool reference) {
+         bool reference, bool any_topk) {
         const IndexerKlInputs inputs =
             inputs_of(index_query, index_key, merge_weight, attention_query, compressed_key,
                       topk_indices, sinks);
-        const IndexerKlOptions options =
+        IndexerKlOptions options =
             options_of(attention_scale, loss_coeff, main_key_offset, threads, isa);
+        options.any_topk = any_topk;
         const IndexerKlGradients gradients{gradient_span(grad_index_query, "grad_index_query"),
                                            gradient_span(grad_index_key, "grad_index_key"),
                                            gradient_span(grad_merge_weight, "grad_merge_weight")};
@@ -115,13 +116,14 @@ void bind_indexer_kl(nb::module_& m) {
       nb::arg("sinks"), nb::arg("grad_index_query"), nb::arg("grad_index_key"),
       nb::arg("grad_merge_weight"), nb::arg("attention_scale"), nb::arg("loss_coeff"),
       nb::arg("main_key_offset") = 0, nb::arg("threads") = 0, nb::arg("isa") = "auto",
-      nb::arg("reference") = false,
+      nb::arg("reference") = false, nb::arg("any_topk") = false,
       "Fused indexer KL loss + gradients (kernels/indexer_kl.hpp indexer_kl_loss; seed "
       "shared_compressed_indexer_kl_loss): returns the loss and writes the three float32 "
       "gradients. index_query [B, S, H, D], index_key [B, Ki, D], merge_weight [B, S, H], "
       "attention_query [B, Hm, S, Dm], compressed_key [B, K, Dm], topk_indices [B, S, T] "
       "int32/int64 (-1 padded), sinks [Hm]; float inputs fp32 or bf16; C-contiguous CPU "
-      "arrays, read in place. reference=True runs the double-precision reference instead.");
+      "arrays, read in place. reference=True runs the double-precision reference instead. "
+      "any_topk=True waives the seed's TopK512 rule (1 <= TopK <= 512: a model's own index_topk).");
   m.def(
       "indexer_kl_scratch_bytes",
       [](const CpuInput& index_query, const CpuInput& index_key, const CpuInput& merge_weight,

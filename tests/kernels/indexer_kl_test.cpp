@@ -16,6 +16,7 @@
 
 #include "../../src/kernels/indexer_kl/indexer_kl_internal.hpp"  // pair-kernel emulation hook
 #include "sparsecp/error.hpp"
+#include "support/error_of.hpp"
 #include "support/indexer_kl_case.hpp"
 
 namespace sparsecp {
@@ -138,6 +139,36 @@ TEST(IndexerKl, MatchesReferenceOnAwkwardShapes) {
     const KlCase c = random_kl_case(random, spec);
     expect_close(c, options_for(c), "random case");
   }
+}
+
+// A model's own index_topk (any_topk): fewer ids per row than min(512, K), which the seed's
+// rule refuses, on every dtype, ISA and id type, against the reference with the same option.
+TEST(IndexerKl, AnyTopkTakesFewerIdsThanTheSeedRule) {
+  const uint64_t seed = testing::test_seed() + 31;
+  SplitMix64 random(seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const KlShapeSpec specs[] = {
+      {1, 9, 4, 16, 3, 24, 40, 5},      // TopK 5 of 40 keys
+      {2, 6, 7, 13, 2, 11, 600, 128},   // TopK 128 of 600 (the example model's index_topk)
+      {1, 4, 3, 8, 2, 8, 30, 1, 2, 3},  // one id per row, a compact bank
+  };
+  for (const KlShapeSpec& spec : specs) {
+    const KlCase c = random_kl_case(random, spec);
+    IndexerKlOptions options = options_for(c);
+    EXPECT_THAT(
+        testing::error_of([&] { run(c, DType::kFloat32, IndexDType::kInt32, options, false); }),
+        ::testing::HasSubstr("Fused KL requires ordinary TopK512 selections"));
+    options.any_topk = true;
+    expect_close(c, options, "any_topk case");
+  }
+  const KlCase c = random_kl_case(random, {1, 2, 2, 4, 2, 4, 10, 3});
+  IndexerKlOptions options = options_for(c);
+  options.any_topk = true;
+  KlGrads grads(c);
+  IndexerKlInputs in = c.inputs(DType::kFloat32, IndexDType::kInt32);
+  in.topk_indices.shape[2] = 0;
+  EXPECT_THAT(testing::error_of([&] { indexer_kl_loss(in, options, grads.spans()); }),
+              ::testing::HasSubstr("Fused KL takes 1 <= TopK <= 512 ids per row"));
 }
 
 TEST(IndexerKl, DuplicatesEmptyRowsAndPaddingOnly) {

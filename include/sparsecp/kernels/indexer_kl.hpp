@@ -131,6 +131,10 @@ struct IndexerKlOptions {
   int threads = 0;                   // 0 = OpenMP default. Never changes results.
   KernelIsa isa = KernelIsa::kAuto;  // kAuto: SPARSECP_ISA, else the best the CPU has
                                      // (select.hpp): AVX-512 > AVX2+FMA > portable.
+  // The seed's TopK512 rule (min(512, K) <= TopK <= 512) is its API's check, not the kernel's:
+  // true waives it for callers that select their own number of ids per row (a model's
+  // index_topk), requiring only 1 <= TopK <= 512. Same math and error texts otherwise.
+  bool any_topk = false;
 };
 
 // Where the gradients go: float32, each the size of its input (element counts

@@ -108,15 +108,17 @@ def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, l
                     check_ids: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, grad_index_query, grad_index_key, grad_merge_weight) by the path the tensors
     take; loss float32 (float64 when any float input is float64), gradients float32 (float64
-    likewise), on the inputs' device. ``seed_topk`` False waives the seed's TopK512 rule: such
-    selections take the torch path (the fused kernel keeps the rule)."""
-    if _fused(tensors) and (seed_topk or _seed_topk(tensors)):
+    likewise), on the inputs' device. ``seed_topk`` False waives the seed's TopK512 rule (any
+    1 <= TopK <= 512 ids per row, a model's own ``index_topk``): the fused kernel takes those too
+    (``any_topk``), the torch path anything else."""
+    if _fused(tensors) and (seed_topk or _seed_topk(tensors) or 1 <= tensors[5].shape[-1] <= 512):
         query, key, weight = tensors[:3]
         grad_q = torch.empty(query.shape, dtype=torch.float32)
         grad_k = torch.empty(key.shape, dtype=torch.float32)
         grad_w = torch.empty(weight.shape, dtype=torch.float32)
         loss = _core.indexer_kl_loss(*_arrays(tensors), kernel_arg(grad_q), kernel_arg(grad_k), kernel_arg(grad_w),
-                                     float(attention_scale), float(loss_coeff), main_key_offset, threads)
+                                     float(attention_scale), float(loss_coeff), main_key_offset, threads,
+                                     any_topk=not seed_topk)
         return torch.tensor(loss, dtype=torch.float32), grad_q, grad_k, grad_w
     q, k, w, attention_query, compressed_key, topk, sinks = (t.detach() for t in tensors)
     loss, grad_q, grad_k, grad_w = kl_loss_and_grads_torch(

@@ -103,16 +103,22 @@ void check_selection_shape(const IndexerKlInputs& in, KlShape& s) {
 }
 
 // The teacher's tensors and the compact bank's view of index_key.
-void check_teacher_tensors(const IndexerKlInputs& in, KlShape& s) {
+void check_teacher_tensors(const IndexerKlInputs& in, KlShape& s, bool any_topk) {
   check_float(in.compressed_key, "compressed_key", 3, "[B, K, Dm]");
   check_float(in.attention_query, "attention_query", 4, "[B, Hm, S, Dm]");
   check_float(in.sinks, "sinks", 1, "[Hm]");
   s.keys = in.compressed_key.shape[1];
   s.att_dim = in.compressed_key.shape[2];
-  SPARSECP_CHECK(s.keys >= 1 && std::min<int64_t>(512, s.keys) <= s.topk && s.topk <= 512,
-                 "Fused KL requires ordinary TopK512 selections, allowing padding for a compact "
-                 "bank; got K=",
-                 s.keys, ", TopK=", s.topk);
+  if (any_topk) {
+    SPARSECP_CHECK(s.keys >= 1 && s.topk >= 1 && s.topk <= 512,
+                   "Fused KL takes 1 <= TopK <= 512 ids per row over K >= 1 keys; got K=", s.keys,
+                   ", TopK=", s.topk);
+  } else {
+    SPARSECP_CHECK(s.keys >= 1 && std::min<int64_t>(512, s.keys) <= s.topk && s.topk <= 512,
+                   "Fused KL requires ordinary TopK512 selections, allowing padding for a compact "
+                   "bank; got K=",
+                   s.keys, ", TopK=", s.topk);
+  }
   SPARSECP_CHECK(in.compressed_key.shape[0] == s.batch && s.att_dim >= 1,
                  "Indexer KL compressed_key must have shape [B, K, Dm] with B = ", s.batch,
                  " and Dm >= 1, got ", shape_text(in.compressed_key.shape));
@@ -172,7 +178,7 @@ KlShape validate_indexer_kl(const IndexerKlInputs& in, const IndexerKlOptions& o
   s.offset = options.main_key_offset;
   check_indexer_tensors(in, s);
   check_selection_shape(in, s);
-  check_teacher_tensors(in, s);
+  check_teacher_tensors(in, s, options.any_topk);
   if (gradients) check_gradients(in, *gradients);
   if (check_ids && options.loss_coeff != 0.0) check_id_range(in.topk_indices, s);
   return s;
