@@ -144,6 +144,36 @@ def test_bad_training_input_raises_on_every_rank(case: str, message: str) -> Non
         assert error.startswith("ValueError") and message in error, f"rank {rank}: {error!r}"
 
 
+@pytest.mark.parametrize("form", ["legacy", "group", "num_items"])
+@pytest.mark.parametrize(("case", "message"), [
+    ("-1 on rank 1", "labels must be token ids in [0, 97) or ignore_index (-100) for tokens not learned: rank 1 of "
+                     "the loss group has 1 (e.g. -1)"),
+    ("vocab on rank 0", "labels must be token ids in [0, 97) or ignore_index (-100) for tokens not learned: rank 0 "
+                        "of the loss group has 2 (e.g. 97)"),
+])
+def test_one_rank_s_bad_labels_raise_on_every_rank(case: str, message: str, form: str) -> None:
+    """Issue 43, item 3: a -1 or a label at or above the vocabulary on one rank raised IndexError
+    in cross_entropy on that rank only, and its peer waited in the next collective until the
+    group's timeout; the check now rides on the loss's all-reduce and every rank raises, naming
+    the rank, the count and a value (in every form of the loss)."""
+    errors = results_or_raise(pool_of(2).run(training_tasks.rank_local_labels, case, form, timeout=60))
+    for rank, error in enumerate(errors):
+        assert error.startswith("ValueError") and message in error, f"rank {rank}: {error!r}"
+
+
+@pytest.mark.parametrize("case", ["masks on both ranks", "masks on rank 0"])
+def test_the_legacy_loss_counts_its_masks_over_the_cp_group(case: str) -> None:
+    """Issue 43, item 15: the legacy loss (no group=) refuses labels that mask more tokens than
+    the documents' ends on every rank, counted over the CP group: masks spread over the shards
+    (each within the old per-shard bound) gave a loss over S - documents (silently wrong), and a
+    shard over it raised on that rank only while its peer waited in the next collective."""
+    errors = results_or_raise(pool_of(2).run(training_tasks.rank_local_labels, case, "legacy", timeout=60))
+    for rank, error in enumerate(errors):
+        assert error.startswith("ValueError"), f"rank {rank}: {error!r}"
+        assert "labels learn 40 tokens of the CP batch, not S - documents = 44" in error, f"rank {rank}: {error!r}"
+        assert "the legacy count (S - documents) would be wrong; pass group=" in error, f"rank {rank}: {error!r}"
+
+
 def test_int32_input_ids_and_a_numpy_multiple_train_as_int64_does() -> None:
     """int32 input_ids (their labels stay int32) give the int64 run's logits and loss, where the
     loss used to fail inside cross_entropy ("expected scalar type Long"); pad_to_multiple and

@@ -169,7 +169,8 @@ def bad_training_input(rank: int, size: int, case: str) -> str:
             cp_v4.context_parallel(model, mesh["cp"], "spill")
             fully_shard(model, mesh=mesh["dp", "cp"]._flatten())
             cp_v4.all_reduce_gradients(model, mesh["cp"])
-        elif case == "legacy count with masks":
+        elif case == "legacy count with masks":  # counted over the CP group context_parallel was given
+            cp_v4.context_parallel(model, mesh["cp"], "spill")
             ids, positions = cp_v4.shard_batch(input_ids, lengths, mesh["cp"])
             shard = cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
             logits = torch.zeros(1, shard.shape[1], v4_tasks.VOCAB)
@@ -187,6 +188,38 @@ def bad_training_input(rank: int, size: int, case: str) -> str:
             cp_v4.pad_to_multiple(input_ids, lengths, multiple)
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
+    return ""
+
+
+LABEL_LENGTHS = (13, 17, 11, 7)  # 2 ranks of 24 rows: rank 0 holds 1 document end, rank 1 holds 3
+
+
+def rank_local_labels(rank: int, size: int, case: str, form: str) -> str:
+    """``causal_lm_loss`` on labels that are wrong on one rank only (or masked over both, each
+    rank's own count within the old per-shard bound), then a collective as the next step's would
+    be: this rank's error text ('' if the loss raised nowhere)."""
+    from sparsecp.models import deepseek_v4 as cp_v4
+
+    lengths = LABEL_LENGTHS
+    input_ids = v4_tasks.packed_ids(lengths)
+    labels = cp_v4.shard_labels(input_ids, lengths).clone()
+    if case == "-1 on rank 1" and rank == 1:
+        labels[0, 5] = -1
+    elif case == "vocab on rank 0" and rank == 0:
+        labels[0, 3], labels[0, 9] = v4_tasks.VOCAB, v4_tasks.VOCAB + 4
+    elif case == "masks on both ranks":  # 4 more in all: 3 on rank 0, 1 on rank 1, each shard masking 4 <= 4 ends
+        labels[0, 1:4 if rank == 0 else 2] = IGNORE
+    elif case == "masks on rank 0" and rank == 0:  # 4 more on rank 0 only: its old per-shard check fired
+        labels[0, 1:5] = IGNORE
+    logits = torch.zeros(1, labels.shape[1], v4_tasks.VOCAB, dtype=torch.float64, requires_grad=True)
+    kwargs: dict[str, Any] = {"legacy": {}, "group": {"group": dist.group.WORLD},
+                              "num_items": {"num_items_in_batch": 40}}[form]
+    try:
+        loss = cp_v4.causal_lm_loss(logits, labels, lengths, **kwargs)
+        loss.backward()
+    except (IndexError, ValueError, RuntimeError) as error:
+        return f"{type(error).__name__}: {error}"
+    dist.all_reduce(logits.grad)  # the next collective (the gradients' all-reduce)
     return ""
 
 

@@ -47,8 +47,8 @@ from ._cp_checks import BATCH_DIGEST, batch_digest
 
 __all__ = [
     "all_reduce_gradients", "causal_lm_loss", "count_valid_tokens", "document_lengths", "group_shape",
-    "load_balancing_loss", "pad_to_multiple", "positions_in_documents", "refuse_fsdp_before", "resolve_group",
-    "shard_batch", "shard_labels", "shard_shape", "upstream_fingerprints", "check_upstream",
+    "load_balancing_loss", "note_cp_group", "pad_to_multiple", "positions_in_documents", "refuse_fsdp_before",
+    "resolve_group", "shard_batch", "shard_labels", "shard_shape", "upstream_fingerprints", "check_upstream",
 ]
 
 
@@ -84,6 +84,38 @@ def group_shape(group: Any, what: str = "group") -> tuple[int, int]:
     if rank < 0:
         raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of the {what} it was given")
     return size, rank
+
+
+_CP_GROUPS: list[Any] = []  # the groups context_parallel was given in this process, most recent last
+_CP_GROUPS_KEPT = 8
+
+
+def note_cp_group(group: Any) -> None:
+    """Remember a group ``context_parallel`` made a model context-parallel over (None: the default
+    group): the legacy ``causal_lm_loss`` (no ``group=``) checks its labels over it."""
+    resolved = dist.group.WORLD if group is None else group
+    _CP_GROUPS[:] = [kept for kept in _CP_GROUPS if kept is not resolved][-(_CP_GROUPS_KEPT - 1):] + [resolved]
+
+
+def _cp_group_of_size(size: int) -> tuple[bool, Any]:
+    """``(True, group)`` for the group of ``size`` ranks holding this process that the labels of a
+    loss without ``group=`` are checked over: the latest ``context_parallel`` group of that size,
+    else the default group if it has that size; ``(False, None)`` when there is none (or
+    torch.distributed is not initialised). A group of 1 needs no communication: ``(True, None)``
+    (None: this rank alone)."""
+    if size == 1:
+        return True, None
+    if not dist.is_available() or not dist.is_initialized():
+        return False, None
+    for group in reversed(_CP_GROUPS):
+        try:
+            if dist.get_world_size(group) == size and dist.get_rank(group) >= 0:
+                return True, group
+        except (RuntimeError, ValueError):  # a group destroyed since
+            continue
+    if dist.get_world_size() == size:
+        return True, dist.group.WORLD
+    return False, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,8 +322,20 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
         (``all_reduce_gradients``), and the sum of the returned values is the mean.
 
         Legacy form (neither ``group`` nor ``num_items_in_batch``): N = S - documents, every
-        next-token label of the CP batch; labels that mask more tokens than the documents' ends
-        raise (that count would be wrong: pass ``group``).
+        next-token label of the CP batch; labels that learn another number of tokens (more
+        masked than the documents' ends, wherever they are) raise on every rank (that count
+        would be wrong: pass ``group``). The labels are counted over the CP group: the latest
+        group of ``S / (this shard's rows)`` ranks that ``context_parallel`` was given in this
+        process, else the default group if it has that size (else ``ValueError``).
+
+    Labels are checked on every rank before the loss: a label outside ``[0, vocab)`` that is not
+    ``ignore_index`` (a -1 mask, another vocabulary's id) raises ``ValueError`` on every rank of
+    the group the labels are counted over, naming each offending rank's count and one value (it
+    used to raise ``IndexError`` on its rank only while its peers waited in their next
+    collective). The check rides on the valid-token count's all-reduce (``group``, or in the
+    legacy form the CP group); with ``num_items_in_batch`` it takes an all-reduce of its own
+    over ``group`` (without ``group``, over the latest ``context_parallel`` group, if any). It
+    costs one host read of a ``1 + 2 * ranks`` element tensor per call.
     """
     if labels.numel() != logits.numel() // max(int(logits.shape[-1]), 1) or logits.ndim < 2:
         raise ValueError(f"labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)}: one label per "
@@ -302,23 +346,86 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
     if flat.dtype in (torch.bfloat16, torch.float16):
         flat = flat.float()
     targets = labels.reshape(-1).to(device=flat.device, dtype=torch.int64)  # int32 ids too (cross_entropy's)
-    total = torch.nn.functional.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum")
     scale = 1
     if group is not None:
         scale = group_shape(group, "loss group")[0]
+    legacy = group is None and num_items_in_batch is None
+    values: tuple[int, ...] = ()
     if num_items_in_batch is not None:
         count = _items_count(num_items_in_batch, flat.device)
-    elif group is not None:  # 0 only when no rank has a valid label: then the sum is 0 too
-        count = count_valid_tokens(targets, group, ignore_index).clamp_min(1)
-    else:
-        values = document_lengths(lengths)
-        masked = int((targets == ignore_index).sum())
-        if masked > len(values):
-            raise ValueError(f"labels ignore {masked} tokens of this shard, more than the batch's {len(values)} "
-                             "document ends: the legacy count (S - documents) would be wrong; pass group= (the "
-                             "valid tokens are counted over it) or num_items_in_batch=")
-        count = torch.as_tensor(max(sum(values) - len(values), 1), device=flat.device)
+    if group is not None:
+        check_group: Any = resolve_group(group, "loss group")
+    else:  # the labels are checked over the CP group (that of context_parallel, or the default group)
+        values = document_lengths(lengths) if legacy or lengths is not None else ()
+        cp = _labels_cp_size(values, targets.numel(), legacy) if values else None
+        found, check_group = _cp_group_of_size(cp) if cp is not None else _latest_cp_group()
+        if legacy and not found:
+            raise ValueError(f"causal_lm_loss without group= counts the CP batch's labels over its CP group of {cp} "
+                             f"ranks (sum(document_lengths) / this shard's {targets.numel()} labels), and this "
+                             "process has none: context_parallel was given no group of that size, and the default "
+                             "group is not one; pass group= (the CP group, or the group gradients are averaged over) "
+                             "or num_items_in_batch=")
+    # The labels' check and the valid-token count: one all-reduce over the group (every rank
+    # raises on any rank's bad labels) and one host read.
+    valid, learned = _checked_valid_count(targets, int(flat.shape[-1]), ignore_index, check_group)
+    if legacy:
+        expected = sum(values) - len(values)
+        if learned != expected:
+            raise ValueError(f"labels learn {learned} tokens of the CP batch, not S - documents = {expected} (every "
+                             "next-token label within a document, as shard_labels makes without labels=): the "
+                             "legacy count (S - documents) would be wrong; pass group= (the valid tokens are "
+                             "counted over it) or num_items_in_batch=")
+        count = torch.as_tensor(max(expected, 1), device=flat.device)
+    elif num_items_in_batch is None:  # 0 only when no rank has a valid label: then the sum is 0 too
+        count = valid.clamp_min(1)
+    total = torch.nn.functional.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum")
     return total * scale / count.to(total.dtype)
+
+
+def _labels_cp_size(values: tuple[int, ...], rows: int, legacy: bool) -> int | None:
+    """The CP size this shard implies: ``S / rows`` (None where it does not divide, unless the
+    legacy count needs it)."""
+    if rows == 0 or sum(values) % rows:
+        if not legacy:
+            return None
+        raise ValueError(f"this shard's {rows} labels do not divide the batch's {sum(values)} tokens "
+                         "(document_lengths): pass this rank's labels (shard_labels)")
+    return sum(values) // rows
+
+
+def _latest_cp_group() -> tuple[bool, Any]:
+    """The latest group ``context_parallel`` was given, if any (the check of a loss given
+    ``num_items_in_batch`` without ``group``)."""
+    return (True, _CP_GROUPS[-1]) if _CP_GROUPS and dist.is_available() and dist.is_initialized() else (False, None)
+
+
+def _checked_valid_count(targets: torch.Tensor, vocab: int, ignore_index: int, group: Any) -> tuple[torch.Tensor, int]:
+    """The labels that are learned (not ``ignore_index``), summed over ``group`` (None: this rank
+    alone), as an int64 tensor on their device and as an int, after checking every rank's labels.
+
+    A label outside ``[0, vocab)`` that is not ``ignore_index`` (-1 as a mask, a token of another
+    vocabulary) made ``cross_entropy`` raise on its rank only, and its peers wait in their next
+    collective until the group times out. Here each rank adds its bad labels' count and first
+    value in its own slots of the count's all-reduce, so every rank raises the same error, naming
+    each rank's count and a value."""
+    size, rank = group_shape(group, "loss group") if group is not None else (1, 0)
+    valid = targets != ignore_index
+    bad = valid & ((targets < 0) | (targets >= vocab))
+    verdict = torch.zeros(1 + 2 * size, dtype=torch.int64, device=targets.device)
+    verdict[0] = valid.sum()
+    verdict[1 + 2 * rank] = bad.sum()
+    if targets.numel():
+        verdict[2 + 2 * rank] = targets[bad.to(torch.uint8).argmax()]  # the first bad label (no host read)
+    if size > 1:
+        dist.all_reduce(verdict, group=group)
+    read = verdict.tolist()  # the one host read
+    offenders = [(r, n, v) for r, (n, v) in enumerate(zip(read[1::2], read[2::2])) if n]
+    if offenders:
+        where = "; ".join(f"{'rank ' + str(r) + ' of the loss group' if size > 1 else 'this rank'} has {n} "
+                          f"(e.g. {v})" for r, n, v in offenders)
+        raise ValueError(f"causal_lm_loss: labels must be token ids in [0, {vocab}) or ignore_index ({ignore_index}) "
+                         f"for tokens not learned: {where}; mask with ignore_index, as shard_labels keeps -100")
+    return verdict[0], read[0]
 
 
 def _items_count(value: Any, device: torch.device) -> torch.Tensor:

@@ -204,6 +204,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         model.register_forward_pre_hook(_before_causal_lm_forward, with_kwargs=True)
     base._sparsecp_context_parallel = state
     model._sparsecp_context_parallel = state
+    _cp_training.note_cp_group(group)  # the legacy causal_lm_loss checks its labels over it
     return model
 
 

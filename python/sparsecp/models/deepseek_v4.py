@@ -232,6 +232,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         model.register_forward_hook(_after_causal_lm_forward)
     base._sparsecp_context_parallel = state
     model._sparsecp_context_parallel = state
+    _cp_training.note_cp_group(group)  # the legacy causal_lm_loss checks its labels over it
     return model
 
 
