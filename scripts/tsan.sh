@@ -13,7 +13,7 @@
 #   scripts/tsan.sh [ctest args...]        e.g. scripts/tsan.sh -R Kernel
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests=(select_kernel_test select_projection_test indexer_kl_test)
+tests=(select_kernel_test select_projection_test indexer_kl_test sparse_attention_test)
 archer=$(clang++ -print-file-name=libarcher.so 2>/dev/null || true)
 if [ ! -f "$archer" ]; then
   for candidate in /usr/lib/llvm-*/lib/libarcher.so; do archer=$candidate; done
