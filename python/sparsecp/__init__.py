@@ -62,6 +62,7 @@ __all__ = [
     "document_prefix_route",
     "generate_batch",
     "kernel_isa",
+    "attention_gemm",
     "calibrate_cost_model",
     "cost_sample",
     "fit_cost_model",
@@ -297,3 +298,11 @@ def kernel_isa() -> str:
     every kernel called with ``isa="auto"``; an ISA the CPU lacks raises ValueError.
     """
     return _core.kernel_isa()
+
+
+def attention_gemm(dtype: str = "bfloat16") -> str:
+    """The library the sparse attention kernel multiplies ``dtype`` ("float32", "bfloat16",
+    "float64") with on this CPU: ``"onednn <version>"`` (AMX, AVX512_BF16 or AVX-512 as the CPU
+    has them) or ``"blas"`` (float64 always; bf16 widened where oneDNN has only its reference
+    loops). ``SPARSECP_ATTENTION_GEMM=blas`` forces the BLAS."""
+    return str(_core.sparse_attention_gemm(dtype))

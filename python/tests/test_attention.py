@@ -209,5 +209,16 @@ def test_errors_name_the_argument(backend: str) -> None:
         sparse_attention(q, kv, ids, 1.0, backend="cuda")
 
 
+def test_the_library_is_named_beside_the_kernel_isa() -> None:
+    import sparsecp
+
+    assert sparsecp.attention_gemm("float64") == "blas"
+    for dtype in ("float32", "bfloat16"):
+        assert sparsecp.attention_gemm(dtype).split()[0] in ("onednn", "blas")
+    assert sparsecp.attention_gemm("bfloat16") == sparse_attention_gemm(torch.bfloat16)
+    with pytest.raises(ValueError, match="dtype must be 'float32', 'bfloat16' or 'float64', got 'half'"):
+        sparsecp.attention_gemm("half")
+
+
 def test_module_lists_its_backends() -> None:
     assert attention_module.BACKENDS == ("cpu", "flashmla", "cudnn", "triton", "torch")
