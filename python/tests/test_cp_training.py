@@ -79,15 +79,18 @@ def test_fsdp2_with_the_indexer_kl_equals_replicated_weights() -> None:
         assert moved > 0.5 * LR, "the KL did not train the indexer"
 
 
-def test_router_aux_loss_is_the_whole_packed_rows() -> None:
+@pytest.mark.parametrize("inner", [False, True])
+def test_router_aux_loss_is_the_whole_packed_rows(inner: bool) -> None:
     """out.aux_loss under CP 2 equals transformers' load_balancing_loss_func on the router
     logits of the whole row (each document run alone), and so do the routers' gradients when
-    averaged over the CP ranks."""
+    averaged over the CP ranks. ``inner`` (issue 43, item 16): context_parallel(model.model), the
+    outer CausalLM unhooked, whose aux_loss was each shard's own and router_aux_loss returned it."""
     lengths = (13, 17, 11, 7)
-    results = results_or_raise(pool_of(2).run(training_tasks.router_aux, lengths, timeout=300))
+    results = results_or_raise(pool_of(2).run(training_tasks.router_aux, lengths, inner, timeout=300))
     expected = training_tasks.router_aux_oracle(lengths)
     for rank, result in enumerate(results):
-        assert result["aux"] == pytest.approx(expected["aux"], rel=1e-6), (rank, result["aux"], expected["aux"])
+        for what in ("aux", "out.aux_loss", "router_aux_loss(out, model)"):
+            assert result[what] == pytest.approx(expected["aux"], rel=1e-6), (rank, what, result, expected["aux"])
         for name, want in expected["grads"].items():
             gap = float((result["grads"][name] - want).abs().max())
             assert gap <= 1e-5 * float(want.abs().max()), f"rank {rank}: {name}'s gradient is {gap:.3g} off"

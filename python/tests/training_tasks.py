@@ -245,21 +245,25 @@ def int_widths(rank: int, size: int) -> dict[str, Any]:
     return out
 
 
-def router_aux(rank: int, size: int, lengths: tuple[int, ...]) -> dict[str, Any]:
+def router_aux(rank: int, size: int, lengths: tuple[int, ...], inner: bool = False) -> dict[str, Any]:
     """out.aux_loss of the CP model (output_router_logits=True) and its router gradient,
-    gradients averaged over the CP ranks (what FSDP2 over dp x cp does with dp = 1)."""
+    gradients averaged over the CP ranks (what FSDP2 over dp x cp does with dp = 1). ``inner``:
+    ``context_parallel(model.model)``, the outer CausalLM left as it is (its aux_loss, and
+    router_aux_loss given either module, are also returned)."""
     from sparsecp.models import deepseek_v4 as cp_v4
 
     model = v4_tasks.tiny_model(torch.float64)
-    cp_v4.context_parallel(model, None, "spill")
+    cp_v4.context_parallel(model.model if inner else model, None, "spill")
     input_ids = v4_tasks.packed_ids(lengths)
     ids, positions = cp_v4.shard_batch(input_ids, lengths)
     out = model(input_ids=ids, position_ids=positions, document_lengths=lengths, output_router_logits=True)
-    aux = cp_v4.router_aux_loss(out, model)
+    aux = cp_v4.router_aux_loss(out, model.model if inner else model)
+    seen = {"out.aux_loss": float(out.aux_loss.detach()),
+            "router_aux_loss(out, model)": float(cp_v4.router_aux_loss(out, model).detach())}
     aux.backward()
     cp_v4.all_reduce_gradients(model, average=True)
-    return {"aux": float(aux.detach()), "grads": {n: p.grad.clone() for n, p in model.named_parameters()
-                                                   if n.endswith("mlp.gate.weight")}}
+    return {**seen, "aux": float(aux.detach()), "grads": {n: p.grad.clone() for n, p in model.named_parameters()
+                                                          if n.endswith("mlp.gate.weight")}}
 
 
 def router_aux_oracle(lengths: tuple[int, ...]) -> dict[str, Any]:

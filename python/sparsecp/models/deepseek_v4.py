@@ -226,10 +226,11 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
     state.calibration = v4_calibration(state, base, calibrate)  # checks calibrate=; None without a CSA layer
     config.use_cache = False
     refuse_model_loss_under_cp()
+    _whole_row_load_balancing(modeling)
     base.register_forward_pre_hook(functools.partial(_before_model_forward, state), with_kwargs=True)
+    base.register_forward_hook(functools.partial(_after_model_forward, state))
     if model is not base:
         model.register_forward_pre_hook(_before_causal_lm_forward, with_kwargs=True)
-        model.register_forward_hook(_after_causal_lm_forward)
     base._sparsecp_context_parallel = state
     model._sparsecp_context_parallel = state
     _cp_training.note_cp_group(group)  # the legacy causal_lm_loss checks its labels over it
@@ -251,15 +252,51 @@ def _before_causal_lm_forward(module: Any, args: tuple, kwargs: dict[str, Any]) 
     refuse_labels("deepseek_v4", args, kwargs)
 
 
-def _after_causal_lm_forward(module: Any, args: tuple, output: Any) -> Any:
-    """Replaces the MoE load-balancing loss the model computed from this rank's rows
-    (``output_router_logits``) by the whole packed row's: ``router_aux_loss``."""
-    if getattr(output, "aux_loss", None) is not None and getattr(output, "router_logits", None):
-        state = context_parallel_state(module)
-        assert state is not None
-        output.aux_loss = _cp_training.load_balancing_loss(output.router_logits, module.num_experts,
-                                                           module.num_experts_per_tok, state.group)
+_ROUTER_STATE = "_sparsecp_router_state"  # on a CP forward's router logits: the state (its CP group)
+_WHOLE_ROW = "_sparsecp_whole_row"  # on a load-balancing loss of the whole packed row
+
+
+def _after_model_forward(state: ContextParallelState, module: Any, args: tuple, output: Any) -> Any:
+    """Tags the router logits of a CP forward (``output_router_logits``) with the state, so that
+    the load-balancing loss made of them, whichever module makes it, is the whole packed row's."""
+    logits = getattr(output, "router_logits", None)
+    if logits:
+        for tensor in logits:
+            if isinstance(tensor, torch.Tensor):
+                setattr(tensor, _ROUTER_STATE, state)
     return output
+
+
+def _router_state(gate_logits: Any) -> ContextParallelState | None:
+    if isinstance(gate_logits, (tuple, list)) and gate_logits:
+        return getattr(gate_logits[0], _ROUTER_STATE, None)
+    return None
+
+
+def _whole_row_load_balancing(modeling: Any) -> None:
+    """transformers' ``load_balancing_loss_func`` (the one ``DeepseekV4ForCausalLM.forward`` calls
+    for ``aux_loss``) gives the whole packed row's loss for a CP forward's router logits, however
+    the CP model was wrapped: ``context_parallel(model.model)`` leaves the outer CausalLM
+    unhooked, and its ``aux_loss`` was each shard's own (the loss is a product of two batch
+    statistics, not a sum over rows). Wrapped once per process; router logits that no CP forward
+    tagged go to transformers' function unchanged."""
+    original = modeling.load_balancing_loss_func
+    if getattr(original, _WHOLE_ROW, False):
+        return
+
+    @functools.wraps(original)
+    def load_balancing_loss_under_cp(gate_logits: Any, num_experts: Any = None, top_k: Any = 2,
+                                     attention_mask: Any = None) -> Any:
+        state = _router_state(gate_logits)
+        if state is None:
+            return original(gate_logits, num_experts, top_k, attention_mask)
+        loss = _cp_training.load_balancing_loss(gate_logits, int(num_experts), int(top_k), state.group,
+                                                row_mask=attention_mask)
+        setattr(loss, _WHOLE_ROW, True)
+        return loss
+
+    setattr(load_balancing_loss_under_cp, _WHOLE_ROW, True)
+    modeling.load_balancing_loss_func = load_balancing_loss_under_cp
 
 
 def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
@@ -267,17 +304,22 @@ def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
     one process), from ``model(..., output_router_logits=True)``'s output.
 
     Under CP ``output.aux_loss`` already is this value (the model's own would be of this rank's
-    rows only; the loss is a product of two batch statistics, not a sum over rows): the router
-    statistics are all-reduced over the CP group first (``_cp_training.load_balancing_loss``).
-    Every CP rank holds the same value; add ``config.router_aux_loss_coef`` times it to each
-    rank's loss when gradients are averaged (FSDP2 over dp x cp, DDP); with gradients summed
-    over the CP ranks (``all_reduce_gradients`` without ``average``), divide it by the CP size.
-    Padding documents count as rows, as in the model run without an attention mask."""
+    rows only; the loss is a product of two batch statistics, not a sum over rows), whether
+    ``context_parallel`` was given the CausalLM or its ``.model`` (then the outer CausalLM's
+    ``aux_loss`` too): the router statistics are all-reduced over the CP group first
+    (``_cp_training.load_balancing_loss``). ``model``: the CP model, or a CausalLM whose
+    ``.model`` is. Every CP rank holds the same value; add ``config.router_aux_loss_coef`` times
+    it to each rank's loss when gradients are averaged (FSDP2 over dp x cp, DDP); with gradients
+    summed over the CP ranks (``all_reduce_gradients`` without ``average``), divide it by the CP
+    size. Padding documents count as rows, as in the model run without an attention mask."""
+    if context_parallel_state(model) is None and context_parallel_state(getattr(model, "model", None)) is not None:
+        model = model.model
     state = _state(model)
     if getattr(output, "router_logits", None) is None:
         raise ValueError("router_aux_loss needs the output of model(..., output_router_logits=True)")
-    if getattr(output, "aux_loss", None) is not None:
-        return output.aux_loss
+    aux = getattr(output, "aux_loss", None)
+    if aux is not None and getattr(aux, _WHOLE_ROW, False):
+        return aux
     config = model.config
     return _cp_training.load_balancing_loss(output.router_logits, int(config.num_local_experts),
                                             int(config.num_experts_per_tok), state.group)
