@@ -14,7 +14,8 @@ Work: ``2 * rows * heads * columns * (qk_dim + value_dim)`` flops forward and
 ``2 * rows * heads * columns * (3 * qk_dim + 2 * value_dim)`` backward (the recomputed scores,
 d probs, d q, d k, d v), ``... * (4 * qk_dim + 3 * value_dim)`` together. Each figure is the
 median of --repeats timed calls after one warm-up; "matmul" is torch's ``a @ b`` on 2048 x 2048
-in the same dtype and threads, timed in the same process between the kernel's measurements;
+in the same dtype and threads, timed in the same process before, between and after the kernel's
+forward and forward + backward measurements (the median of the three);
 "ratio" is the kernel's forward + backward rate over it. "chunked" is the torch path
 (``backend="torch"``, the pre-kernel model path) on --chunked-rows rows.
 
@@ -95,7 +96,8 @@ def matmul_rate(dtype: torch.dtype, repeats: int) -> float:
     return 2.0 * 2048**3 / median_seconds(lambda: a @ b, repeats) / 1e9
 
 
-def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int) -> dict[str, float]:
+def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int,
+                    between: Callable[[], None] | None = None) -> dict[str, float]:
     scale = x["q"].shape[2] ** -0.5
     q = x["q"].clone().requires_grad_()
     kv = x["kv"].clone().requires_grad_()
@@ -111,6 +113,8 @@ def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: in
         torch.autograd.grad(out, inputs, x["grad"])
 
     fwd = median_seconds(forward, repeats)
+    if between is not None:
+        between()
     total = median_seconds(both, repeats)
     return {"forward": fwd, "total": total, "backward": max(total - fwd, 1e-9)}
 
@@ -216,8 +220,14 @@ def main() -> None:
                 rows = args.rows if shape_name == "v4" else max(1, args.rows // 4)
                 x = make_inputs(shape, rows, dtype)
                 work = flops(shape, rows)
-                times = attention_times(x, shape["value_dim"], "cpu", args.repeats)
-                matmul = matmul_rate(dtype, args.repeats)
+                # torch's matmul timed before, between and after the kernel's calls (the median of
+                # the three): a change in the machine's load hits both sides of the ratio alike.
+                matmuls = [matmul_rate(dtype, args.repeats)]
+                times = attention_times(
+                    x, shape["value_dim"], "cpu", args.repeats,
+                    between=lambda rates=matmuls, kind=dtype: rates.append(matmul_rate(kind, args.repeats)))
+                matmuls.append(matmul_rate(dtype, args.repeats))
+                matmul = statistics.median(matmuls)
                 row: dict[str, Any] = {
                     "shape": shape_name, "dtype": dtype_name, "threads": threads, "rows": rows,
                     **{f"{k}_gflops": work[k] / times[k] / 1e9 for k in ("forward", "backward", "total")},
