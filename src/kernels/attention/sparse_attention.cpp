@@ -12,6 +12,7 @@
 #include <exception>
 #include <limits>
 #include <memory>
+#include <new>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -176,6 +177,18 @@ A log_add_exp(A a, A b) {
   return top + std::log(std::exp(a - top) + std::exp(b - top));
 }
 
+// Rethrows a worker's exception after its OpenMP region: its own type and message, except
+// that a failed allocation of scratch becomes a ResourceError naming the kernel.
+void rethrow(const std::exception_ptr& first) {
+  if (!first) return;
+  try {
+    std::rethrow_exception(first);
+  } catch (const std::bad_alloc&) {
+    SPARSECP_FAIL_AS(ErrorKind::kResource,
+                     "sparse attention could not allocate its scratch memory");
+  }
+}
+
 // Runs `body(block, thread)` for every block on `threads` OpenMP threads; the first
 // exception is rethrown after the region (no exception crosses an OpenMP boundary).
 template <class Body>
@@ -207,7 +220,7 @@ void for_each_block(int64_t blocks, int threads, const Body& body) {
       }
     }
   }
-  if (first) std::rethrow_exception(first);
+  rethrow(first);
 }
 
 template <class Ty>
@@ -257,9 +270,22 @@ class Kernel {
       const int t = omp_get_thread_num();
       const int nt = omp_get_num_threads();
       omp_set_num_threads(1);  // the libraries single-threaded inside (as in for_each_block)
-      Scratch s(*this);
+      // Scratch is allocated inside the region, so its failure must be caught here (an exception
+      // leaving an OpenMP region terminates the program); every thread still meets every barrier.
+      std::unique_ptr<Scratch> s;
       std::vector<A>& slot = slots[static_cast<std::size_t>(t)];
-      slot.resize(slot_size);
+      try {
+        s = std::make_unique<Scratch>(*this);
+        slot.resize(slot_size);
+      } catch (...) {
+#pragma omp critical(sparsecp_attention_error)
+        {
+          if (!first) first = std::current_exception();
+#pragma omp atomic write
+          failed = true;
+        }
+      }
+#pragma omp barrier
       for (int64_t wave = 0; wave < blocks_; wave += nt) {
         const int64_t b = wave + t;
         bool skip = false;
@@ -267,7 +293,7 @@ class Kernel {
         skip = failed;
         if (b < blocks_ && !skip) {
           try {
-            backward_block(b, s, out, lse, grad_out, grad_q, sink_rows.data(), slot.data());
+            backward_block(b, *s, out, lse, grad_out, grad_q, sink_rows.data(), slot.data());
           } catch (...) {
 #pragma omp critical(sparsecp_attention_error)
             {
@@ -290,7 +316,7 @@ class Kernel {
 #pragma omp barrier
       }
     }
-    if (first) std::rethrow_exception(first);
+    rethrow(first);
     if (grad_sinks != nullptr) {
       std::fill(grad_sinks, grad_sinks + H_, A(0));
       for (int64_t r = 0; r < in_.rows; ++r) {
