@@ -5,7 +5,6 @@ the key gradient across thread counts, and the errors."""
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from sparsecp.torch.attention import (
     sparse_attention_gemm,
 )
 
-SEED = int(os.environ.get("SPARSECP_TEST_SEED", random.randrange(1 << 30)))
+SEED = int(os.environ.get("SPARSECP_TEST_SEED", "20261130"))  # fixed by default; any seed must pass
 print(f"test_attention seed {SEED} (SPARSECP_TEST_SEED={SEED} reruns it)")
 
 # (rows, heads, qk_dim, value_dim, keys, columns, sinks): "none", a float tensor, or "-inf" / "large"

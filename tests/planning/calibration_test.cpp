@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sparsecp/error.hpp"
+#include "support/random_batch.hpp"
 
 namespace sparsecp {
 namespace {
@@ -140,7 +141,8 @@ struct ModelSelector {
 };
 
 TEST(CalibrateCostModel, RecoversAKnownCostFromNoisyInterleavedTimes) {
-  const uint64_t seed = std::random_device{}();
+  const uint64_t seed =
+      testing::test_seed() + 1;  // fixed by default: the fit's tolerance is statistical
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   CalibrationGrid grid;
   grid.topk = 64;
