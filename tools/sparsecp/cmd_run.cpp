@@ -612,16 +612,20 @@ std::optional<InjectedAdaptTimes> injected_adapt_times() {
     const std::string field = all.substr(begin, end - begin);
     char* stop = nullptr;
     const double value = std::strtod(field.c_str(), &stop);
-    SPARSECP_CHECK(!field.empty() && stop == field.c_str() + field.size() && std::isfinite(value) &&
-                       value >= 0,
-                   "SPARSECP_RUN_ADAPT_NS must be 4 or 5 finite non-negative numbers a,b,c,d[,spread]; "
-                   "got '", all, "'");
+    SPARSECP_CHECK(
+        !field.empty() && stop == field.c_str() + field.size() && std::isfinite(value) &&
+            value >= 0,
+        "SPARSECP_RUN_ADAPT_NS must be 4 or 5 finite non-negative numbers a,b,c,d[,spread]; "
+        "got '",
+        all, "'");
     values.push_back(value);
     begin = end + 1;
   }
-  SPARSECP_CHECK(values.size() == 4 || values.size() == 5,
-                 "SPARSECP_RUN_ADAPT_NS must be 4 or 5 finite non-negative numbers a,b,c,d[,spread]; "
-                 "got '", all, "'");
+  SPARSECP_CHECK(
+      values.size() == 4 || values.size() == 5,
+      "SPARSECP_RUN_ADAPT_NS must be 4 or 5 finite non-negative numbers a,b,c,d[,spread]; "
+      "got '",
+      all, "'");
   InjectedAdaptTimes injected;
   injected.model.a = values[0];
   injected.model.b = values[1];
