@@ -9,7 +9,7 @@ timed on each rank's route in this one process (the calling thread's CPU seconds
 time against ``none``'s is what the plan gives, with no other rank sharing the core.
 
 ``spill`` plans on the cost model ``context_parallel`` would calibrate on this selector
-(``_cp_calibration``: the same grid, rows and fit); ``spill-pairs`` on spill's default model.
+(``sparsecp.models._cp.calibration``: the same grid, rows and fit); ``spill-pairs`` on spill's default model.
 It also prints, per batch, how far the calibrated model's prediction of each rank's share
 (its time over the ranks' mean) is from the measured share: the error spill balances with;
 and, over every timed call (none of them in any fit), the rms relative residual of the
@@ -69,8 +69,9 @@ def main() -> int:
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb
 
     import sparsecp
-    from sparsecp.models._cp_calibration import SelectionCalibration
-    from sparsecp.models._v4_selector import _CHUNK_ROWS, FusedSelector, ModelSelector
+    from sparsecp.models._cp.calibration import SelectionCalibration
+    from sparsecp.models._cp.selector import CHUNK_ROWS as _CHUNK_ROWS
+    from sparsecp.models.deepseek_v4._selector import FusedSelector, ModelSelector
     from sparsecp.torch import indexer_route
     from sparsecp.torch.calibrate import segment_sums
 
@@ -177,7 +178,7 @@ def main() -> int:
     else:
         print()
     if args.calibrations > 1:
-        from sparsecp.models import _cp_calibration
+        from sparsecp.models._cp import calibration as _cp_calibration
 
         fits = [(cost, residual(cost, every))]
         for _ in range(args.calibrations - 1):

@@ -18,7 +18,7 @@ file (``$OUT/gpu_attention_check.json``, or ``--out``):
    subset, so that dkv and dsinks hold the subset's rows only); ms and TFLOP/s of the forward
    and of forward + backward (``2 * rows * heads * columns * (4 * qk + 3 * value)``), against
    the chunked torch path and torch's bfloat16 matmul measured in the same process.
-3. ``selector-32k`` / ``selector-128k``: the V4 model selector (``_v4_selector.ModelSelector``:
+3. ``selector-32k`` / ``selector-128k``: the V4 model selector (``deepseek_v4.ModelSelector``:
    64 index heads of 128, top-k 512) on the last rows of a document whose compressed bank has
    32K / 128K keys: ms, and its ids against a dense float32 top-k.
 4. ``model-v4``: a 2-layer DeepSeek-V4 (transformers) under ``sparsecp.models.deepseek_v4`` on
@@ -322,7 +322,7 @@ def step_selector(ctx: Context, shape: dict[str, Any]) -> dict[str, Any]:
     torch = ctx.torch
     from types import SimpleNamespace
 
-    from sparsecp.models._v4_selector import ModelSelector
+    from sparsecp.models.deepseek_v4 import ModelSelector
 
     keys, rows, heads, dim, topk, ratio = (shape[k] for k in ("keys", "rows", "heads", "dim", "topk", "ratio"))
     dtype = torch.float32 if ctx.cpu else torch.bfloat16

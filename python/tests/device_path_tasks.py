@@ -12,7 +12,7 @@ import v4_bounded_tasks
 def device_path_host_syncs(rank: int, size: int, layers: int, model: str) -> dict[str, Any]:
     """``v4_bounded_tasks.host_syncs`` (or ``v32_host_syncs``) with the device code path on and
     ``nonzero`` counted as a host read (its output size is data-dependent: a sync on a GPU)."""
-    from sparsecp.models import _cp_topk
+    from sparsecp.models._cp import topk as _cp_topk
 
     saved = os.environ.get("SPARSECP_TORCH_PATH"), _cp_topk._DEVICE_PATH, v4_bounded_tasks._TENSOR_READS
     os.environ["SPARSECP_TORCH_PATH"] = "1"

@@ -214,8 +214,8 @@ def test_a_changed_transformers_is_refused_naming_the_version() -> None:
     import transformers
     from transformers.models.deepseek_v4 import modeling_deepseek_v4
 
-    from sparsecp.models import _cp_training
     from sparsecp.models import deepseek_v4 as cp_v4
+    from sparsecp.models._cp import training as _cp_training
 
     assert cp_v4._modeling() is modeling_deepseek_v4
     changed = dict(cp_v4.UPSTREAM_FINGERPRINTS, DeepseekV4Indexer="0" * 16)

@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 import torch
 
-from sparsecp.models import _cp_topk, _v4_selector, _v32_selector
+from sparsecp.models._cp import selector as _cp_selector
+from sparsecp.models._cp import topk as _cp_topk
+from sparsecp.models.deepseek_v4 import _selector as _v4_selector
+from sparsecp.models.deepseek_v32 import _selector as _v32_selector
 
 
 def test_float32_products_take_half_operands_off_the_cpu_only() -> None:
@@ -71,7 +74,7 @@ def test_v4_model_selector_half_path_returns_the_float32_paths_ids(monkeypatch: 
     indexer, bank, residual, weights, embeddings, segments = _v4_selector_inputs(1)
     rope = lambda q, cos, sin: q  # noqa: E731
     want = _v4_selector.ModelSelector(indexer, bank, rope)(residual, weights, embeddings, segments)
-    monkeypatch.setattr(_v4_selector, "_CHUNK_ROWS", 8)
+    monkeypatch.setattr(_cp_selector, "CHUNK_ROWS", 8)
     monkeypatch.setattr(_v4_selector, "_SCORE_BYTES", 1)  # every slice and merge runs
     calls = _emulate_half_path(monkeypatch, _v4_selector)
     got = _v4_selector.ModelSelector(indexer, bank, rope)(residual, weights, embeddings, segments)

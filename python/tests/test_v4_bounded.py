@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from sparsecp.models._cp_rows import merge_intervals, plan_row_gather
+from sparsecp.models._cp.rows import merge_intervals, plan_row_gather
 from sparsecp.torch._attention_chunked import attention_chunk_rows, sparse_attention
 
 
@@ -109,7 +109,7 @@ def test_sparse_attention_equals_the_dense_masked_softmax(shared: bool, sinks: b
 def test_the_selector_picks_its_merge_columns_alike_on_cpu_and_device_paths() -> None:
     """The running top-k's column pick: nonzero on a CPU, a stable argsort (no host sync) on a
     device; both give each row's chosen columns in ascending order."""
-    from sparsecp.models._cp_topk import chosen_columns
+    from sparsecp.models._cp.topk import chosen_columns
 
     seed = _seed()
     generator = torch.Generator().manual_seed(seed)
@@ -126,7 +126,7 @@ def test_the_running_top_k_equals_one_stable_sort_of_every_key() -> None:
     """Merging key chunks with ``merge_top`` keeps what one stable descending sort of all the keys
     keeps (ties to the lower id, NaN above every number, -inf masked keys last), for chunk sizes
     1, a prime and all, on scores with many ties."""
-    from sparsecp.models._cp_topk import merge_top
+    from sparsecp.models._cp.topk import merge_top
 
     seed = _seed()
     generator = torch.Generator().manual_seed(seed)
@@ -150,8 +150,8 @@ def test_device_tables_follow_the_cost_model_and_stay_bounded() -> None:
     new routes; an equal model made apart reuses them), and at most a few are kept however
     many refits a repeated batch sees."""
     from sparsecp import CostModel
-    from sparsecp.models._cp_layer import plan_key
-    from sparsecp.models._v4_layout import _DEVICE_KEPT, BatchLayout
+    from sparsecp.models._cp.state import plan_key
+    from sparsecp.models.deepseek_v4._layout import _DEVICE_KEPT, BatchLayout
     from sparsecp.torch import indexer_route
 
     lengths = (13, 17, 11, 7)

@@ -55,7 +55,7 @@ def test_a_bad_calibrate_option_is_named() -> None:
 
 
 def test_prediction_residual_of_seconds_and_of_shares() -> None:
-    from sparsecp.models._cp_calibration import CalibrationReport
+    from sparsecp.models._cp.calibration import CalibrationReport
 
     report = CalibrationReport()
     assert report.prediction_residual() != report.prediction_residual()  # nan: nothing predicted yet
@@ -78,7 +78,7 @@ def test_a_long_runs_history_is_bounded_as_its_predictions_are() -> None:
     import torch
 
     import sparsecp
-    from sparsecp.models._cp_calibration import _HISTORY_KEPT, _PREDICTIONS_KEPT, SelectionCalibration
+    from sparsecp.models._cp.calibration import _HISTORY_KEPT, _PREDICTIONS_KEPT, SelectionCalibration
 
     calibration = SelectionCalibration("spill", {}, True, lambda bank: None, "stub", {}, torch.zeros(1), [4])
     start = sparsecp.CostModel.linear(1000, 50, 0, 8)

@@ -470,8 +470,8 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, lr: float) -> dict[str
 def calibrated_spill(rank: int, size: int, lengths: tuple[int, ...], forwards: int) -> dict[str, Any]:
     """spill with its default calibration (calibrate=True): ``forwards`` training forwards of one
     batch; the report, and the first forward's logits and ids (compared with the oracle)."""
-    from sparsecp.models import _cp_calibration
     from sparsecp.models import deepseek_v32 as cp_v32
+    from sparsecp.models._cp import calibration as _cp_calibration
 
     _cp_calibration.clear_cache()  # calibrate here, not from an earlier test's fit
     model = tiny_model(torch.float64)

@@ -116,8 +116,8 @@ def v32_host_syncs(rank: int, size: int, layers: int) -> dict[str, Any]:
 def records_after_steps(rank: int, size: int, steps: tuple[int, ...]) -> dict[str, Any]:
     """Checkpointed training steps, each followed by an evaluation forward: after each count in
     ``steps``, the forward contexts still alive and the tensors gc can see."""
-    from sparsecp.models import _cp_layer
     from sparsecp.models import deepseek_v4 as cp_v4
+    from sparsecp.models._cp import forward as _cp_layer
 
     model = v4_tasks.tiny_model(torch.float64)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -159,7 +159,7 @@ def unbackpropagated_kl(rank: int, size: int, model_name: str) -> dict[str, Any]
     import importlib
     import weakref
 
-    from sparsecp.models import _cp_layer
+    from sparsecp.models._cp import forward as _cp_layer
 
     tasks = importlib.import_module(f"{model_name}_tasks")
     cp = importlib.import_module("sparsecp.models." + {"v4": "deepseek_v4", "v32": "deepseek_v32"}[model_name])

@@ -36,8 +36,8 @@ def _summary(model: Any) -> dict[str, Any]:
 def calibrates_once(rank: int, size: int) -> dict[str, Any]:
     """Two spill models in one process: the first calibrates in its first forward, the second
     reuses the cached fit; three more forwards feed the refit."""
-    from sparsecp.models import _cp_calibration
     from sparsecp.models import deepseek_v4 as cp_v4
+    from sparsecp.models._cp import calibration as _cp_calibration
 
     _cp_calibration.clear_cache()
     torch.set_num_threads(1)
@@ -58,8 +58,8 @@ def calibrates_once(rank: int, size: int) -> dict[str, Any]:
 def skips(rank: int, size: int, case: str) -> dict[str, Any]:
     """``cost_model=`` given, ``calibrate=False``, or a strategy without a cost model: no calibration."""
     import sparsecp
-    from sparsecp.models import _cp_calibration
     from sparsecp.models import deepseek_v4 as cp_v4
+    from sparsecp.models._cp import calibration as _cp_calibration
 
     _cp_calibration.clear_cache()
     options: dict[str, Any] = {"given": {"cost_model": sparsecp.CostModel.linear(1000, 50, 0, 3)},

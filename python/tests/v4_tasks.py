@@ -125,15 +125,16 @@ def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: 
     ``tiny_chunks``: the smallest chunks the layer can take (one attention row per chunk, two
     selector rows, key chunks of top-k keys: every running top-k merge runs)."""
     if tiny_chunks:
-        from sparsecp.models import _v4_selector
+        from sparsecp.models._cp import selector as _cp_selector
+        from sparsecp.models.deepseek_v4 import _selector as _v4_selector
 
-        saved = _v4_selector._CHUNK_ROWS, _v4_selector._SCORE_BYTES
-        _v4_selector._CHUNK_ROWS, _v4_selector._SCORE_BYTES = 2, 1
+        saved = _cp_selector.CHUNK_ROWS, _v4_selector._SCORE_BYTES
+        _cp_selector.CHUNK_ROWS, _v4_selector._SCORE_BYTES = 2, 1
         try:
             return _cp_run(rank, size, lengths, mode, dtype, checkpointing, selector, kl, steps, lr, seed, True,
                            strategy)
         finally:
-            _v4_selector._CHUNK_ROWS, _v4_selector._SCORE_BYTES = saved
+            _cp_selector.CHUNK_ROWS, _v4_selector._SCORE_BYTES = saved
     return _cp_run(rank, size, lengths, mode, dtype, checkpointing, selector, kl, steps, lr, seed, False, strategy)
 
 

@@ -1,10 +1,86 @@
-"""sparsecp.models: real models made context-parallel with sparsecp.
+"""sparsecp.models: models made context-parallel with sparsecp, on one engine.
 
-``sparsecp.models.deepseek_v4``: transformers' ``DeepseekV4ForCausalLM`` trained under
-context parallelism (transformers 5.23, an optional dependency: ``pip install
-'sparsecp[models]'``; it is imported only when that module's functions are called, and a later
-version runs only if the V4 modules the integration re-implements are unchanged).
-``sparsecp.models._cp_training`` holds what any model integration shares: CP groups and
-meshes, batch and label shards, the loss over the global batch's valid tokens, gradient
-reduction of replicated weights, the MoE load-balancing loss of whole packed rows.
+* ``sparsecp.models.deepseek_v4``: transformers' ``DeepseekV4ForCausalLM`` (sliding window,
+  CSA with a Lightning Indexer at ratio 4, HCA, sinks, MoE).
+* ``sparsecp.models.deepseek_v32``: transformers' ``DeepseekV32ForCausalLM`` (MLA and DSA: an
+  indexer over every earlier token).
+* Any other model, through a ``ModelAdapter`` (docs/guide/your-model.md): ``context_parallel(model,
+  adapter, group, ...)`` here.
+
+transformers is an optional dependency (``pip install 'sparsecp[models]'``), imported when a
+transformers model's ``context_parallel`` is first called; a version other than the tested one
+(5.23) runs only if the modules an integration re-implements are unchanged.
+
+The engine (``_cp/``): ``engine`` applies and undoes (each attention module's class swapped for
+a cached ``ContextParallel<Name>`` subclass, a forward pre-hook on the model), ``agreement``
+checks each forward's batch on every rank in one all-gather, ``state`` plans the batch and holds
+the counters, ``rows`` and ``prefix`` move sequence-sharded rows, ``select`` and ``selector``
+run the balanced selection and its replay under recompute, ``calibration`` fits spill's cost
+model on the model's own selector, ``training`` holds batch and label shards, the loss over the
+global batch and gradient reduction. docs/guide/architecture.md draws it.
 """
+from __future__ import annotations
+
+from typing import Any
+
+from ._cp import engine as _engine
+from ._cp.adapter import ModelAdapter
+from ._cp.engine import context_parallel_state, indexer_kl_loss
+from ._cp.engine import undo as undo_context_parallel
+from ._cp.forward import FORWARD_KWARG, ForwardContext, in_recompute
+from ._cp.options import ContextParallelOptions
+from ._cp.prefix import DevicePrefixLayout, PrefixLayout
+from ._cp.select import BankView, select_or_replay
+from ._cp.selector import ChunkedTopKSelector, KernelSelector
+from ._cp.state import ContextParallelState, ContextParallelStats
+from ._cp.training import all_reduce_gradients, causal_lm_loss, shard_batch, shard_labels
+
+__all__ = [
+    "FORWARD_KWARG",
+    "BankView",
+    "ChunkedTopKSelector",
+    "ContextParallelOptions",
+    "ContextParallelState",
+    "ContextParallelStats",
+    "DevicePrefixLayout",
+    "ForwardContext",
+    "KernelSelector",
+    "ModelAdapter",
+    "PrefixLayout",
+    "all_reduce_gradients",
+    "causal_lm_loss",
+    "context_parallel",
+    "context_parallel_state",
+    "in_recompute",
+    "indexer_kl_loss",
+    "select_or_replay",
+    "shard_batch",
+    "shard_labels",
+    "undo_context_parallel",
+]
+
+
+def context_parallel(model: Any, adapter: ModelAdapter, group: Any = None, *,
+                     options: ContextParallelOptions | None = None, **given: Any) -> Any:
+    """Make ``model`` context-parallel over ``group`` (a ProcessGroup or 1-D DeviceMesh; None: the
+    default group) through ``adapter``, in place. The options: ``options=`` or the
+    ``ContextParallelOptions`` fields as keyword arguments (any other keyword is a strategy
+    parameter). ``sparsecp.models.deepseek_v4.context_parallel`` is this with its adapter.
+
+    Raises:
+        TypeError: ``adapter`` does not implement ``ModelAdapter``, or refuses ``model``.
+        ValueError: an option is invalid, the model is already context-parallel, or the ranks were
+            given different options or hold different weights (on every rank).
+    """
+    if not isinstance(adapter, ModelAdapter):
+        missing = [name for name in ("name", "module_name", "ratio", "base", "attention_modules", "prepare",
+                                     "attention_forward", "layout", "vocab_size", "calibration", "install",
+                                     "forward_kwargs") if not hasattr(adapter, name)]
+        raise TypeError(f"adapter must implement sparsecp.models.ModelAdapter; {type(adapter).__name__} lacks "
+                        f"{', '.join(missing)}")
+    fields = set(ContextParallelOptions.__dataclass_fields__) - {"strategy_params"}
+    named = {key: value for key, value in given.items() if key in fields}
+    strategy = {key: value for key, value in given.items() if key not in fields}
+    defaults = {name: ContextParallelOptions.__dataclass_fields__[name].default for name in fields}
+    return _engine.apply(model, adapter, group,
+                         ContextParallelOptions.from_arguments(options, {**defaults, **named}, strategy))

@@ -124,6 +124,8 @@ def _device_rows(route: IndexerRoute, device: torch.device) -> DeviceRows:
 
 
 atexit.register(_device_rows.cache_clear)  # its routes, before module teardown (_plans.py)
+# The public name of the seed's ``_device_rows`` for the rest of the package (sparsecp.models).
+device_rows = _device_rows
 
 
 class WorkerInputs(NamedTuple):

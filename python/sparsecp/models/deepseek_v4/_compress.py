@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._v4_layout import DeviceCompression
+from ._layout import DeviceCompression
 
 __all__ = ["owned_entries"]
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._cp_checks import BATCH_DIGEST, batch_digest
+from .checks import BATCH_DIGEST, batch_digest
 
 __all__ = [
     "all_reduce_gradients", "causal_lm_loss", "count_valid_tokens", "document_lengths", "group_shape",

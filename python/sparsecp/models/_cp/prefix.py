@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ._cp_rows import DeviceRowGather, RowGather, own_rows, plan_row_gather
+from .rows import DeviceRowGather, RowGather, own_rows, plan_row_gather
 
 __all__ = ["DevicePrefixLayout", "PrefixLayout"]
 
@@ -82,10 +82,10 @@ class PrefixLayout:
             needs.append(need)
         return plan_row_gather(needs, self.owners, self.rank)
 
-    def on(self, device: torch.device, selection: Callable[[], list[Any]], kl: bool,
+    def on(self, device: torch.device, selection: Callable[[int], list[Any]], kl: bool,
            plan_key: Any = None) -> DevicePrefixLayout:
         """Every table the layers read, on ``device``, made once per batch, device and plan.
-        ``selection()`` gives every rank's indexer route of the batch (ratio 1); ``plan_key``
+        ``selection(1)`` gives every rank's indexer route of the batch (ratio 1); ``plan_key``
         names what else the routes depend on (spill's cost model, refitted between forwards)."""
         key = (str(device), kl, plan_key)
         if key in self._device:
@@ -96,19 +96,20 @@ class PrefixLayout:
             self._device[key] = self._make_device(device, selection, kl)
         return self._device[key]
 
-    def _make_device(self, device: torch.device, selection: Callable[[], list[Any]], kl: bool) -> DevicePrefixLayout:
-        from ..torch._exchange import _device_rows
+    def _make_device(self, device: torch.device, selection: Callable[[int], list[Any]],
+                     kl: bool) -> DevicePrefixLayout:
+        from ...torch._exchange import device_rows
 
         def move(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
-        routes = selection()
+        routes = selection(1)
         route = routes[self.rank].detached()  # the layers' graph holds these tables: no C++ objects
         begin, end = self.visible
         return DevicePrefixLayout(
             batch=self, device=device, prefix=self.prefix.on(device), visible_begin=move(begin),
             visible_end=move(end), index_bank=self.index_bank([r.segments.array for r in routes], kl).on(device),
-            route=route, route_rows=_device_rows(route, device))
+            route=route, route_rows=device_rows(route, device))
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,16 @@ from typing import Any
 
 import torch
 
-from ._cp_calibration import SelectionCalibration, calibrate_option, plain_linear_like
-from ._v32_selector import _CHUNK_ROWS, FusedSelector, ModelSelector
+from .._cp.calibration import SelectionCalibration, calibrate_option, plain_linear_like
+from .._cp.selector import CHUNK_ROWS
+from ._selector import FusedSelector, ModelSelector
 
 __all__ = ["v32_calibration"]
 
 
 class _StandIn(torch.nn.Module):
     """The indexer's shapes and constants with a plain random ``wq_b``
-    (``_cp_calibration.plain_linear_like``: under FSDP2 the real one is a shard in the forward hook)."""
+    (``_cp.calibration.plain_linear_like``: under FSDP2 the real one is a shard in the forward hook)."""
 
     def __init__(self, indexer: Any) -> None:
         super().__init__()
@@ -39,7 +40,7 @@ def v32_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration:
     def make_selector(bank: torch.Tensor) -> Any:
         indexer = indexer_shape()
         selector = FusedSelector(indexer, bank) if state.selector == "fused" else \
-            ModelSelector(indexer, bank, state.rope)
+            ModelSelector(indexer, bank, state.adapter.rope)
 
         def run(qr: torch.Tensor, weights: torch.Tensor, position_embeddings: Any, segments: Any) -> torch.Tensor:
             # calibrate hands cos / sin of rope_dim / 2 (the kernel's convention); the model's rotary
@@ -53,5 +54,5 @@ def v32_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration:
             "rope_dim": int(real.qk_rope_head_dim), "ratio": 1, "topk": int(real.index_topk)}
     # heap_term for sparsecp's kernel (a running top-k per row), as DeepSeek-V4's calibration does
     return SelectionCalibration(state.mode, state.strategy_params, option, make_selector, f"v32-{state.selector}",
-                                dims, weight, [1] * len(base.layers), rows=2 * _CHUNK_ROWS,
+                                dims, weight, [1] * len(base.layers), rows=2 * CHUNK_ROWS,
                                 heap_term=state.selector == "fused")

@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
-from ._cp_calibration import SelectionCalibration, calibrate_option, plain_linear_like
-from ._v4_selector import _CHUNK_ROWS, FusedSelector, ModelSelector
+from .._cp.calibration import SelectionCalibration, calibrate_option, plain_linear_like
+from .._cp.selector import CHUNK_ROWS
+from ._selector import FusedSelector, ModelSelector
 
 __all__ = ["v4_calibration"]
 
@@ -20,7 +21,7 @@ class _Scorer:
 
 class _StandIn(torch.nn.Module):
     """The indexer's shapes and constants with a plain random ``q_b_proj``
-    (``_cp_calibration.plain_linear_like``), as DeepSeek-V3.2's calibration does."""
+    (``_cp.calibration.plain_linear_like``), as DeepSeek-V3.2's calibration does."""
 
     def __init__(self, indexer: Any) -> None:
         super().__init__()
@@ -38,7 +39,7 @@ def v4_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration |
     if not indexers:
         return None
     real = indexers[0]
-    rope_dim = state.rope_dim
+    rope_dim, rope = state.adapter.rope_dim, state.adapter.rope
     stand_in: list[_StandIn] = []  # made on first use: FSDP2 may move or shard the real one before
 
     def make_selector(bank: torch.Tensor) -> Any:
@@ -47,7 +48,7 @@ def v4_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration |
         indexer = stand_in[0]
         if state.selector == "fused":
             return FusedSelector(indexer, bank, rope_dim)
-        return ModelSelector(indexer, bank, state.rope)
+        return ModelSelector(indexer, bank, rope)
 
     q_proj = real.q_b_proj.weight
     dims = {"q_rank": int(q_proj.shape[1]), "heads": int(real.num_heads), "head_dim": int(real.head_dim),
@@ -58,4 +59,4 @@ def v4_calibration(state: Any, base: Any, option: Any) -> SelectionCalibration |
     # worker calls to 0.015-0.019 rms relative (0.057-0.072 without). The model selector merges with
     # torch.topk, which scans every score alike: no such term (a free d only follows noise).
     return SelectionCalibration(state.mode, state.strategy_params, option, make_selector, state.selector, dims,
-                                q_proj, ratios, rows=2 * _CHUNK_ROWS, heap_term=state.selector == "fused")
+                                q_proj, ratios, rows=2 * CHUNK_ROWS, heap_term=state.selector == "fused")

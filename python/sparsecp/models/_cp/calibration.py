@@ -214,7 +214,7 @@ class SelectionCalibration:
         if key in _CACHE:
             model, residual, cpu = _CACHE[key]
             return model, residual, cpu, 0.0, "cached"
-        from ..torch.calibrate import calibrate
+        from ...torch.calibrate import calibrate
 
         d = self.dims
         ratio, topk = d["ratio"], d["topk"]
@@ -240,8 +240,8 @@ class SelectionCalibration:
 
     def _sums(self, state: Any, lengths: tuple[int, ...], params: dict[str, Any]) -> list[tuple[float, ...]]:
         """Every rank's (rows, widths, capped, heap) summed over the selecting layers' routes."""
-        from ..torch import indexer_route
-        from ..torch.calibrate import segment_sums
+        from ...torch import indexer_route
+        from ...torch.calibrate import segment_sums
 
         model = params["cost_model"]
         totals = [[0.0, 0.0, 0.0, 0.0] for _ in range(state.size)]

@@ -28,28 +28,22 @@ the batch was agreed across ranks once, in the model's forward (``_cp_layer.chec
 """
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..torch.kl import indexer_kl_loss_any_topk
-from ._cp_layer import BankView, balanced_select, in_recompute
-from ._cp_rows import DeviceRowGather, gather_rows
-from ._v32_selector import FusedSelector, ModelSelector
+from ...torch.kl import indexer_kl_loss_any_topk
+from .._cp.forward import FORWARD_KWARG, in_recompute
+from .._cp.rows import DeviceRowGather
+from .._cp.select import BankView, select_or_replay
+from ._selector import FusedSelector, ModelSelector, index_queries
 
 if TYPE_CHECKING:
-    from ._cp_layer import ForwardContext
-    from ._cp_prefix import DevicePrefixLayout
-    from ._v32_state import ContextParallelState
+    from .._cp.forward import ForwardContext
+    from .._cp.prefix import DevicePrefixLayout
+    from .._cp.state import ContextParallelState
 
-__all__ = ["cp_attention_forward"]
-
-
-def _gather(state: ContextParallelState, rows: torch.Tensor, table: DeviceRowGather) -> torch.Tensor:
-    if state.size > 1:
-        state.stats.dispatch_bytes += table.plan.sent_rows * rows[0].numel() * rows.element_size()
-    return gather_rows(rows, table, state.group)
+__all__ = ["cp_attention_forward", "index_keys"]
 
 
 def index_keys(indexer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: Any) -> torch.Tensor:
@@ -65,30 +59,19 @@ def _select(attn: Any, state: ContextParallelState, context: ForwardContext, lay
             hidden: torch.Tensor, q_residual: torch.Tensor, cos: torch.Tensor,
             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(ids [own rows, topk] int64 global token rows, -1 padded; the gathered Index K rows or None)."""
-    indexer = attn.indexer
-    start = time.perf_counter()
-    recompute = in_recompute()
-    bank = None
-    if not recompute or state.kl_coeff is not None:  # the KL's student needs the keys in a recompute too
-        with torch.set_grad_enabled(torch.is_grad_enabled() and state.kl_coeff is not None):
-            bank = _gather(state, index_keys(indexer, hidden.detach(), cos, sin, state.rope), layout.index_bank)
-    if recompute:
-        ids = context.replay(attn.layer_idx)
-        state.stats.replays += 1
-    else:
-        assert bank is not None
-        with torch.no_grad():  # selection only: a recompute, which replays, must save the same tensors
-            weights = indexer.weights_proj(hidden.to(indexer.weights_proj.weight.dtype)).float() \
-                * indexer.n_heads ** -0.5  # the model's merge weights, float32
-            view = BankView(bank.detach(), layout.index_bank.plan.locate)
-            selector: Any = FusedSelector(indexer, view) if state.selector == "fused" else \
-                ModelSelector(indexer, view, state.rope)
-            ids = balanced_select(layout.route, layout.route_rows, (q_residual.detach(), weights, cos, sin),
-                                  state.clock.timed(selector), int(indexer.index_topk), state.group).long()
-        context.record(attn.layer_idx, ids)
-        state.stats.selections += 1
-    state.stats.indexer_seconds += time.perf_counter() - start
-    return ids, bank
+    indexer, rope = attn.indexer, state.adapter.rope
+
+    def inputs() -> tuple[torch.Tensor, ...]:
+        weights = indexer.weights_proj(hidden.to(indexer.weights_proj.weight.dtype)).float() \
+            * indexer.n_heads ** -0.5  # the model's merge weights, float32
+        return q_residual.detach(), weights, cos, sin
+
+    def selector(view: BankView) -> Any:
+        return FusedSelector(indexer, view) if state.selector == "fused" else ModelSelector(indexer, view, rope)
+
+    return select_or_replay(state, context, attn.layer_idx, layout,
+                            lambda: index_keys(indexer, hidden.detach(), cos, sin, rope), inputs, selector,
+                            int(indexer.index_topk))
 
 
 def _indices(ids: torch.Tensor, prefix_start: int) -> torch.Tensor:
@@ -108,7 +91,7 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     if attn.training and attn.attention_dropout > 0:
         raise ValueError(f"attention_dropout={attn.attention_dropout} is not supported under sparsecp context "
                          "parallelism (the attention recomputes its probabilities in backward); set it to 0")
-    context = state.context(kwargs.get("sparsecp_forward"))
+    context = state.context(kwargs.get(FORWARD_KWARG))
     layout: DevicePrefixLayout = context.layout
     local = hidden_states.shape[1]
     heads, nope, rope_dim = attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim
@@ -120,9 +103,9 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     q_pass, q_rot = torch.split(q_states, [nope, rope_dim], dim=-1)
     kv_pass, k_rot = torch.split(attn.kv_a_proj_with_mqa(hidden_states), [latent_dim, rope_dim], dim=-1)
     k_pass = attn.kv_a_layernorm(kv_pass)
-    q_rot, k_rot = state.mla_rope(q_rot, k_rot.view(1, 1, local, rope_dim), cos, sin)
+    q_rot, k_rot = state.adapter.mla_rope(q_rot, k_rot.view(1, 1, local, rope_dim), cos, sin)
     latent = torch.cat([k_pass[0], k_rot[0, 0]], dim=-1)  # [own rows, kv_lora_rank + rope]
-    prefix = _gather(state, latent, layout.prefix)         # [prefix rows, kv_lora_rank + rope]
+    prefix = state.gather(latent, layout.prefix)           # [prefix rows, kv_lora_rank + rope]
 
     # The absorbed query: W_kb_h^T q_nope_h next to q_rot_h ([heads, own rows, kv_lora_rank + rope]).
     kv_b = attn.kv_b_proj.weight.view(heads, nope + value_dim, latent_dim)
@@ -150,7 +133,7 @@ def _indexer_kl(attn: Any, state: ContextParallelState, context: ForwardContext,
     """This rank's share of the layer's indexer KL: ``coeff / S`` times its rows' losses (S and the
     rows without the padding document's, when the forward names one)."""
     indexer, local, batch = attn.indexer, hidden.shape[1], context.layout.batch
-    index_q = ModelSelector(indexer, index_bank, state.rope)._queries(q_residual.detach(), cos, sin)
+    index_q = index_queries(indexer, q_residual.detach(), cos, sin, state.adapter.rope)
     merge = indexer.weights_proj(hidden.detach()) * (indexer.n_heads ** -0.5 * indexer.softmax_scale)
     assert state.kl_coeff is not None  # the caller computes the KL only when it is on
     # The student's keys: the Index K rows of this rank's own document prefixes, which the KL

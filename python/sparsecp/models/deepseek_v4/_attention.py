@@ -29,30 +29,22 @@ agreed across ranks once, in the model's forward, so the collectives here run un
 """
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..torch.kl import indexer_kl_loss_any_topk
-from ._cp_layer import BankView, balanced_select, in_recompute
-from ._cp_rows import DeviceRowGather, gather_rows
-from ._v4_compress import owned_entries
-from ._v4_selector import FusedSelector, ModelSelector
+from ...torch.kl import indexer_kl_loss_any_topk
+from .._cp.forward import FORWARD_KWARG, in_recompute
+from .._cp.select import BankView, select_or_replay
+from ._compress import owned_entries
+from ._selector import FusedSelector, ModelSelector
 
 if TYPE_CHECKING:
-    from ._cp_layer import ForwardContext
-    from ._v4_layout import DeviceCompression, DeviceLayout
-    from ._v4_state import ContextParallelState
+    from .._cp.forward import ForwardContext
+    from .._cp.state import ContextParallelState
+    from ._layout import DeviceCompression, DeviceLayout
 
 __all__ = ["cp_attention_forward"]
-
-
-def _gather(state: ContextParallelState, rows: torch.Tensor, table: DeviceRowGather) -> torch.Tensor:
-    if state.size > 1 and rows.ndim:
-        state.stats.dispatch_bytes += table.plan.sent_rows * rows[0].numel() * rows.element_size() if len(rows) \
-            else 0
-    return gather_rows(rows, table, state.group)
 
 
 def _select(attn: Any, state: ContextParallelState, context: ForwardContext, tables: DeviceCompression,
@@ -60,31 +52,20 @@ def _select(attn: Any, state: ContextParallelState, context: ForwardContext, tab
             rope: Any) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
     """(ids [local rows, topk] int64 bank rows, the gathered Index K rows or None, the compress rotary)."""
     indexer = attn.compressor.indexer
-    start = time.perf_counter()
     cos, sin = indexer.rotary_emb(hidden, position_ids=position_ids, layer_type=indexer.rope_layer_type)
-    recompute = in_recompute()
-    need_bank = not recompute or state.kl_coeff is not None
-    bank = None
-    assert tables.index_bank is not None
-    if need_bank:
-        with torch.set_grad_enabled(torch.is_grad_enabled() and state.kl_coeff is not None):
-            entries = owned_entries(indexer, block.detach(), tables, indexer.head_dim, rope)
-            bank = _gather(state, entries, tables.index_bank)
-    if recompute:
-        ids = context.replay(attn.layer_idx)
-        state.stats.replays += 1
-    else:
-        assert bank is not None
-        with torch.no_grad():  # selection only: a recompute, which replays, must save the same tensors
-            weights = indexer.scorer.weights_proj(hidden).float() * indexer.scorer.weights_scaling
-            view = BankView(bank.detach(), tables.index_bank.plan.locate)
-            selector: Any = FusedSelector(indexer, view, state.rope_dim) if state.selector == "fused" else \
-                ModelSelector(indexer, view, rope)
-            ids = balanced_select(tables.route, tables.route_rows, (q_residual.detach(), weights, cos, sin),
-                                  state.clock.timed(selector), int(indexer.index_topk), state.group).long()
-        context.record(attn.layer_idx, ids)
-        state.stats.selections += 1
-    state.stats.indexer_seconds += time.perf_counter() - start
+
+    def inputs() -> tuple[torch.Tensor, ...]:
+        weights = indexer.scorer.weights_proj(hidden).float() * indexer.scorer.weights_scaling
+        return q_residual.detach(), weights, cos, sin
+
+    def selector(view: BankView) -> Any:
+        if state.selector == "fused":
+            return FusedSelector(indexer, view, state.adapter.rope_dim)
+        return ModelSelector(indexer, view, rope)
+
+    ids, bank = select_or_replay(state, context, attn.layer_idx, tables,
+                                 lambda: owned_entries(indexer, block.detach(), tables, indexer.head_dim, rope),
+                                 inputs, selector, int(indexer.index_topk))
     return ids, bank, (cos, sin)
 
 
@@ -124,10 +105,10 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     if past_key_values is not None:
         raise ValueError("sparsecp context parallelism trains on packed batches: a KV cache (use_cache=True, "
                          "past_key_values) is not supported; generation is out of scope")
-    context = state.context(kwargs.get("sparsecp_forward"))
+    context = state.context(kwargs.get(FORWARD_KWARG))
     layout = context.layout
     batch = layout.batch
-    rope = state.rope
+    rope = state.adapter.rope
     local, head_dim = hidden_states.shape[1], attn.head_dim
     cos, sin = position_embeddings[attn.rope_layer_type]
     if attn.training and attn.attention_dropout > 0:
@@ -139,7 +120,7 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     q = rope(attn.q_b_norm(q), cos, sin)  # [1, heads, local, head_dim]
     kv = attn.kv_norm(attn.kv_proj(hidden_states)).view(1, local, -1, head_dim).transpose(1, 2)
     kv = rope(kv, cos, sin)[0, 0]  # [local, head_dim]
-    window = _gather(state, kv, layout.window)
+    window = state.gather(kv, layout.window)
     keys = window
 
     tables = ids = None
@@ -147,9 +128,9 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     if attn.compressor is not None:
         compressor = attn.compressor
         tables = layout.compressions[(int(compressor.compress_rate), hasattr(compressor, "indexer"))]
-        block = _gather(state, hidden_states[0], tables.compressor)
+        block = state.gather(hidden_states[0], tables.compressor)
         entries = owned_entries(compressor, block, tables, head_dim, rope)
-        bank_block = _gather(state, entries, tables.bank)
+        bank_block = state.gather(entries, tables.bank)
         keys = torch.cat([window, bank_block])
         if tables.layout.overlap:
             ids, index_bank, index_rope = _select(attn, state, context, tables, hidden_states, block, q_residual,

@@ -18,8 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["BATCH_DIGEST", "agree_parameters", "batch_digest", "kl_coeff_option", "refuse_labels",
-           "refuse_model_loss_under_cp"]
+__all__ = ["BATCH_DIGEST", "agree_parameters", "batch_digest", "kl_coeff_option"]
 
 BATCH_DIGEST = "_sparsecp_batch_digest"  # the attribute shard_batch sets on the shards it returns
 _SLICE = 1 << 22  # elements of a parameter summed in float64 at once
@@ -66,46 +65,6 @@ def batch_digest(input_ids: torch.Tensor) -> str:
     data-preparation time)."""
     data = input_ids.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
     return hashlib.sha256(data).hexdigest()[:16]
-
-
-_LABELS_POSITION = 5  # transformers' ForCausalLM.forward(input_ids, attention_mask, position_ids, past_key_values,
-#                       inputs_embeds, labels, ...), DeepSeek-V4's and V3.2's alike
-
-
-def labels_text(module_name: str) -> str:
-    return (f"labels= would be shifted inside this rank's shard (crossing shards and documents); under context "
-            f"parallelism use sparsecp.models.{module_name}.shard_labels and causal_lm_loss")
-
-
-def refuse_labels(module_name: str, args: tuple, kwargs: dict[str, Any]) -> None:
-    """A context-parallel CausalLM's forward pre-hook: ``labels`` by keyword or by position."""
-    if kwargs.get("labels") is not None or (len(args) > _LABELS_POSITION and args[_LABELS_POSITION] is not None):
-        raise ValueError(labels_text(module_name))
-
-
-def refuse_model_loss_under_cp() -> None:
-    """transformers' causal-LM loss refuses a context-parallel forward's logits, however the CP
-    model was wrapped: ``context_parallel(model.model)`` leaves the outer ``...ForCausalLM``
-    unhooked, and its ``labels=`` would shift labels inside each shard. The outer forward hands
-    its keyword arguments (``document_lengths``, which only a CP forward takes) to the loss, so
-    the loss function in ``LOSS_MAPPING`` is wrapped once per process to refuse exactly those
-    calls; every other call goes to transformers' function unchanged."""
-    import functools
-
-    from transformers.loss import loss_utils
-
-    original: Any = loss_utils.LOSS_MAPPING.get("ForCausalLM")
-    if original is None or getattr(original, "_sparsecp_refuses_cp", False):
-        return
-
-    @functools.wraps(original)
-    def causal_lm_loss_outside_cp(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("document_lengths") is not None:
-            raise ValueError(labels_text("deepseek_v4 / deepseek_v32"))
-        return original(*args, **kwargs)
-
-    causal_lm_loss_outside_cp._sparsecp_refuses_cp = True  # type: ignore[attr-defined]
-    loss_utils.LOSS_MAPPING["ForCausalLM"] = causal_lm_loss_outside_cp  # type: ignore[assignment]
 
 
 def kl_coeff_option(value: Any) -> float | None:

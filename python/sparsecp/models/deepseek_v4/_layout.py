@@ -31,8 +31,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import compressed_document_offsets, compressed_owner_offsets
-from ._cp_rows import DeviceRowGather, RowGather, own_rows, plan_row_gather
+from ... import compressed_document_offsets, compressed_owner_offsets
+from ...torch._exchange import device_rows
+from .._cp.rows import DeviceRowGather, RowGather, own_rows, plan_row_gather
 
 __all__ = ["BatchLayout", "CompressionLayout", "DeviceCompression", "DeviceLayout"]
 
@@ -95,10 +96,13 @@ class BatchLayout:
         lengths: Document lengths of the whole packed sequence, in order.
         size, rank: The CP group and this rank.
         window: The model's sliding window.
+        compressions: ``(ratio, CSA?)`` of the model's compressed layers (the device tables' ratios).
     """
 
-    def __init__(self, lengths: tuple[int, ...], size: int, rank: int, window: int) -> None:
+    def __init__(self, lengths: tuple[int, ...], size: int, rank: int, window: int,
+                 compressions: tuple[tuple[int, bool], ...] = ()) -> None:
         self.lengths, self.size, self.rank, self.window = lengths, size, rank, window
+        self.compressions = compressions
         own = own_rows(lengths, size, rank)
         self.boundaries, self.local, self.first = own.boundaries, own.local, own.first
         self.row_document, self.row_position = own.row_document, own.row_position  # each own row's document, position
@@ -210,37 +214,36 @@ class BatchLayout:
             self._chunk_ranges[key] = tuple(ranges)
         return self._chunk_ranges[key]
 
-    def on(self, device: torch.device, compressions: tuple[tuple[int, bool], ...],
-           selection: Callable[[int], list[Any]], kl: bool, plan_key: Any = None) -> DeviceLayout:
+    def on(self, device: torch.device, selection: Callable[[int], list[Any]], kl: bool,
+           plan_key: Any = None) -> DeviceLayout:
         """Every table the layers read, on ``device``: made once per batch, device and plan (the
         layers then copy nothing from the host). ``selection(ratio)`` gives every rank's
         indexer route of the batch; ``kl``: whether the indexer KL runs; ``plan_key`` names what
         else the routes depend on (spill's cost model, refitted between forwards). The last
         ``_DEVICE_KEPT`` are kept: a refit every forward must not grow them without bound."""
-        key = (str(device), compressions, kl, plan_key)
+        key = (str(device), kl, plan_key)
         if key in self._device:
             self._device[key] = self._device.pop(key)  # most recently used last
         else:
             while len(self._device) >= _DEVICE_KEPT:
                 self._device.pop(next(iter(self._device)))
-            self._device[key] = self._make_device(device, compressions, selection, kl)
+            self._device[key] = self._make_device(device, selection, kl)
         return self._device[key]
 
-    def _make_device(self, device: torch.device, compressions: tuple[tuple[int, bool], ...],
-                     selection: Callable[[int], list[Any]], kl: bool) -> DeviceLayout:
+    def _make_device(self, device: torch.device, selection: Callable[[int], list[Any]], kl: bool) -> DeviceLayout:
         def move(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
         begin, end = self.window_keys
         made = {}
-        for ratio, overlap in compressions:
+        for ratio, overlap in self.compressions:
             layout = self.compression(ratio, overlap)
             index_bank = index_rows = route = None
             if overlap:
                 routes = selection(ratio)
                 route = routes[self.rank].detached()  # the layers' graph holds these tables: no C++ objects
                 index_bank = self.index_bank(ratio, [r.segments.array for r in routes], kl).on(device)
-                index_rows = _device_rows(route, device)
+                index_rows = device_rows(route, device)
             start = layout.bank_start
             made[(ratio, overlap)] = DeviceCompression(
                 layout=layout, compressor=layout.compressor.on(device), bank=layout.bank.on(device),
@@ -249,12 +252,6 @@ class BatchLayout:
                 index_bank=index_bank, route=route, route_rows=index_rows)
         return DeviceLayout(batch=self, device=device, window=self.window_route.on(device), window_begin=move(begin),
                             window_end=move(end), positions=move(self.row_position)[None], compressions=made)
-
-
-def _device_rows(route: Any, device: torch.device) -> Any:
-    from ..torch._exchange import _device_rows as rows
-
-    return rows(route, device)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import document_boundaries
+from ... import document_boundaries
 
 __all__ = ["DeviceRowGather", "OwnRows", "RowGather", "gather_rows", "merge_intervals", "own_rows", "plan_row_gather"]
 
