@@ -114,3 +114,17 @@ def undo_leaves_the_original(rank: int, size: int, which: str) -> dict[str, Any]
     if dist.is_initialized():
         dist.barrier()
     return result
+
+
+def run_guide(rank: int, size: int, blocks: list[str]) -> dict[str, Any]:
+    """The python blocks of docs/guide/your-model.md, as written, in one fresh namespace."""
+    import sparsecp.models as cp
+
+    namespace: dict[str, Any] = {"__name__": "guide"}
+    for index, block in enumerate(blocks):
+        exec(compile(block, f"docs/guide/your-model.md snippet {index + 1}", "exec"), namespace)  # noqa: S102
+    model = namespace["model"]
+    return {"logits": tuple(namespace["logits"].shape), "undone": cp.context_parallel_state(model) is None,
+            "grads": all(p.grad is not None for n, p in model.named_parameters() if not n.endswith(
+                ("index_q.weight", "index_q.bias", "index_k.weight", "index_k.bias", "index_w.weight",
+                 "index_w.bias")))}

@@ -217,7 +217,7 @@ def test_a_changed_transformers_is_refused_naming_the_version() -> None:
     from sparsecp.models import deepseek_v4 as cp_v4
     from sparsecp.models._cp import training as _cp_training
 
-    assert cp_v4._modeling() is modeling_deepseek_v4
+    assert cp_v4.V4Adapter().modeling is modeling_deepseek_v4
     changed = dict(cp_v4.UPSTREAM_FINGERPRINTS, DeepseekV4Indexer="0" * 16)
     with pytest.raises(ImportError, match=rf"transformers {transformers.__version__}'s differ: DeepseekV4Indexer"):
         _cp_training.check_upstream(modeling_deepseek_v4, changed, cp_v4.TRANSFORMERS_NEEDED, "deepseek_v4")

@@ -82,3 +82,12 @@ def test_an_object_that_is_no_adapter_is_refused() -> None:
 
     with pytest.raises(TypeError, match="must implement sparsecp.models.ModelAdapter; object lacks name"):
         cp.context_parallel(adapter_tasks.tiny_model(), object())
+
+
+def test_guide_your_model_runs_on_two_ranks() -> None:
+    import readme_snippets
+
+    blocks = readme_snippets.code_blocks(readme_snippets.read("docs/guide/your-model.md"), "python")
+    assert blocks
+    for result in results_or_raise(pool_of(2).run(adapter_tasks.run_guide, blocks, timeout=120)):
+        assert result == {"logits": (1, 8, 61), "undone": True, "grads": True}, result

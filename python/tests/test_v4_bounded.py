@@ -155,12 +155,12 @@ def test_device_tables_follow_the_cost_model_and_stay_bounded() -> None:
     from sparsecp.torch import indexer_route
 
     lengths = (13, 17, 11, 7)
-    layout = BatchLayout(lengths, 1, 0, 6)
+    layout = BatchLayout(lengths, 1, 0, 6, ((4, True),))
 
     def tables(model: Any) -> Any:
         def selection(ratio: int) -> list[Any]:
             return [indexer_route(lengths, 1, 0, ratio, "spill", cost_model=model)]
-        return layout.on(torch.device("cpu"), ((4, True),), selection, False, plan_key(model))
+        return layout.on(torch.device("cpu"), selection, False, plan_key(model))
 
     first = tables(CostModel.linear(1.0, 2.0, 0.0, 3))
     assert tables(CostModel.linear(1.0, 2.0, 0.0, 3)) is first  # equal by value: reused
