@@ -159,9 +159,8 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
     sm_90); neither library is installed until a test installs a stand-in; Triton refuses
     until a test says otherwise; the pick log starts empty."""
     shim = types.SimpleNamespace(capability=(9, 0))
-    for module in (_attention_library, _attention_flashmla, _attention_cudnn):
-        monkeypatch.setattr(module, "device_type", lambda tensor: "cuda")
-        monkeypatch.setattr(module, "capability", lambda device: shim.capability)
+    monkeypatch.setattr(_attention_library, "device_type", lambda tensor: "cuda")
+    monkeypatch.setattr(_attention_library, "capability", lambda device: shim.capability)
     for name in ("flash_mla", *CUDNN_PARENTS, _attention_cudnn.MODULE):
         monkeypatch.delitem(sys.modules, name, raising=False)
         monkeypatch.setitem(_attention_library._FAILED, name, f"{name} does not import (stand-in: not installed)")
@@ -346,7 +345,7 @@ def test_support_checks_refuse_what_the_libraries_do_not_take(gpu: Any, module: 
     assert "value_dim 256" in module.supports(q, kv, ids, sinks, 256)
     assert "int32" in module.supports(q, kv, ids.long(), sinks)
     with pytest.MonkeyPatch.context() as patch:  # the real device check: CPU tensors are refused
-        patch.setattr(module, "device_type", lambda tensor: tensor.device.type)
+        patch.setattr(_attention_library, "device_type", lambda tensor: tensor.device.type)
         assert "not a CUDA device" in module.supports(q, kv, ids, sinks)
 
 

@@ -5,12 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <new>
-#include <stdexcept>
 #include <vector>
 
 // The selection's private thread helper (src/kernels/select/), tested directly: the
@@ -288,45 +285,6 @@ TEST(SelectKernel, RejectsBadShapesAndSegments) {
   EXPECT_THROW(run({{2, 1, 0, 5, 0}}), Error);
   config.topk = 0;
   EXPECT_THROW(run({{0, 3, 0, 5, 0}}), Error);
-}
-
-TEST(SelectThreads, WorkerExceptionsKeepTheirOwnTypeAndMessage) {
-  using select_detail::parallel_blocks;
-  // An Error on one block of many, on several threads: the caller sees that Error (its
-  // kind, text and place), not a generic allocation message.
-  try {
-    parallel_blocks(64, 4, "Indexer selection", [](int64_t block, int) {
-      if (block == 37) SPARSECP_FAIL("block ", block, " rejected");
-    });
-    ADD_FAILURE() << "no exception";
-  } catch (const Error& error) {
-    EXPECT_STREQ(error.what(), "block 37 rejected");
-    EXPECT_EQ(error.kind(), ErrorKind::kInvalidInput);
-    EXPECT_GT(error.line(), 0);
-  }
-  // Other exception types pass through unchanged.
-  EXPECT_THROW(parallel_blocks(8, 2, "Indexer selection",
-                               [](int64_t block, int) {
-                                 if (block == 3) throw std::logic_error("three");
-                               }),
-               std::logic_error);
-  // Running out of memory is a resource error naming the work.
-  try {
-    parallel_blocks(8, 2, "Indexer selection", [](int64_t, int) { throw std::bad_alloc(); });
-    ADD_FAILURE() << "no exception";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.kind(), ErrorKind::kResource);
-    EXPECT_STREQ(error.what(), "Indexer selection could not allocate its scratch memory");
-  }
-  // Without failures every block runs once, on a thread index below the thread count.
-  std::vector<std::atomic<int>> runs(100);
-  std::atomic<bool> thread_in_range{true};
-  parallel_blocks(100, 3, "Indexer selection", [&](int64_t block, int thread) {
-    runs[static_cast<size_t>(block)] += 1;
-    if (thread < 0 || thread >= 3) thread_in_range = false;
-  });
-  for (const auto& count : runs) EXPECT_EQ(count.load(), 1);
-  EXPECT_TRUE(thread_in_range.load());
 }
 
 // SPARSECP_ISA forces what kAuto runs, for the selection and the KL kernels alike (one

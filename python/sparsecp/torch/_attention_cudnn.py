@@ -28,62 +28,22 @@ adapter has not been run on.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable
 
 import torch
 
-from ._attention_library import capability, device_type, load, lse_for_library
+from ._attention_library import LibraryKernel, find_function, lse_for_library, support_reason
 
 __all__ = ["MODULE", "backward", "supports"]
 
 MODULE = "cudnn.deepseek_sparse_attention.sparse_attention_backward"
-HEADS = (64, 128)
-QK_DIMS = (512, 576)
-VALUE_DIM = 512
-
-
-def _function() -> tuple[Callable[..., Any] | None, str | None]:
-    module, why = load(MODULE)
-    if module is None:
-        return None, why
-    function = getattr(module, "sparse_attention_backward_wrapper", None)
-    if function is None:
-        return None, f"{MODULE} has no sparse_attention_backward_wrapper"
-    return function, None
-
-
-def architecture_reason(major: int, minor: int) -> str | None:
-    """None on sm_90 and sm_100-family GPUs (cuDNN-frontend's DSA backward kernels)."""
-    if (major, minor) == (9, 0) or major == 10:
-        return None
-    return f"sm_{major}{minor}: cuDNN-frontend's DSA backward runs on sm_90 and sm_100 only"
+KERNEL = LibraryKernel(MODULE, "sparse_attention_backward_wrapper", "cuDNN-frontend's DSA backward")
 
 
 def supports(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
              value_dim: int | None = None) -> str | None:
-    """None when cuDNN-frontend's DSA backward can take the input, else why not. ``value_dim``
-    None means not known yet (``sparse_attention`` checks again with it)."""
-    function, why = _function()
-    if function is None:
-        return why
-    if device_type(q) != "cuda":
-        return f"tensors on {q.device.type}, not a CUDA device"
-    if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
-        return f"dtype {q.dtype}: this adapter takes cuDNN's DSA backward in bfloat16"
-    reason = architecture_reason(*capability(q.device))
-    if reason is not None:
-        return reason
-    if q.dim() != 3 or q.shape[1] not in HEADS:
-        return f"{q.shape[1] if q.dim() == 3 else '?'} heads: this adapter takes 64 or 128"
-    if q.shape[2] not in QK_DIMS:
-        return f"qk_dim {q.shape[2]}: cuDNN's DSA backward takes 512 or 576"
-    if value_dim is not None and value_dim != VALUE_DIM:
-        return f"value_dim {value_dim}: cuDNN's DSA backward takes 512"
-    if indices.dtype != torch.int32:
-        return f"indices dtype {indices.dtype}: cuDNN takes int32"
-    if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != q.shape[1]):
-        return "sinks must be [heads]"
-    return None
+    """None when cuDNN-frontend's DSA backward can take the input, else why not
+    (``_attention_library.support_reason``)."""
+    return support_reason(KERNEL, q, kv, indices, sinks, value_dim)
 
 
 def backward(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, value_dim: int,
@@ -96,7 +56,7 @@ def backward(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: fl
     if rows == 0 or columns == 0 or keys == 0:  # every output row is zeros: so is every gradient
         dsinks = None if sinks is None else torch.zeros_like(sinks)
         return torch.zeros_like(q), torch.zeros_like(kv), dsinks
-    function, why = _function()
+    function, why = find_function(KERNEL)
     if function is None:
         raise RuntimeError(why)
     sink32 = (sinks.detach().float().contiguous() if sinks is not None

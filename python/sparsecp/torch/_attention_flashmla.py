@@ -31,25 +31,14 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ._attention_library import capability, device_type, load, lse_from_library
+from ._attention_library import LibraryKernel, find_function, lse_from_library, support_reason
 
 __all__ = ["MODULE", "forward", "supports"]
 
 MODULE = "flash_mla"
-HEADS = (64, 128)
-QK_DIMS = (512, 576)
-VALUE_DIM = 512
+KERNEL = LibraryKernel(MODULE, "flash_mla_sparse_fwd", "FlashMLA's sparse forward",
+                       missing=" (a release before the sparse kernels)")
 TOPK_BLOCK = 128
-
-
-def _function() -> tuple[Callable[..., Any] | None, str | None]:
-    module, why = load(MODULE)
-    if module is None:
-        return None, why
-    function = getattr(module, "flash_mla_sparse_fwd", None)
-    if function is None:
-        return None, f"{MODULE} has no flash_mla_sparse_fwd (a release before the sparse kernels)"
-    return function, None
 
 
 @functools.lru_cache(maxsize=8)
@@ -60,38 +49,11 @@ def _takes_sinks(function: Callable[..., Any]) -> bool:
         return False
 
 
-def architecture_reason(major: int, minor: int) -> str | None:
-    """None on sm_90 and sm_100-family GPUs (FlashMLA's sm_90a / sm_100f kernels)."""
-    if (major, minor) == (9, 0) or major == 10:
-        return None
-    return f"sm_{major}{minor}: FlashMLA's sparse forward runs on sm_90 and sm_100 only"
-
-
 def supports(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
              value_dim: int | None = None) -> str | None:
-    """None when FlashMLA's sparse forward can take the input, else why not. ``value_dim`` None
-    means not known yet (``sparse_attention`` checks again with it)."""
-    function, why = _function()
-    if function is None:
-        return why
-    if device_type(q) != "cuda":
-        return f"tensors on {q.device.type}, not a CUDA device"
-    if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
-        return f"dtype {q.dtype}: FlashMLA's sparse forward takes bfloat16"
-    reason = architecture_reason(*capability(q.device))
-    if reason is not None:
-        return reason
-    if q.dim() != 3 or q.shape[1] not in HEADS:
-        return f"{q.shape[1] if q.dim() == 3 else '?'} heads: FlashMLA's sparse forward takes 64 or 128"
-    if q.shape[2] not in QK_DIMS:
-        return f"qk_dim {q.shape[2]}: FlashMLA's sparse forward takes 512 or 576"
-    if value_dim is not None and value_dim != VALUE_DIM:
-        return f"value_dim {value_dim}: FlashMLA's sparse forward takes 512"
-    if indices.dtype != torch.int32:
-        return f"indices dtype {indices.dtype}: FlashMLA takes int32"
-    if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != q.shape[1]):
-        return "sinks must be [heads]"
-    return None
+    """None when FlashMLA's sparse forward can take the input, else why not
+    (``_attention_library.support_reason``)."""
+    return support_reason(KERNEL, q, kv, indices, sinks, value_dim)
 
 
 def forward(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, value_dim: int,
@@ -103,7 +65,7 @@ def forward(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: flo
     if rows == 0 or columns == 0 or keys == 0:  # nothing to attend: no launch
         return (q.new_zeros((rows, heads, value_dim)),
                 torch.full((rows, heads), float("-inf"), dtype=torch.float32, device=q.device))
-    function, why = _function()
+    function, why = find_function(KERNEL)
     if function is None:
         raise RuntimeError(why)
     padded = -(-columns // TOPK_BLOCK) * TOPK_BLOCK

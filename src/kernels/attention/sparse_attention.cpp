@@ -9,14 +9,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <limits>
 #include <memory>
-#include <new>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "../parallel_blocks.hpp"
 #include "batched_gemm.hpp"
 #include "row_ops.hpp"
 #include "sparsecp/error.hpp"
@@ -25,6 +24,7 @@
 namespace sparsecp {
 
 namespace ad = attention_detail;
+namespace kd = kernel_detail;
 
 const char* attention_dtype_name(AttentionDType dtype) {
   switch (dtype) {
@@ -177,51 +177,7 @@ A log_add_exp(A a, A b) {
   return top + std::log(std::exp(a - top) + std::exp(b - top));
 }
 
-// Rethrows a worker's exception after its OpenMP region: its own type and message, except
-// that a failed allocation of scratch becomes a ResourceError naming the kernel.
-void rethrow(const std::exception_ptr& first) {
-  if (!first) return;
-  try {
-    std::rethrow_exception(first);
-  } catch (const std::bad_alloc&) {
-    SPARSECP_FAIL_AS(ErrorKind::kResource,
-                     "sparse attention could not allocate its scratch memory");
-  }
-}
-
-// Runs `body(block, thread)` for every block on `threads` OpenMP threads; the first
-// exception is rethrown after the region (no exception crosses an OpenMP boundary).
-template <class Body>
-void for_each_block(int64_t blocks, int threads, const Body& body) {
-  std::exception_ptr first;
-  bool failed = false;
-#pragma omp parallel num_threads(threads)
-  {
-    // The libraries run single-threaded inside: a team of one thread is not "in parallel"
-    // for OpenMP, and oneDNN would otherwise split a product (its reduction too) by its own
-    // thread count. This thread's setting ends with the region.
-    omp_set_num_threads(1);
-    const int thread = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < blocks; ++b) {
-      bool skip = false;
-#pragma omp atomic read
-      skip = failed;
-      if (skip) continue;
-      try {
-        body(b, thread);
-      } catch (...) {
-#pragma omp critical(sparsecp_attention_error)
-        {
-          if (!first) first = std::current_exception();
-#pragma omp atomic write
-          failed = true;
-        }
-      }
-    }
-  }
-  rethrow(first);
-}
+constexpr const char* kContext = "sparse attention";  // names the kernel in errors
 
 template <class Ty>
 class Kernel {
@@ -245,7 +201,7 @@ class Kernel {
   void forward(T* out, A* lse) const {
     const int threads = static_cast<int>(std::min<int64_t>(threads_, blocks_));
     std::vector<std::unique_ptr<Scratch>> scratch(static_cast<std::size_t>(threads));
-    for_each_block(blocks_, threads, [&](int64_t b, int thread) {
+    kd::parallel_blocks(blocks_, threads, kContext, [&](int64_t b, int thread) {
       auto& mine = scratch[static_cast<std::size_t>(thread)];
       if (!mine) mine = std::make_unique<Scratch>(*this);
       forward_block(b, *mine, out, lse);
@@ -263,13 +219,12 @@ class Kernel {
         static_cast<int>(std::min<int64_t>(threads_, std::max<int64_t>(blocks_, 1)));
     const std::size_t slot_size = static_cast<std::size_t>(block_ * C_ * D_);
     std::vector<std::vector<A>> slots(static_cast<std::size_t>(threads));
-    std::exception_ptr first;
-    bool failed = false;
+    kd::WorkerError error;
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num();
       const int nt = omp_get_num_threads();
-      omp_set_num_threads(1);  // the libraries single-threaded inside (as in for_each_block)
+      omp_set_num_threads(1);  // the libraries single-threaded inside (parallel_blocks.hpp)
       // Scratch is allocated inside the region, so its failure must be caught here (an exception
       // leaving an OpenMP region terminates the program); every thread still meets every barrier.
       std::unique_ptr<Scratch> s;
@@ -278,36 +233,20 @@ class Kernel {
         s = std::make_unique<Scratch>(*this);
         slot.resize(slot_size);
       } catch (...) {
-#pragma omp critical(sparsecp_attention_error)
-        {
-          if (!first) first = std::current_exception();
-#pragma omp atomic write
-          failed = true;
-        }
+        error.record();
       }
 #pragma omp barrier
       for (int64_t wave = 0; wave < blocks_; wave += nt) {
         const int64_t b = wave + t;
-        bool skip = false;
-#pragma omp atomic read
-        skip = failed;
-        if (b < blocks_ && !skip) {
+        if (b < blocks_ && !error.failed()) {
           try {
             backward_block(b, *s, out, lse, grad_out, grad_q, sink_rows.data(), slot.data());
           } catch (...) {
-#pragma omp critical(sparsecp_attention_error)
-            {
-              if (!first) first = std::current_exception();
-#pragma omp atomic write
-              failed = true;
-            }
+            error.record();
           }
         }
 #pragma omp barrier
-        bool stop = false;
-#pragma omp atomic read
-        stop = failed;
-        if (!stop) {
+        if (!error.failed()) {
           const int64_t lo = D_ * t / nt, hi = D_ * (t + 1) / nt;
           for (int64_t done = 0; done < nt && wave + done < blocks_; ++done) {
             scatter(wave + done, slots[static_cast<std::size_t>(done)].data(), lo, hi, grad_kv);
@@ -316,7 +255,7 @@ class Kernel {
 #pragma omp barrier
       }
     }
-    rethrow(first);
+    error.rethrow(kContext);
     if (grad_sinks != nullptr) {
       std::fill(grad_sinks, grad_sinks + H_, A(0));
       for (int64_t r = 0; r < in_.rows; ++r) {

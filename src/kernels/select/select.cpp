@@ -13,7 +13,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <new>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "../attention/batched_gemm.hpp"
+#include "../parallel_blocks.hpp"
 #include "select_internal.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/kernels/bf16.hpp"
@@ -398,7 +398,6 @@ void score_tile_onednn(const Call& call, int64_t first, int64_t count, int64_t r
 }
 
 void run_block(const Call& call, const Block& block, ThreadScratch& scratch) {
-  if (call.kernel.onednn) omp_set_num_threads(1);  // oneDNN single-threaded in this worker
   const SelectConfig& config = *call.config;
   const TndSequence& sequence = *block.sequence;
   const int64_t rows = block.row_end - block.row_begin;
@@ -497,11 +496,12 @@ void run_rows(const Call& call, const TndPlan& plan, int64_t row_lo, int64_t row
                    [](const Block& a, const Block& b) { return a.cost > b.cost; });
   const int threads = static_cast<int>(
       std::min<int64_t>(static_cast<int64_t>(scratch.size()), static_cast<int64_t>(blocks.size())));
-  sd::parallel_blocks(static_cast<int64_t>(blocks.size()), threads, "Indexer selection",
-                      [&](int64_t i, int thread) {
-                        run_block(call, blocks[static_cast<std::size_t>(i)],
-                                  scratch[static_cast<std::size_t>(thread)]);
-                      });
+  // oneDNN (the bf16 path) runs single-threaded inside each worker (parallel_blocks.hpp).
+  kernel_detail::parallel_blocks(static_cast<int64_t>(blocks.size()), threads, "Indexer selection",
+                                 [&](int64_t i, int thread) {
+                                   run_block(call, blocks[static_cast<std::size_t>(i)],
+                                             scratch[static_cast<std::size_t>(thread)]);
+                                 });
 }
 
 Call make_call(MatrixView q, MatrixView weights, MatrixView keys, const SelectConfig& config,
@@ -540,39 +540,6 @@ void select_topk(MatrixView q, MatrixView weights, MatrixView keys,
   std::vector<ThreadScratch> scratch(static_cast<std::size_t>(resolve_threads(config.threads)));
   std::vector<Block> blocks;
   run_rows(call, *plan, 0, covered_rows_end(*plan), scratch, blocks);
-}
-
-void sd::parallel_blocks(int64_t count, int threads, const char* context,
-                         const std::function<void(int64_t index, int thread)>& body) {
-  std::exception_ptr first;
-  bool failed = false;
-#pragma omp parallel num_threads(threads)
-  {
-    const int thread = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < count; ++i) {
-      bool skip = false;
-#pragma omp atomic read
-      skip = failed;
-      if (skip) continue;
-      try {
-        body(i, thread);
-      } catch (...) {
-#pragma omp critical(sparsecp_parallel_blocks_error)
-        {
-          if (!first) first = std::current_exception();
-        }
-#pragma omp atomic write
-        failed = true;
-      }
-    }
-  }
-  if (!first) return;
-  try {
-    std::rethrow_exception(first);
-  } catch (const std::bad_alloc&) {
-    SPARSECP_FAIL_AS(ErrorKind::kResource, context, " could not allocate its scratch memory");
-  }
 }
 
 // --- projection --------------------------------------------------------------------------

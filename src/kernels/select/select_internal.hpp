@@ -5,7 +5,6 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <span>
 
 #include "sparsecp/kernels/select.hpp"
@@ -48,18 +47,6 @@ inline float element(MatrixView view, int64_t row, int64_t col) {
   return std::bit_cast<float>(static_cast<uint32_t>(static_cast<const uint16_t*>(view.data)[index])
                               << 16);
 }
-
-// --- threads ------------------------------------------------------------------------------
-
-// Runs body(i, thread) for every i in [0, count) on `threads` OpenMP threads (dynamic
-// schedule, one index at a time; `thread` is in [0, threads)). An exception thrown by
-// a body is caught in its thread (escaping an OpenMP region would terminate the
-// program), the remaining indices are skipped, and after the region the first one is
-// rethrown with its own type and message (kind, text and place of a sparsecp::Error
-// kept); a std::bad_alloc becomes ResourceError("<context> could not allocate its
-// scratch memory").
-void parallel_blocks(int64_t count, int threads, const char* context,
-                     const std::function<void(int64_t index, int thread)>& body);
 
 // --- the order of candidates ---------------------------------------------------------
 
