@@ -24,6 +24,7 @@ import torch
 
 pytest.importorskip("transformers.models.deepseek_v32", reason="transformers >= 5.23 (DeepseekV32) not installed")
 
+import model_tasks  # noqa: E402
 import v32_tasks  # noqa: E402
 from multirank import pool_of, results_or_raise  # noqa: E402
 
@@ -46,17 +47,7 @@ def oracle(lengths: tuple[int, ...], steps: int = 0) -> dict:
 
 def assert_matches_oracle(results: list[dict], lengths: tuple[int, ...], size: int, what: str) -> None:
     expected = oracle(lengths)
-    logits = torch.cat([r["logits"] for r in results])
-    scale = float(expected["logits"].abs().max())
-    gap = float((logits - expected["logits"]).abs().max())
-    assert gap <= LOGIT_TOLERANCE * scale, f"{what}: logits differ by {gap:.3g} (largest logit {scale:.3g})"
-    assert results[0]["loss"] == pytest.approx(expected["loss"], rel=LOSS_TOLERANCE, abs=0), what
-    for name, want in expected["grads"].items():
-        for rank, result in enumerate(results):
-            got = result["grads"][name]
-            bound = GRAD_TOLERANCE * max(float(want.abs().max()), 1e-12)
-            error = float((got - want).abs().max())
-            assert error <= bound, f"{what}: rank {rank} gradient of {name} differs by {error:.3g} (bound {bound:.3g})"
+    model_tasks.assert_close(expected, results, what, logits=LOGIT_TOLERANCE, grads=GRAD_TOLERANCE, loss=LOSS_TOLERANCE)
     for rank, result in enumerate(results):
         assert len(result["ids"]) == LAYERS, f"{what}: rank {rank} kept {len(result['ids'])} layers' ids"
         differences = v32_tasks.compare_ids(result["ids"], expected["ids"], lengths, size, rank, expected["scores"])
@@ -194,57 +185,6 @@ def test_float32_and_bfloat16_train() -> None:
             assert float(errors.max()) <= 1.5 * float(own.max()), (float(errors.max()), float(own.max()))
         for name, grad in per_rank[0][index]["grads"].items():
             assert torch.isfinite(grad).all(), name
-
-
-@pytest.mark.parametrize(("case", "every_rank", "single"), [
-    ("not a model", "TypeError: context_parallel needs a transformers DeepseekV32ForCausalLM", None),
-    ("bad mode", "zagzig", None),
-    ("twice", "already context-parallel", None),
-    ("no lengths", "needs document_lengths=", None),
-    ("lengths do not sum", "document_lengths sum to 49", None),
-    ("lengths differ between ranks", "context-parallel ranks disagree on the batch", None),
-    ("wrong shard", "rank 1", "shard has 26 tokens"),
-    ("positions", "position_ids must restart at 0", None),
-    ("token out of range", "outside the vocabulary [0, 97)", None),
-    ("padding", "padding_tokens must be 0 or the length of the batch's last document (7", None),
-    ("use_cache", "generation is out of scope", None),
-    ("labels", "shard_labels and causal_lm_loss", None),
-    ("shard_batch", "document_lengths sum to 48, but the sequence has 47 tokens", None),
-    ("base labels", "shard_labels and causal_lm_loss", None),
-    ("labels by position", "shard_labels and causal_lm_loss", None),
-    ("weights differ", "the CP ranks hold different weights", None),
-    ("another batch's shard", "ranks disagree on the batch: rank", "shard_batch's digest of the whole batch"),
-    ("kl coeff a string", "ValueError: indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, "
-                          "got '0.1' (str)", None),
-    ("kl coeff a bool", "indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, got True (bool)",
-     None),
-])
-def test_bad_input_raises_on_every_rank(case: str, every_rank: str, single: str | None) -> None:
-    errors = results_or_raise(pool_of(2).run(v32_tasks.bad_input, case, timeout=120))
-    for rank, error in enumerate(errors):
-        assert every_rank in error, f"rank {rank}: {error!r}"
-    if single is not None:
-        assert any(single in error for error in errors), errors
-
-
-def test_missing_transformers_names_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    from sparsecp.models import deepseek_v32 as cp_v32
-
-    monkeypatch.setitem(sys.modules, "transformers.models.deepseek_v32", None)
-    with pytest.raises(ImportError, match=r"needs transformers >= 5\.23 \(DeepseekV32ForCausalLM\)"):
-        cp_v32.context_parallel(torch.nn.Linear(2, 2))
-
-
-def test_recompute_replays_its_own_forwards_selection() -> None:
-    """Two forwards of equal lengths (different tokens) before one backward: each layer's
-    recompute replays the ids of the forward it belongs to, not the latest one."""
-    plain, recomputed = (results_or_raise(pool_of(2).run(v32_tasks.two_forwards_then_backward, checkpointing,
-                                                         timeout=300)) for checkpointing in (False, True))
-    for rank, (a, b) in enumerate(zip(plain, recomputed)):
-        for name, grad in a.items():
-            assert torch.equal(grad, b[name]), f"rank {rank}: {name} differs under recompute"
 
 
 def test_guide_page_runs_on_two_ranks() -> None:

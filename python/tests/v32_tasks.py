@@ -101,39 +101,10 @@ def _capture_indexer(model: Any) -> tuple[list[list[torch.Tensor]], list[list[to
 
 def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...],
                         steps: int = 0, lr: float = 1e-2) -> dict[str, Any]:
-    """The unmodified model run on each document alone: logits [S, vocab], the batch's mean
-    next-token loss, gradients by parameter name, indexer ids and scores per layer and document,
-    and (steps > 0) the loss of each of ``steps`` AdamW steps."""
-    model = copy.deepcopy(model)
-    count = sum(lengths) - len(lengths)
-    captured, scores, handles = _capture_indexer(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
-    losses = []
-    first: dict[str, Any] = {}
-    for step in range(max(steps, 1)):
-        model.zero_grad(set_to_none=True)
-        logits, total, start = [], 0.0, 0
-        for length in lengths:
-            ids = input_ids[:, start:start + length]
-            out = model(input_ids=ids, use_cache=False)
-            logits.append(out.logits[0])
-            if length > 1:
-                loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:], reduction="sum") / count
-                loss.backward()
-                total += float(loss.detach())
-            start += length
-        losses.append(total)
-        if optimizer is not None:
-            optimizer.step()
-        if step == 0:
-            first = {"logits": torch.cat(logits).detach(), "loss": total,
-                     "grads": {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-                               for n, p in model.named_parameters()},
-                     "ids": [list(store) for store in captured], "scores": [list(seen) for seen in scores]}
-    for handle in handles:
-        handle.remove()
-    first["losses"] = losses
-    return first
+    """``model_tasks.per_document_oracle`` with this model's indexer capture."""
+    import model_tasks
+
+    return model_tasks.per_document_oracle(_capture_indexer, model, input_ids, lengths, steps, lr)
 
 
 def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]], lengths: tuple[int, ...],
@@ -164,60 +135,18 @@ def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]]
     return differences
 
 
-def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: torch.dtype = torch.float64,
-           checkpointing: bool = False, selector: str = "model", kl: float | None = None, steps: int = 0,
-           lr: float = 1e-2, seed: int = 0, padding: bool = False, **strategy: Any) -> dict[str, Any]:
-    """One rank's context-parallel run: its rows' logits, the summed loss, all-reduced
-    gradients, its rows' indexer ids (global token rows, per layer), counters, per-step losses.
-    ``padding``: the last document is named padding (``padding_tokens``)."""
-    from sparsecp.models import deepseek_v32 as cp_v32
+def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, **options: Any) -> dict[str, Any]:
+    """``model_tasks.cp_run`` of this model."""
+    import model_tasks
 
-    model = tiny_model(dtype, seed)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    cp_v32.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
-    state = cp_v32.context_parallel_state(model)
-    state.keep_last_ids = True  # the ids are compared with the oracle's
-    input_ids = packed_ids(lengths)
-    ids, positions = cp_v32.shard_batch(input_ids, lengths)
-    labels = cp_v32.shard_labels(input_ids, lengths)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
-    losses = []
-    result: dict[str, Any] = {}
-    for step in range(max(steps, 1)):
-        model.zero_grad(set_to_none=True)
-        state.stats.reset()
-        state.clock.calls = 0
-        extra = {"padding_tokens": lengths[-1]} if padding else {}
-        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths, **extra)
-        loss = cp_v32.causal_lm_loss(out.logits, labels, lengths)
-        total = loss
-        kl_loss = cp_v32.indexer_kl_loss(model)
-        if kl_loss is not None:
-            total = total + kl_loss
-        total.backward()
-        cp_v32.all_reduce_gradients(model)
-        kl_value = float(kl_loss.detach()) if kl_loss is not None else 0.0
-        summed = torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64)
-        if size > 1:
-            dist.all_reduce(summed)
-        losses.append(float(summed[0]))
-        if step == 0:
-            result = {"logits": out.logits[0].detach(), "loss": float(summed[0]), "kl": float(summed[1]),
-                      "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-                      "ids": [state.last_ids(layer).clone() for layer in sorted(state.recorded)],
-                      "selections": state.stats.selections, "replays": state.stats.replays,
-                      "selector_calls": state.clock.calls}
-        if optimizer is not None:
-            optimizer.step()
-    result["losses"] = losses
-    return result
+    return model_tasks.cp_run(rank, size, "v32", lengths, mode, **options)
 
 
 def cp_runs(rank: int, size: int, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
-    return [cp_run(rank, size, lengths, mode, **options) for lengths, mode, options in runs]
+    import model_tasks
+
+    return model_tasks.cp_runs(rank, size, "v32", runs)
 
 
 def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], coeff: float) -> float:
@@ -281,84 +210,6 @@ def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], 
     for hook in hooks:
         hook.remove()
     return coeff * total / sum(lengths)
-
-
-def bad_input(rank: int, size: int, case: str) -> str:
-    """Runs one bad-input case on every rank; returns this rank's error text ('' if none)."""
-    from sparsecp.models import deepseek_v32 as cp_v32
-
-    model = tiny_model(torch.float64, seed=1 if case == "weights differ" and rank == 1 else 0)
-    lengths = (13, 17, 11, 7)
-    input_ids = packed_ids(lengths)
-    try:
-        if case == "not a model":
-            cp_v32.context_parallel(torch.nn.Linear(2, 2))
-        if case == "bad mode":
-            cp_v32.context_parallel(model, None, "zagzig")
-        if case == "kl coeff a string":
-            cp_v32.context_parallel(model, None, "spill", indexer_kl_coeff="0.1")
-        if case == "kl coeff a bool":
-            cp_v32.context_parallel(model, None, "spill", indexer_kl_coeff=True)
-        if case == "base labels":  # the inner model made CP, the outer CausalLM called with labels
-            cp_v32.context_parallel(model.model, None, "spill")
-        else:
-            cp_v32.context_parallel(model, None, "spill")
-        if case == "twice":
-            cp_v32.context_parallel(model, None, "spill")
-        ids, positions = cp_v32.shard_batch(input_ids, lengths)
-        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": positions, "document_lengths": lengths}
-        if case == "no lengths":
-            del kwargs["document_lengths"]
-        elif case == "lengths do not sum":
-            kwargs["document_lengths"] = (13, 17, 11, 8)
-        elif case == "lengths differ between ranks":
-            kwargs["document_lengths"] = lengths if rank else (13, 17, 7, 11)  # rank 0 alone: its positions fit both
-        elif case == "wrong shard":
-            kwargs["input_ids"] = ids if rank != 1 else input_ids[:, :ids.shape[1] + 2]
-        elif case == "positions":
-            kwargs["position_ids"] = positions + (rank == size - 1)
-        elif case == "padding":
-            kwargs["padding_tokens"] = 5
-        elif case == "token out of range":
-            kwargs["input_ids"] = ids if rank != 1 else ids + VOCAB
-        elif case == "use_cache":
-            kwargs["use_cache"] = True
-        elif case == "labels":
-            kwargs["labels"] = ids
-        elif case == "shard_batch":
-            cp_v32.shard_batch(input_ids[:, :-1], lengths)
-        elif case == "base labels":
-            kwargs["labels"] = ids
-        elif case == "labels by position":
-            model(ids, None, positions, None, None, ids, document_lengths=lengths)
-        elif case == "another batch's shard":
-            if rank == 1:
-                kwargs["input_ids"] = cp_v32.shard_batch(packed_ids(lengths, seed=4), lengths)[0]
-        model(**kwargs)
-    except (TypeError, ValueError) as error:
-        return f"{type(error).__name__}: {error}"
-    return ""
-
-
-def two_forwards_then_backward(rank: int, size: int, checkpointing: bool) -> dict[str, torch.Tensor]:
-    """Gradient accumulation with both forwards before the backwards: two batches of the same
-    document lengths but different tokens; returns the summed gradients."""
-    from sparsecp.models import deepseek_v32 as cp_v32
-
-    model = tiny_model(torch.float64)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    cp_v32.context_parallel(model, None, "spill")
-    lengths = (40, 24)  # rows see up to 40 keys and keep 4: the two batches select differently
-    losses = []
-    for seed in (3, 4):
-        input_ids = packed_ids(lengths, seed)
-        ids, positions = cp_v32.shard_batch(input_ids, lengths)
-        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
-        losses.append(cp_v32.causal_lm_loss(logits, cp_v32.shard_labels(input_ids, lengths), lengths))
-    (losses[0] + losses[1]).backward()
-    cp_v32.all_reduce_gradients(model)
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
 def run_guide(rank: int, size: int, blocks: list[str]) -> dict[str, Any]:

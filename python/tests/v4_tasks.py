@@ -83,109 +83,24 @@ def _capture_indexer_ids(model: Any) -> tuple[list[list[torch.Tensor]], list[lis
 
 def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...],
                         steps: int = 0, lr: float = 1e-2) -> dict[str, Any]:
-    """The unmodified model run on each document alone: logits [S, vocab], the batch's mean
-    next-token loss, gradients by parameter name, indexer ids per CSA layer and document, and
-    (steps > 0) the loss of each of ``steps`` AdamW steps."""
-    model = copy.deepcopy(model)
-    count = sum(lengths) - len(lengths)
-    captured, scores, handles = _capture_indexer_ids(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
-    losses = []
-    for step in range(max(steps, 1)):
-        model.zero_grad(set_to_none=True)
-        logits, total, start = [], 0.0, 0
-        for length in lengths:
-            ids = input_ids[:, start:start + length]
-            out = model(input_ids=ids, use_cache=False)
-            logits.append(out.logits[0])
-            if length > 1:
-                loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:], reduction="sum") / count
-                loss.backward()
-                total += float(loss.detach())
-            start += length
-        losses.append(total)
-        if optimizer is not None:
-            optimizer.step()
-        if step == 0:
-            first = {"logits": torch.cat(logits).detach(), "loss": total,
-                     "grads": {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-                               for n, p in model.named_parameters()},
-                     "ids": [list(store) for store in captured], "scores": [list(seen) for seen in scores]}
-    for handle in handles:
-        handle.remove()
-    first["losses"] = losses
-    return first
+    """``model_tasks.per_document_oracle`` with this model's indexer capture."""
+    import model_tasks
+
+    return model_tasks.per_document_oracle(_capture_indexer_ids, model, input_ids, lengths, steps, lr)
 
 
-def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, dtype: torch.dtype = torch.float64,
-           checkpointing: bool = False, selector: str = "model", kl: float | None = None, steps: int = 0,
-           lr: float = 1e-2, seed: int = 0, tiny_chunks: bool = False, **strategy: Any) -> dict[str, Any]:
-    """One rank's context-parallel run: its rows' logits, the summed loss, all-reduced
-    gradients, its rows' indexer ids (bank ids, per CSA layer), counters, and per-step losses.
-    ``tiny_chunks``: the smallest chunks the layer can take (one attention row per chunk, two
-    selector rows, key chunks of top-k keys: every running top-k merge runs)."""
-    if tiny_chunks:
-        from sparsecp.models._cp import selector as _cp_selector
-        from sparsecp.models.deepseek_v4 import _selector as _v4_selector
+def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, **options: Any) -> dict[str, Any]:
+    """``model_tasks.cp_run`` of this model."""
+    import model_tasks
 
-        saved = _cp_selector.CHUNK_ROWS, _v4_selector._SCORE_BYTES
-        _cp_selector.CHUNK_ROWS, _v4_selector._SCORE_BYTES = 2, 1
-        try:
-            return _cp_run(rank, size, lengths, mode, dtype, checkpointing, selector, kl, steps, lr, seed, True,
-                           strategy)
-        finally:
-            _cp_selector.CHUNK_ROWS, _v4_selector._SCORE_BYTES = saved
-    return _cp_run(rank, size, lengths, mode, dtype, checkpointing, selector, kl, steps, lr, seed, False, strategy)
+    return model_tasks.cp_run(rank, size, "v4", lengths, mode, **options)
 
 
-def _cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, dtype: torch.dtype, checkpointing: bool,
-            selector: str, kl: float | None, steps: int, lr: float, seed: int, tiny_chunks: bool,
-            strategy: dict[str, Any]) -> dict[str, Any]:
-    from sparsecp.models import deepseek_v4 as cp_v4
+def cp_runs(rank: int, size: int, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
+    import model_tasks
 
-    model = tiny_model(dtype, seed)
-    if checkpointing:
-        model.activation_checkpointing_enable()
-    model.train()
-    cp_v4.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
-    state = cp_v4.context_parallel_state(model)
-    state.keep_last_ids = True  # the ids are compared with the oracle's
-    if tiny_chunks:
-        state.attention_chunk_bytes = 1
-    input_ids = packed_ids(lengths)
-    ids, positions = cp_v4.shard_batch(input_ids, lengths)
-    labels = cp_v4.shard_labels(input_ids, lengths)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
-    losses = []
-    result: dict[str, Any] = {}
-    for step in range(max(steps, 1)):
-        model.zero_grad(set_to_none=True)
-        state.stats.reset()
-        state.clock.calls = 0
-        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths)
-        loss = cp_v4.causal_lm_loss(out.logits, labels, lengths)
-        total = loss
-        kl_loss = cp_v4.indexer_kl_loss(model)
-        if kl_loss is not None:
-            total = total + kl_loss
-        total.backward()
-        cp_v4.all_reduce_gradients(model)
-        kl_value = float(kl_loss.detach()) if kl_loss is not None else 0.0
-        summed = torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64)
-        dist.all_reduce(summed)
-        losses.append(float(summed[0]))
-        if step == 0:
-            result = {"logits": out.logits[0].detach(), "loss": float(summed[0]), "kl": float(summed[1]),
-                      "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-                      "ids": [state.last_ids(layer).clone() for layer in sorted(state.recorded)],
-                      "csa_layers": sum(getattr(layer.self_attn.compressor, "indexer", None) is not None
-                                        for layer in model.model.layers),
-                      "selections": state.stats.selections, "replays": state.stats.replays,
-                      "selector_calls": state.clock.calls}
-        if optimizer is not None:
-            optimizer.step()
-    result["losses"] = losses
-    return result
+    return model_tasks.cp_runs(rank, size, "v4", runs)
 
 
 def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]], lengths: tuple[int, ...],
@@ -215,11 +130,6 @@ def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]]
     return differences
 
 
-
-
-def cp_runs(rank: int, size: int, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
-    return [cp_run(rank, size, lengths, mode, **options) for lengths, mode, options in runs]
 
 
 def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], coeff: float) -> float:
@@ -294,70 +204,6 @@ def _index_bank(indexer: Any, hidden: torch.Tensor, rope: Any) -> torch.Tensor:
     return rope(entries[None, None], cos, sin)[0, 0]
 
 
-def bad_input(rank: int, size: int, case: str) -> str:
-    """Runs one bad-input case on every rank; returns this rank's error text ('' if none)."""
-    from sparsecp.models import deepseek_v4 as cp_v4
-
-    model = tiny_model(torch.float64, seed=1 if case == "weights differ" and rank == 1 else 0)
-    lengths = (13, 17, 11, 7)
-    input_ids = packed_ids(lengths)
-    try:
-        if case == "not a model":
-            cp_v4.context_parallel(torch.nn.Linear(2, 2))
-        if case == "KL without an indexer":
-            cp_v4.context_parallel(tiny_model(torch.float64, layer_types=["sliding_attention"] * 4), None, "spill",
-                                   indexer_kl_coeff=0.1)
-        if case == "kl coeff a string":
-            cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff="0.1")
-        if case == "kl coeff a bool":
-            cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=True)
-        if case == "base labels":  # the inner model made CP, the outer CausalLM called with labels
-            cp_v4.context_parallel(model.model, None, "spill")
-        else:
-            cp_v4.context_parallel(model, None, "spill")
-        if case == "twice":
-            cp_v4.context_parallel(model, None, "spill")
-        ids, positions = cp_v4.shard_batch(input_ids, lengths)
-        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": positions, "document_lengths": lengths}
-        if case == "no lengths":
-            del kwargs["document_lengths"]
-        elif case == "lengths do not sum":
-            kwargs["document_lengths"] = (13, 17, 11, 8)
-        elif case == "lengths differ between ranks":
-            kwargs["document_lengths"] = lengths if rank else (13, 17, 7, 11)  # rank 0 alone: its positions fit both
-        elif case == "wrong shard":
-            kwargs["input_ids"] = ids if rank != 1 else input_ids[:, :ids.shape[1] + 2]
-        elif case == "positions":
-            kwargs["position_ids"] = positions + (rank == size - 1)
-        elif case == "use_cache":
-            kwargs["use_cache"] = True
-        elif case == "labels":
-            kwargs["labels"] = ids
-        elif case == "shard_batch":
-            cp_v4.shard_batch(input_ids[:, :-1], lengths)
-        elif case == "base labels":
-            kwargs["labels"] = ids
-        elif case == "labels by position":
-            model(ids, None, positions, None, None, ids, document_lengths=lengths)
-        elif case == "token past the vocabulary":
-            if rank == 1:
-                kwargs["input_ids"] = ids.clone()
-                kwargs["input_ids"][0, 3] = VOCAB
-        elif case == "output_attentions":
-            kwargs["output_attentions"] = True
-        elif case == "another batch's shard":
-            if rank == 1:
-                kwargs["input_ids"] = cp_v4.shard_batch(packed_ids(lengths, seed=4), lengths)[0]
-        elif case == "both ranks bad":
-            kwargs["position_ids"] = positions + 1 if rank == 0 else None
-        elif case == "no positions":
-            del kwargs["position_ids"]
-        model(**kwargs)
-    except (TypeError, ValueError) as error:
-        return f"{type(error).__name__}: {error}"
-    return ""
-
-
 def run_doc_snippets(rank: int, size: int, readme: list[str], guide: list[str]) -> dict[str, Any]:
     """The README's DeepSeek-V4 section, then the guide page's blocks, each in a fresh namespace."""
     from sparsecp.models import deepseek_v4 as cp_v4
@@ -374,27 +220,6 @@ def run_doc_snippets(rank: int, size: int, readme: list[str], guide: list[str]) 
     return {"logits": tuple(first["logits"].shape), "loss": float(first["loss"].detach()),
             "indexer_grad": all(g is not None for g in indexer_grads),
             "replays": state.stats.replays, "selections": state.stats.selections}
-
-
-def two_forwards_then_backward(rank: int, size: int, checkpointing: bool) -> dict[str, torch.Tensor]:
-    """Gradient accumulation with both forwards before the backwards: two batches of the same
-    document lengths but different tokens; returns the summed gradients."""
-    from sparsecp.models import deepseek_v4 as cp_v4
-
-    model = tiny_model(torch.float64)
-    if checkpointing:
-        model.activation_checkpointing_enable()
-    cp_v4.context_parallel(model, None, "spill")
-    lengths = (40, 24)  # rows see up to 10 keys and keep 3: the two batches select differently
-    losses = []
-    for seed in (3, 4):
-        input_ids = packed_ids(lengths, seed)
-        ids, positions = cp_v4.shard_batch(input_ids, lengths)
-        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
-        losses.append(cp_v4.causal_lm_loss(logits, cp_v4.shard_labels(input_ids, lengths), lengths))
-    (losses[0] + losses[1]).backward()
-    cp_v4.all_reduce_gradients(model)
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
 def misuse_runs(rank: int, size: int) -> dict[str, Any]:

@@ -1,0 +1,262 @@
+"""Rank tasks every model adapter runs alike (test_models.py), over ``kind`` "v4" (DeepSeek-V4,
+``v4_tasks``) or "v32" (DeepSeek-V3.2, ``v32_tasks``): the per-document oracle's loop, bad input
+on every rank, and gradient accumulation under recompute."""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+KINDS = ("v4", "v32")
+
+
+def model_of(kind: str) -> tuple[Any, Any]:
+    """(the model's test module, its sparsecp.models package)."""
+    if kind == "v4":
+        import v4_tasks
+
+        from sparsecp.models import deepseek_v4
+        return v4_tasks, deepseek_v4
+    import v32_tasks
+
+    from sparsecp.models import deepseek_v32
+    return v32_tasks, deepseek_v32
+
+
+def per_document_oracle(capture: Callable[[Any], tuple[list, list, list]], model: Any, input_ids: torch.Tensor,
+                        lengths: tuple[int, ...], steps: int = 0, lr: float = 1e-2) -> dict[str, Any]:
+    """The unmodified model run on each document alone: logits [S, vocab], the batch's mean
+    next-token loss, gradients by parameter name, the indexer ids (and scores, where the model's
+    ``capture`` records them) per selecting layer and document, and (steps > 0) the loss of each
+    of ``steps`` AdamW steps."""
+    model = copy.deepcopy(model)
+    count = sum(lengths) - len(lengths)
+    captured, scores, handles = capture(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
+    losses = []
+    first: dict[str, Any] = {}
+    for step in range(max(steps, 1)):
+        model.zero_grad(set_to_none=True)
+        logits, total, start = [], 0.0, 0
+        for length in lengths:
+            ids = input_ids[:, start:start + length]
+            out = model(input_ids=ids, use_cache=False)
+            logits.append(out.logits[0])
+            if length > 1:
+                loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:], reduction="sum") / count
+                loss.backward()
+                total += float(loss.detach())
+            start += length
+        losses.append(total)
+        if optimizer is not None:
+            optimizer.step()
+        if step == 0:
+            first = {"logits": torch.cat(logits).detach(), "loss": total,
+                     "grads": {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                               for n, p in model.named_parameters()},
+                     "ids": [list(store) for store in captured], "scores": [list(seen) for seen in scores]}
+    for handle in handles:
+        handle.remove()
+    first["losses"] = losses
+    return first
+
+
+def _model_for(kind: str, case: str, rank: int) -> Any:
+    tasks, _ = model_of(kind)
+    return tasks.tiny_model(torch.float64, seed=1 if case == "weights differ" and rank == 1 else 0)
+
+
+def _make_cp(kind: str, case: str, model: Any) -> None:
+    """``context_parallel`` as the case calls it."""
+    tasks, cp = model_of(kind)
+    if case == "not a model":
+        cp.context_parallel(torch.nn.Linear(2, 2))
+    if case == "KL without an indexer":  # DeepSeek-V4 with sliding layers only
+        cp.context_parallel(tasks.tiny_model(torch.float64, layer_types=["sliding_attention"] * 4), None, "spill",
+                            indexer_kl_coeff=0.1)
+    if case == "bad mode":
+        cp.context_parallel(model, None, "zagzig")
+    if case in ("kl coeff a string", "kl coeff a bool"):
+        cp.context_parallel(model, None, "spill", indexer_kl_coeff="0.1" if case.endswith("string") else True)
+    if case == "options differ between ranks":
+        cp.context_parallel(model, None, "spill", target_imbalance=1.05 if dist_rank() else 1.1)
+    cp.context_parallel(model.model if case == "base labels" else model, None, "spill")
+    if case == "twice":
+        cp.context_parallel(model, None, "spill")
+
+
+def dist_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def bad_input(rank: int, size: int, kind: str, case: str) -> str:
+    """Runs one bad-input case on every rank; returns this rank's error text ('' if none). The
+    case (base labels: the inner model made CP, the outer CausalLM called with labels) is one
+    of test_models.BAD_INPUT's."""
+    tasks, cp = model_of(kind)
+    model = _model_for(kind, case, rank)
+    lengths = (13, 17, 11, 7)
+    input_ids = tasks.packed_ids(lengths)
+    try:
+        _make_cp(kind, case, model)
+        ids, positions = cp.shard_batch(input_ids, lengths)
+        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": positions, "document_lengths": lengths}
+        if case == "no lengths":
+            del kwargs["document_lengths"]
+        elif case == "lengths do not sum":
+            kwargs["document_lengths"] = (13, 17, 11, 8)
+        elif case == "lengths differ between ranks":
+            kwargs["document_lengths"] = lengths if rank else (13, 17, 7, 11)  # rank 0 alone: its positions fit both
+        elif case == "wrong shard":
+            kwargs["input_ids"] = ids if rank != 1 else input_ids[:, :ids.shape[1] + 2]
+        elif case == "positions":
+            kwargs["position_ids"] = positions + (rank == size - 1)
+        elif case == "padding":
+            kwargs["padding_tokens"] = 5
+        elif case == "token past the vocabulary":
+            if rank == 1:
+                kwargs["input_ids"] = ids.clone()
+                kwargs["input_ids"][0, 3] = tasks.VOCAB
+        elif case == "use_cache":
+            kwargs["use_cache"] = True
+        elif case in ("labels", "base labels"):
+            kwargs["labels"] = ids
+        elif case == "shard_batch":
+            cp.shard_batch(input_ids[:, :-1], lengths)
+        elif case == "labels by position":
+            model(ids, None, positions, None, None, ids, document_lengths=lengths)
+        elif case == "output_attentions":
+            kwargs["output_attentions"] = True
+        elif case == "another batch's shard":
+            if rank == 1:
+                kwargs["input_ids"] = cp.shard_batch(tasks.packed_ids(lengths, seed=4), lengths)[0]
+        elif case == "both ranks bad":
+            kwargs["position_ids"] = positions + 1 if rank == 0 else None
+        elif case == "no positions":
+            del kwargs["position_ids"]
+        model(**kwargs)
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def two_forwards_then_backward(rank: int, size: int, kind: str, checkpointing: bool) -> dict[str, torch.Tensor]:
+    """Gradient accumulation with both forwards before the backwards: two batches of the same
+    document lengths (rows see up to 40 tokens and keep a few) but different tokens; returns the
+    summed gradients."""
+    tasks, cp = model_of(kind)
+    model = tasks.tiny_model(torch.float64)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    cp.context_parallel(model, None, "spill")
+    lengths = (40, 24)
+    losses = []
+    for seed in (3, 4):
+        input_ids = tasks.packed_ids(lengths, seed)
+        ids, positions = cp.shard_batch(input_ids, lengths)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+        losses.append(cp.causal_lm_loss(logits, cp.shard_labels(input_ids, lengths), lengths))
+    (losses[0] + losses[1]).backward()
+    cp.all_reduce_gradients(model)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def cp_run(rank: int, size: int, kind: str, lengths: tuple[int, ...], mode: str, *,
+           dtype: torch.dtype = torch.float64, checkpointing: bool = False, selector: str = "model",
+           kl: float | None = None, steps: int = 0, lr: float = 1e-2, seed: int = 0, padding: bool = False,
+           tiny_chunks: bool = False, **strategy: Any) -> dict[str, Any]:
+    """One rank's context-parallel run: its rows' logits, the summed loss, all-reduced gradients,
+    its rows' indexer ids per selecting layer, counters, and per-step losses. ``padding``: the
+    last document is named padding (``padding_tokens``); ``tiny_chunks``: the smallest chunks the
+    layer can take (one attention row per block, two selector rows, the smallest score slices:
+    every running top-k merge runs)."""
+    from sparsecp.models._cp import selector as engine_selector
+    from sparsecp.models.deepseek_v4 import _selector as v4_selector
+
+    saved = engine_selector.CHUNK_ROWS, v4_selector._SCORE_BYTES
+    if tiny_chunks:
+        engine_selector.CHUNK_ROWS, v4_selector._SCORE_BYTES = 2, 1
+    try:
+        return _cp_run(kind, lengths, mode, dtype, checkpointing, selector, kl, steps, lr, seed, padding,
+                       tiny_chunks, strategy)
+    finally:
+        engine_selector.CHUNK_ROWS, v4_selector._SCORE_BYTES = saved
+
+
+def _cp_run(kind: str, lengths: tuple[int, ...], mode: str, dtype: torch.dtype, checkpointing: bool, selector: str,
+            kl: float | None, steps: int, lr: float, seed: int, padding: bool, tiny_chunks: bool,
+            strategy: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    tasks, cp = model_of(kind)
+    model = tasks.tiny_model(dtype, seed)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    cp.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
+    state = cp.context_parallel_state(model)
+    state.keep_last_ids = True  # the ids are compared with the oracle's
+    if tiny_chunks:
+        state.attention_chunk_bytes = 1
+    input_ids = tasks.packed_ids(lengths)
+    ids, positions = cp.shard_batch(input_ids, lengths)
+    labels = cp.shard_labels(input_ids, lengths)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if steps else None
+    losses = []
+    result: dict[str, Any] = {}
+    for step in range(max(steps, 1)):
+        model.zero_grad(set_to_none=True)
+        state.stats.reset()
+        state.clock.calls = 0
+        extra = {"padding_tokens": lengths[-1]} if padding else {}
+        out = model(input_ids=ids, position_ids=positions, document_lengths=lengths, **extra)
+        loss = cp.causal_lm_loss(out.logits, labels, lengths)
+        kl_loss = cp.indexer_kl_loss(model)
+        (loss if kl_loss is None else loss + kl_loss).backward()
+        cp.all_reduce_gradients(model)
+        summed = torch.tensor([float(loss.detach()), 0.0 if kl_loss is None else float(kl_loss.detach())],
+                              dtype=torch.float64)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(summed)
+        losses.append(float(summed[0]))
+        if step == 0:
+            result = {"logits": out.logits[0].detach(), "loss": float(summed[0]), "kl": float(summed[1]),
+                      "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                      "ids": [state.last_ids(layer).clone() for layer in sorted(state.recorded)],
+                      "selecting_layers": sum(getattr(getattr(layer.self_attn, "compressor", None), "indexer", None)
+                                              is not None or hasattr(layer.self_attn, "indexer")
+                                              for layer in model.model.layers),
+                      "selections": state.stats.selections, "replays": state.stats.replays,
+                      "selector_calls": state.clock.calls}
+        if optimizer is not None:
+            optimizer.step()
+    result["losses"] = losses
+    return result
+
+
+def cp_runs(rank: int, size: int, kind: str, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[Any]:
+    """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
+    return [cp_run(rank, size, kind, lengths, mode, **options) for lengths, mode, options in runs]
+
+
+def assert_close(expected: dict[str, Any], results: list[dict[str, Any]], what: str, *, logits: float,
+                 grads: float, loss: float) -> None:
+    """The CP ranks' logits (concatenated), loss and every rank's gradients against the oracle's:
+    logits within ``logits`` of the largest logit, each gradient within ``grads`` of its tensor's
+    largest entry, the loss to ``loss`` relative."""
+    import pytest
+
+    got = torch.cat([r["logits"] for r in results])
+    scale = float(expected["logits"].abs().max())
+    gap = float((got - expected["logits"]).abs().max())
+    assert gap <= logits * scale, f"{what}: logits differ by {gap:.3g} (largest logit {scale:.3g})"
+    assert results[0]["loss"] == pytest.approx(expected["loss"], rel=loss, abs=0), what
+    for name, want in expected["grads"].items():
+        for rank, result in enumerate(results):
+            bound = grads * max(float(want.abs().max()), 1e-12)
+            error = float((result["grads"][name] - want).abs().max())
+            assert error <= bound, f"{what}: rank {rank} gradient of {name} differs by {error:.3g} (bound {bound:.3g})"

@@ -1,0 +1,83 @@
+"""What every transformers model adapter guarantees alike, run over both (DeepSeek-V4 and V3.2,
+``model_tasks.KINDS``): bad input raises the same error on every rank, a missing or changed
+transformers is named, and a recompute replays the selection of the forward it belongs to.
+(The per-document parity suites, whose oracles are each model's own math, are
+test_deepseek_v4.py and test_deepseek_v32.py; a model that is not transformers' is
+test_model_adapter.py.)"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers.models.deepseek_v32", reason="transformers >= 5.23 not installed")
+
+import model_tasks  # noqa: E402
+from multirank import pool_of, results_or_raise  # noqa: E402
+
+CAUSAL_LM = {"v4": "DeepseekV4ForCausalLM", "v32": "DeepseekV32ForCausalLM"}
+ONLY = {"KL without an indexer": "v4", "output_attentions": "v4"}  # cases one model alone has
+
+# (case, text on every rank, text on at least one rank); {causal_lm} is the model's class.
+BAD_INPUT = [
+    ("not a model", "TypeError: context_parallel needs a transformers {causal_lm}", None),
+    ("bad mode", "zagzig", None),
+    ("twice", "already context-parallel", None),
+    ("options differ between ranks", "the CP ranks were given different options: rank",
+     "strategy_params['target_imbalance']"),
+    ("no lengths", "needs document_lengths=", None),
+    ("lengths do not sum", "document_lengths sum to 49", None),
+    ("lengths differ between ranks", "context-parallel ranks disagree on the batch", None),
+    ("wrong shard", "rank 1", "shard has 26 tokens"),
+    ("positions", "position_ids must restart at 0", None),
+    ("padding", "padding_tokens must be 0 or the length of the batch's last document (7", None),
+    ("token past the vocabulary", "input_ids holds token id 97, outside the vocabulary [0, 97)", None),
+    ("use_cache", "generation is out of scope", None),
+    ("labels", "shard_labels and causal_lm_loss", None),
+    ("shard_batch", "document_lengths sum to 48, but the sequence has 47 tokens", None),
+    ("base labels", "shard_labels and causal_lm_loss", None),
+    ("labels by position", "shard_labels and causal_lm_loss", None),
+    ("output_attentions", "output_attentions=True is not supported", None),
+    ("weights differ", "the CP ranks hold different weights", None),
+    ("another batch's shard", "ranks disagree on the batch: rank", "shard_batch's digest of the whole batch"),
+    ("both ranks bad", "rank", None),
+    ("no positions", "position_ids are missing", None),
+    ("KL without an indexer", "indexer_kl_coeff=0.1 trains the Lightning Indexer, but this model has no", None),
+    ("kl coeff a string", "ValueError: indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, "
+                          "got '0.1' (str)", None),
+    ("kl coeff a bool", "indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, got True (bool)",
+     None),
+]
+
+
+@pytest.mark.parametrize(("kind", "case", "every_rank", "single"), [
+    (kind, *row) for kind in model_tasks.KINDS for row in BAD_INPUT if ONLY.get(row[0], kind) == kind])
+def test_bad_input_raises_on_every_rank(kind: str, case: str, every_rank: str, single: str | None) -> None:
+    errors = results_or_raise(pool_of(2).run(model_tasks.bad_input, kind, case, timeout=120))
+    if case == "both ranks bad":  # each rank reports its own error, not its peer's
+        assert "position_ids must restart at 0" in errors[0] and "position_ids are missing" in errors[1], errors
+    for rank, error in enumerate(errors):
+        assert every_rank.format(causal_lm=CAUSAL_LM[kind]) in error, f"rank {rank}: {error!r}"
+    if single is not None:
+        assert any(single in error for error in errors), errors
+
+
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
+def test_missing_transformers_names_the_version(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, cp = model_tasks.model_of(kind)
+    package = "transformers.models.deepseek_v4" if kind == "v4" else "transformers.models.deepseek_v32"
+    monkeypatch.setitem(sys.modules, package, None)
+    with pytest.raises(ImportError, match=rf"needs transformers >= 5\.23 \({CAUSAL_LM[kind]}\)"):
+        cp.context_parallel(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
+def test_recompute_replays_its_own_forwards_selection(kind: str) -> None:
+    """Two forwards of equal lengths (different tokens) before one backward: each layer's
+    recompute replays the ids of the forward it belongs to, not the latest one."""
+    plain, recomputed = (results_or_raise(pool_of(2).run(model_tasks.two_forwards_then_backward, kind, checkpointing,
+                                                         timeout=300)) for checkpointing in (False, True))
+    for rank, (a, b) in enumerate(zip(plain, recomputed)):
+        for name, grad in a.items():
+            assert torch.equal(grad, b[name]), f"rank {rank}: {name} differs under recompute"
