@@ -123,7 +123,7 @@ def check_and_agree(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, An
     ``padding_tokens=`` (optional) names the batch's last document as padding (``pad_to_multiple``):
     it must be 0 or that document's length; the indexer KL then leaves its rows out. ``times``
     (any picklable value, e.g. this rank's selector seconds of the last forward for spill's
-    cost-model refit, ``_cp_calibration``) rides on the same all-gather: every rank gets every
+    cost-model refit, ``_cp.calibration``) rides on the same all-gather: every rank gets every
     rank's, with no collective of its own.
 
     Returns:

@@ -22,7 +22,7 @@ class SelectorClock:
         self.calls = 0
         self.seconds = 0.0
         # Never reset by callers (who zero calls / seconds per step): the cost-model refit
-        # (_cp_calibration) takes each forward's difference.
+        # (_cp.calibration) takes each forward's difference.
         self.lifetime_calls = 0
         self.lifetime_seconds = 0.0
 

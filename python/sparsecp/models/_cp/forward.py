@@ -37,7 +37,7 @@ class ForwardContext:
     forward whatever ran in between, and everything here dies with the last reference to the
     forward's autograd graph.
 
-    The layers' KL losses go to the state (``StateBookkeeping.kl_losses``, the last forward with
+    The layers' KL losses go to the state (``ContextParallelState.kl_losses``, the last forward with
     gradients'), which the context refers to only weakly: a KL loss's graph holds a checkpointed
     layer's recompute, whose keyword arguments hold this context, so a context holding its losses
     would be a cycle through the autograd graph that not even ``gc`` frees (a forward whose KL is

@@ -2,7 +2,7 @@
 
 Per rank, every document isolated as if run alone, with no host round trip: every table read
 here was planned on the host and moved to the device once per batch (``PrefixLayout.on``), and
-the batch was agreed across ranks once, in the model's forward (``_cp_layer.check_and_agree``).
+the batch was agreed across ranks once, in the model's forward (``_cp.agreement.check_and_agree``).
 
 1. queries, the MLA latent ``[kv_a_layernorm(c) | RoPE(k_rot)]`` of this rank's rows, and the
    Index K rows, as the model computes them;
@@ -11,7 +11,7 @@ the batch was agreed across ranks once, in the model's forward (``_cp_layer.chec
    values a token in DeepSeek-V3.2, not the per-head keys (128 heads x 320);
 3. the indexer: owners send ``q_residual`` (already computed for attention), the float32 merge
    weights and the rotary rows along the batch's balanced route; workers run the model's own
-   indexer math (``_v32_selector``) against the Index K rows their segments can see and return
+   indexer math (``_selector.py``) against the Index K rows their segments can see and return
    int32 ids (global token rows) to the owners. A recompute (activation checkpointing) replays
    the first forward's ids: no selection, no selection collective;
 4. attention in MLA's absorbed form, which is the model's math regrouped: ``q_h . k_h(t) =

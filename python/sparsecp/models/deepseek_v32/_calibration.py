@@ -1,4 +1,4 @@
-"""spill's cost model for a context-parallel DeepSeek-V3.2: ``_cp_calibration`` over the layer's
+"""spill's cost model for a context-parallel DeepSeek-V3.2: ``_cp.calibration`` over the layer's
 own worker selector (``ModelSelector`` or ``FusedSelector``), built from its first indexer
 (every layer of the model has the same indexer shape), at ratio 1."""
 from __future__ import annotations

@@ -14,7 +14,7 @@ plus one), and returns each row's top-k bank ids (global token rows, ascending, 
   (ties to the lower id, so a row's ids do not depend on where it was computed); a chunk scores
   only the keys its last row can see. Any device, any float dtype; on a GPU in bfloat16 / float16
   the products ``q . k`` are taken in the model's dtype, accumulated and written in float32
-  (``_cp_topk.float32_products``), with no host read.
+  (``_cp.topk.float32_products``), with no host read.
 * ``FusedSelector``: sparsecp's fused C++ kernel (``IndexerSelector``) on CPU, float32. The kernel
   rotates the *trailing* ``rope_dim`` channels in *interleaved* pairs; V3.2 rotates the *leading*
   ones in *half-split* pairs ``(j, j + rope/2)``. A dot product does not change when both sides'

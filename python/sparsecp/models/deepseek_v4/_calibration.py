@@ -1,4 +1,4 @@
-"""spill's cost model for a context-parallel DeepSeek-V4: ``_cp_calibration`` over the layer's
+"""spill's cost model for a context-parallel DeepSeek-V4: ``_cp.calibration`` over the layer's
 own worker selector (``ModelSelector`` or ``FusedSelector``), built from its first CSA indexer
 (every CSA layer of the model has the same indexer shape)."""
 from __future__ import annotations

@@ -11,7 +11,7 @@ compressed-bank ids (ascending, ``-1`` padded: the seed's convention). Two selec
   ``(position + 1) // ratio``, top-k. Ties go to the lower id (a stable sort), so a row's ids do
   not depend on where or with what it was computed. Any device, any float dtype; on a GPU in
   bfloat16 / float16 the products are taken in the model's dtype and accumulated and written in
-  float32 (``_cp_topk.float32_products``: the model's float32 sums in another order, no float32
+  float32 (``_cp.topk.float32_products``: the model's float32 sums in another order, no float32
   copy of the bank), and nothing reads the device from the host (the running top-k sorts instead
   of ``nonzero``).
 * ``FusedSelector``: sparsecp's fused C++ kernel (``IndexerSelector``: projection, RoPE, score
