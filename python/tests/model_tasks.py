@@ -260,3 +260,21 @@ def assert_close(expected: dict[str, Any], results: list[dict[str, Any]], what: 
             bound = grads * max(float(want.abs().max()), 1e-12)
             error = float((result["grads"][name] - want).abs().max())
             assert error <= bound, f"{what}: rank {rank} gradient of {name} differs by {error:.3g} (bound {bound:.3g})"
+
+
+def balance(rank: int, size: int, kind: str) -> dict[str, Any]:
+    """Two training forwards, then ``balance_report`` (a window of both), then one more forward
+    and a second report (a window of one)."""
+    tasks, cp = model_of(kind)
+    model = tasks.tiny_model(torch.float64)
+    cp.context_parallel(model, None, "zigzag")
+    lengths = (40, 24)
+    input_ids = tasks.packed_ids(lengths)
+    ids, positions = cp.shard_batch(input_ids, lengths)
+    reports = []
+    for forwards in (2, 1):
+        for _ in range(forwards):
+            logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+            cp.causal_lm_loss(logits, cp.shard_labels(input_ids, lengths), lengths).backward()
+        reports.append(cp.balance_report(model))
+    return {"reports": reports, "line": str(reports[0])}

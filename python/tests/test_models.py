@@ -81,3 +81,20 @@ def test_recompute_replays_its_own_forwards_selection(kind: str) -> None:
     for rank, (a, b) in enumerate(zip(plain, recomputed)):
         for name, grad in a.items():
             assert torch.equal(grad, b[name]), f"rank {rank}: {name} differs under recompute"
+
+
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
+def test_balance_report_in_the_users_loop(kind: str) -> None:
+    results = results_or_raise(pool_of(2).run(model_tasks.balance, kind, timeout=300))
+    assert results[0]["reports"] == results[1]["reports"], "every rank gets the same report"
+    first, second = results[0]["reports"]
+    assert (first.ranks, first.forwards, second.forwards) == (2, 2, 1)
+    assert all(s > 0 for s in first.selection_seconds) and all(s > 0 for s in first.step_seconds)
+    m = sum(first.selection_seconds) / 2
+    rest = sum(first.step_seconds) / 2 - m
+    assert first.imbalance == pytest.approx(max(first.selection_seconds) / m)
+    assert first.bound == pytest.approx((rest + first.imbalance * m) / (rest + m)) and first.bound >= 1
+    assert 0 < first.selection_share < 1
+    assert first.moved_bytes[0] > 0, "rank 0 sends the rows rank 1 reads (its window halo / document prefix)"
+    assert first.prediction_error is None  # zigzag plans on no cost model
+    assert "selection imbalance" in results[0]["line"] and "bound" in results[0]["line"]

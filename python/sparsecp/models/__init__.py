@@ -25,11 +25,12 @@ from typing import Any
 
 from ._cp import engine as _engine
 from ._cp.adapter import ModelAdapter
-from ._cp.engine import context_parallel_state, indexer_kl_loss
+from ._cp.engine import balance_report, context_parallel_state, indexer_kl_loss
 from ._cp.engine import undo as undo_context_parallel
 from ._cp.forward import FORWARD_KWARG, ForwardContext, in_recompute
 from ._cp.options import ContextParallelOptions
 from ._cp.prefix import DevicePrefixLayout, PrefixLayout
+from ._cp.report import BalanceReport
 from ._cp.select import BankView, select_or_replay
 from ._cp.selector import ChunkedTopKSelector, KernelSelector
 from ._cp.state import ContextParallelState, ContextParallelStats
@@ -39,6 +40,7 @@ __all__ = [
     "FORWARD_KWARG",
     "BankView",
     "ChunkedTopKSelector",
+    "BalanceReport",
     "ContextParallelOptions",
     "ContextParallelState",
     "ContextParallelStats",
@@ -48,6 +50,7 @@ __all__ = [
     "ModelAdapter",
     "PrefixLayout",
     "all_reduce_gradients",
+    "balance_report",
     "causal_lm_loss",
     "context_parallel",
     "context_parallel_state",

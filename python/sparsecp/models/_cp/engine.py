@@ -20,10 +20,12 @@ from .agreement import BatchCheck, check_and_agree
 from .checks import agree_parameters
 from .forward import FORWARD_KWARG
 from .options import ContextParallelOptions
+from .report import BalanceReport
+from .report import balance_report as _balance_report
 from .state import ContextParallelState, indexer_kl_share
 from .training import group_shape, note_cp_group, refuse_fsdp_before, resolve_group
 
-__all__ = ["apply", "context_parallel_state", "indexer_kl_loss", "undo"]
+__all__ = ["apply", "balance_report", "context_parallel_state", "indexer_kl_loss", "undo"]
 
 STATE_ATTRIBUTE = "_sparsecp_context_parallel"  # on the model (and its base): the state
 _MODULE_STATE = "_sparsecp_state"  # on each swapped module: the state its forward runs with
@@ -77,6 +79,16 @@ def indexer_kl_loss(model: Any, group: Any = None) -> torch.Tensor | None:
     group gradients are averaged over (FSDP2's flattened dp x cp mesh, as ``causal_lm_loss`` takes
     it): the share is then scaled by the CP size for that average."""
     return indexer_kl_share(state_of(model), group)
+
+
+def balance_report(model: Any, reset: bool = True) -> BalanceReport:
+    """Whether balancing helps in this training loop: every rank's selection seconds and their
+    imbalance, the selection's share of the step, the bound a perfect balancer could reach, the
+    bytes each rank sent, and spill's cost-model prediction error, over the forwards since
+    ``context_parallel`` or the last report (``reset=False`` keeps the window open).
+    ``print(report)`` gives one line; its fields are the numbers. Collective over the CP group:
+    call it on every rank at the same point of the loop (e.g. every N steps)."""
+    return _balance_report(state_of(model), reset)
 
 
 def _agree_options(options: ContextParallelOptions, group: Any, size: int, rank: int) -> None:

@@ -2,6 +2,7 @@
 batch layouts, the last forward's KL losses) and the KL share it gives the user."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from ...torch.attention import sparse_attention, sparse_attention_backend
 from .clock import SelectorClock
 from .forward import ForwardContext, KLLosses
+from .report import ReportMark
 from .rows import DeviceRowGather, gather_rows
 from .training import group_shape, resolve_group
 
@@ -112,6 +114,8 @@ class ContextParallelState:
     # what undo_context_parallel takes back: the modules whose class was swapped, hook handles,
     # and the restores of everything else context_parallel changed (newest last)
     modules: list[torch.nn.Module] = field(default_factory=list)
+    moved_bytes: int = 0  # lifetime bytes this rank sent for other ranks' reads (balance_report's)
+    report_mark: ReportMark = field(default_factory=lambda: ReportMark(time.thread_time()))
     undo: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -144,7 +148,9 @@ class ContextParallelState:
     def gather(self, rows: torch.Tensor, table: DeviceRowGather) -> torch.Tensor:
         """``gather_rows`` over this state's group, counting the bytes this rank sends."""
         if self.size > 1 and rows.ndim and len(rows):
-            self.stats.dispatch_bytes += table.plan.sent_rows * rows[0].numel() * rows.element_size()
+            sent = table.plan.sent_rows * rows[0].numel() * rows.element_size()
+            self.stats.dispatch_bytes += sent
+            self.moved_bytes += sent
         return gather_rows(rows, table, self.group)
 
     def attend(self, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, *,

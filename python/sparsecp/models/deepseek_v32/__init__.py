@@ -51,9 +51,10 @@ from __future__ import annotations
 from typing import Any
 
 from .._cp import engine
-from .._cp.engine import context_parallel_state, indexer_kl_loss
+from .._cp.engine import balance_report, context_parallel_state, indexer_kl_loss
 from .._cp.engine import undo as undo_context_parallel
 from .._cp.options import ContextParallelOptions
+from .._cp.report import BalanceReport
 from .._cp.state import ContextParallelState, ContextParallelStats
 from .._cp.training import (
     all_reduce_gradients,
@@ -70,6 +71,7 @@ from ._selector import FusedSelector, ModelSelector
 __all__ = [
     "TRANSFORMERS_NEEDED",
     "UPSTREAM_FINGERPRINTS",
+    "BalanceReport",
     "ContextParallelOptions",
     "ContextParallelState",
     "ContextParallelStats",
@@ -77,6 +79,7 @@ __all__ = [
     "ModelSelector",
     "V32Adapter",
     "all_reduce_gradients",
+    "balance_report",
     "causal_lm_loss",
     "context_parallel",
     "context_parallel_state",
