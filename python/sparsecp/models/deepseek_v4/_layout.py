@@ -107,7 +107,6 @@ class BatchLayout:
         self.boundaries, self.local, self.first = own.boundaries, own.local, own.first
         self.row_document, self.row_position = own.row_document, own.row_position  # each own row's document, position
         self._compression: dict[tuple[int, bool], CompressionLayout] = {}
-        self._chunk_ranges: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
         self._device: dict[Any, DeviceLayout] = {}
 
     def _first_document_start(self, q: int) -> int:
@@ -198,21 +197,6 @@ class BatchLayout:
                 need.append((layout.bank_starts[q], layout.owners[q + 1]))
             needs.append(need)
         return plan_row_gather(needs, layout.owners, self.rank)
-
-    def chunk_ranges(self, ratio: int, chunk: int) -> tuple[tuple[int, int], ...]:
-        """Per chunk of ``chunk`` own rows, the bank block rows ``[lo, hi)`` its rows may see
-        (HCA: a chunk attends only this range of its rows' causal document prefixes)."""
-        key = (ratio, chunk)
-        if key not in self._chunk_ranges:
-            layout = self.compression(ratio, False)
-            start = layout.bank_start
-            ranges = []
-            for first in range(0, self.local, chunk):
-                vb, ve = layout.visible_begin[first:first + chunk], layout.visible_end[first:first + chunk]
-                lo, hi = int(vb.min()) - start, int(ve.max()) - start
-                ranges.append((lo, max(lo, hi)))
-            self._chunk_ranges[key] = tuple(ranges)
-        return self._chunk_ranges[key]
 
     def on(self, device: torch.device, selection: Callable[[int], list[Any]], kl: bool,
            plan_key: Any = None) -> DeviceLayout:
