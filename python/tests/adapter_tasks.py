@@ -105,7 +105,9 @@ def undo_leaves_the_original(rank: int, size: int, which: str) -> dict[str, Any]
     result = {"printed": printed, "swapped": swapped, "same_forward": same, "repr_equal": repr(model) == repr(original),
               "classes_equal": [type(m) for m in model.modules()] == [type(m) for m in original.modules()],
               "hooks": _hooks(model), "state_gone": cp.context_parallel_state(model) is None,
-              "patched": [a is not b for a, b in zip(patched, patched_before)],
+              # wrapped while CP (functools.wraps sets __wrapped__; an earlier task's CP model in this
+              # process may hold the patches already, so "before" need not be transformers' own)
+              "patched": [hasattr(f, "__wrapped__") for f in patched],
               "restored": [a is b for a, b in zip((loss_utils.LOSS_MAPPING["ForCausalLM"],
                                                    modeling_deepseek_v4.load_balancing_loss_func), patched_before)],
               "config_equal": config is None or config.to_dict() == original.config.to_dict()}
