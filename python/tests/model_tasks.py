@@ -138,6 +138,10 @@ def bad_input(rank: int, size: int, kind: str, case: str) -> str:
             kwargs["position_ids"] = positions + 1 if rank == 0 else None
         elif case == "no positions":
             del kwargs["position_ids"]
+        elif case == "checkpointing on one rank" and rank == 1:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif case == "router logits on one rank" and rank == 1:
+            kwargs["output_router_logits"] = True
         model(**kwargs)
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"

@@ -17,7 +17,8 @@ import model_tasks  # noqa: E402
 from multirank import pool_of, results_or_raise  # noqa: E402
 
 CAUSAL_LM = {"v4": "DeepseekV4ForCausalLM", "v32": "DeepseekV32ForCausalLM"}
-ONLY = {"KL without an indexer": "v4", "output_attentions": "v4"}  # cases one model alone has
+# cases one model alone has
+ONLY = {"KL without an indexer": "v4", "output_attentions": "v4", "router logits on one rank": "v4"}
 
 # (case, text on every rank, text on at least one rank); {causal_lm} is the model's class.
 BAD_INPUT = [
@@ -43,6 +44,8 @@ BAD_INPUT = [
     ("another batch's shard", "ranks disagree on the batch: rank", "shard_batch's digest of the whole batch"),
     ("both ranks bad", "rank", None),
     ("no positions", "position_ids are missing", None),
+    ("checkpointing on one rank", "ranks disagree on the batch: rank", "activation checkpointing"),
+    ("router logits on one rank", "ranks disagree on the batch: rank", "output_router_logits"),
     ("KL without an indexer", "indexer_kl_coeff=0.1 trains the Lightning Indexer, but this model has no", None),
     ("kl coeff a string", "ValueError: indexer_kl_coeff must be a real number (the KL loss's coefficient) or None, "
                           "got '0.1' (str)", None),

@@ -182,6 +182,15 @@ def _check_strategy(state: ContextParallelState, ratio: int) -> None:
                   state.zigzag_min_length, **state.strategy_params)
 
 
+def _forward_settings(module: Any, kwargs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """What this forward adds or changes collectives by, beyond the options: every rank must agree
+    (a rank recomputing its layers where its peers do not would abort in the backward; one
+    returning router logits where its peers do not would wait in the load-balancing loss)."""
+    checkpointing = module.training and any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
+    return (("activation checkpointing", bool(checkpointing)),
+            ("output_router_logits", bool(kwargs.get("output_router_logits"))))
+
+
 def _before_forward(state: ContextParallelState, module: Any, args: tuple,
                     kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """The forward's one agreement (``agreement.check_and_agree``: the batch checked on every rank
@@ -191,7 +200,7 @@ def _before_forward(state: ContextParallelState, module: Any, args: tuple,
     adapter = state.adapter
     check = BatchCheck(model=adapter.name, group=state.group, size=state.size, rank=state.rank,
                        vocab=adapter.vocab_size(module), positions=lambda lengths: state.batch(lengths).row_position,
-                       options=state.options.fingerprint())
+                       options=(*state.options.fingerprint(), *_forward_settings(module, kwargs)))
     # The one all-gather also carries this rank's selector seconds of the last forward: spill's
     # cost-model refit (calibration) needs every rank's, with no collective of its own.
     times = None if state.calibration is None else state.calibration.local_times(state)
