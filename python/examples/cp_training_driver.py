@@ -467,10 +467,13 @@ def print_summary(result: dict[str, Any], args: argparse.Namespace) -> None:
           "CPU seconds, the slowest rank's"
           + (", its ratio to the first strategy's in the same step" if compare else "")
           + ", and max / mean over the ranks)")
+    if compare:
+        print(interval_note(args))
     print(f"{'mode':{width}s} {'step s':>8s} {'slowest sel. s':>15s} " + (f"{versus:>23s} " if compare else "")
           + f"{'sel. imbalance':>15s} {'indexer share':>14s} {'KV bytes/rank':>14s} {'sel. bytes/rank':>16s}")
     for mode, row in rows.items():
-        ratio = interval_text(row["slowest_selector_vs_first_interval"])
+        baseline = mode.partition("+")[0] == args.modes[0]
+        ratio = "-" if baseline else interval_text(row["slowest_selector_vs_first_interval"])
         print(f"{mode:{width}s} {row['step_seconds']:8.2f} {row['slowest_selector_seconds']:15.3f} "
               + (f"{ratio:>23s} " if compare else "")
               + f"{row['selection_imbalance']:15.2f} {100 * row['indexer_share']:13.0f}% "
@@ -486,13 +489,13 @@ def print_summary(result: dict[str, Any], args: argparse.Namespace) -> None:
         if row["calibration_seconds"]:
             calibration += f"; calibration {row['calibration_seconds']:.2f} s on rank 0 (first step)"
         gain = row["step_gain_interval"]
-        versus_text = (f"{'-':>21s} {'':13s} {'-':>11s}" if mode.partition("+")[0] == args.modes[0] else
+        baseline = mode.partition("+")[0] == args.modes[0]
+        versus_text = (f"{'-':>21s} {'':13s} {'-':>11s}" if baseline else
                        f"{interval_text(gain).removesuffix(' ~'):>21s} {gain['verdict']:13s} "
                        f"{row['step_gain_of_bound']:11.3f}")
         print(f"{mode:{width}s} {row['step_cpu_seconds']:11.2f} {row['step_bound']:7.3f} "
               + (versus_text if compare else "") + f"  {calibration}")
     if compare:
-        print(interval_note(args))
         losses = [row["losses"] for row in rows.values()]
         spread = max(abs(a - b) for run in losses for a, b in zip(run, losses[0]))
         print(f"losses per step agree across strategies to {spread:.2e}")
