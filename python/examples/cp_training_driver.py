@@ -348,9 +348,10 @@ class MedianInterval:
 
 
 def interval_text(interval: dict[str, Any]) -> str:
-    """``median (low-high)`` of a ``MedianInterval.as_json()``, and ``~`` where it holds 1."""
-    noise = " ~" if interval["verdict"] == "within noise" else ""
-    return f"{interval['median']:.3f} ({interval['low']:.3f}-{interval['high']:.3f}){noise}"
+    """``median (low-high)`` of a ``MedianInterval.as_json()``, then ``~`` where it holds 1 (within
+    noise) and ``?`` where it excludes 1 over too few steps for a verdict."""
+    mark = {"within noise": " ~", "too few steps": " ?"}.get(interval["verdict"], "")
+    return f"{interval['median']:.3f} ({interval['low']:.3f}-{interval['high']:.3f}){mark}"
 
 
 def median(values: list[float]) -> float:
@@ -453,7 +454,7 @@ def interval_note(args: argparse.Namespace) -> str:
             f"(order statistics, as `sparsecp run`); ~ or within noise: the interval holds 1, not a "
             f"measurable difference")
     if args.steps < STEPS_FOR_VERDICT:
-        note += (f"; too few steps = it excludes 1, but a verdict needs {STEPS_FOR_VERDICT} steps (the fewest "
+        note += (f"; ? or too few steps: it excludes 1, but a verdict needs {STEPS_FOR_VERDICT} steps (the fewest "
                  f"whose min..max holds the median with 95%)")
     return note
 
@@ -491,7 +492,7 @@ def print_summary(result: dict[str, Any], args: argparse.Namespace) -> None:
         gain = row["step_gain_interval"]
         baseline = mode.partition("+")[0] == args.modes[0]
         versus_text = (f"{'-':>21s} {'':13s} {'-':>11s}" if baseline else
-                       f"{interval_text(gain).removesuffix(' ~'):>21s} {gain['verdict']:13s} "
+                       f"{interval_text(gain).removesuffix(' ~').removesuffix(' ?'):>21s} {gain['verdict']:13s} "
                        f"{row['step_gain_of_bound']:11.3f}")
         print(f"{mode:{width}s} {row['step_cpu_seconds']:11.2f} {row['step_bound']:7.3f} "
               + (versus_text if compare else "") + f"  {calibration}")
