@@ -526,8 +526,9 @@ def train(example: Example, args: argparse.Namespace) -> int:
     import sparsecp
 
     layout = f"dp {args.dp} x CP {args.ranks}" if args.dp > 1 else f"CP {args.ranks}"
+    steps = f"{args.steps} step" + "s" * (args.steps > 1)
     print(f"# {example.title} (transformers) under {layout}: {args.tokens} tokens/step, lognormal documents, "
-          f"{example.describe(args)}, selector {args.selector}, modes {','.join(args.modes)}, {args.steps} steps; "
+          f"{example.describe(args)}, selector {args.selector}, modes {','.join(args.modes)}, {steps}; "
           f"{cpu_model()}, {os.cpu_count()} cores, kernel ISA {sparsecp.kernel_isa()}, torch {torch.__version__}",
           flush=True)
     records = spawn(example, args.ranks * args.dp, args, step_printer(max(16, *(len(v) for v in args.variants))))
