@@ -210,6 +210,7 @@ def run_rank(rank: int, size: int, port: int, example: Example, args: argparse.N
         models = make_models(example, args, cp, cp_group, flat)
         resident = rss_bytes()
         memories: dict[str, dict[str, int]] = {}
+        step_cpu = dict.fromkeys(models, 0.0)
         for step in range(args.steps):
             lengths, input_ids = batch(args, step, row)
             ids, positions = cp.shard_batch(input_ids, lengths, cp_group)
@@ -238,6 +239,7 @@ def run_rank(rank: int, size: int, port: int, example: Example, args: argparse.N
                     memories[mode] = memory_bytes(model, optimizer)
                 optimizer.step()
                 seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
+                step_cpu[mode] += cpu_seconds
                 if step == 0:
                     memories[mode]["optimizer_bytes"] = memory_bytes(model, optimizer)["optimizer_bytes"]
                 # reported: the global mean loss and the mean over dp rows of each row's KL
@@ -250,7 +252,11 @@ def run_rank(rank: int, size: int, port: int, example: Example, args: argparse.N
                            "selector_seconds": state.clock.seconds, "dispatch_bytes": state.stats.dispatch_bytes,
                            "selection_bytes": sparsecp_torch.exchange_stats()["bytes_sent"],
                            **calibration_fields(state), **memories[mode]})
-        queue.put({"rank": rank, "peak_growth": peak_bytes() - resident})
+        # The call a training loop makes (collective: every rank, every strategy in the same order),
+        # over the whole run; each strategy's own step seconds, since the strategies interleave.
+        balance = {mode: str(cp.balance_report(model, step_seconds=step_cpu[mode]))
+                   for mode, (model, _) in models.items()}
+        queue.put({"rank": rank, "peak_growth": peak_bytes() - resident, "balance": balance})
     except BaseException as error:
         queue.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
         raise
@@ -412,6 +418,7 @@ def summary(records: list[dict[str, Any]], single: list[dict[str, Any]], args: a
     result["peak_growth_per_rank"] = [r["peak_growth"] for r in sorted(
         (r for r in records if "peak_growth" in r), key=lambda r: r["rank"])]
     result["peak_growth_one_process"] = next((r["peak_growth"] for r in single if "peak_growth" in r), None)
+    result["balance_report"] = next((r["balance"] for r in records if r.get("rank") == 0 and "balance" in r), {})
     first_step = sorted((r for r in steps if r["step"] == 0 and r["mode"] == args.variants[0]),
                         key=lambda r: r["rank"])
     result["state_bytes_per_rank"] = {name: first_step[0][name]
@@ -500,6 +507,10 @@ def print_summary(result: dict[str, Any], args: argparse.Namespace) -> None:
         losses = [row["losses"] for row in rows.values()]
         spread = max(abs(a - b) for run in losses for a, b in zip(run, losses[0]))
         print(f"losses per step agree across strategies to {spread:.2e}")
+    if result["balance_report"]:
+        print("\nsparsecp.models.balance_report(model) per strategy, over the run (the call a training loop makes):")
+        for mode, line in result["balance_report"].items():
+            print(f"  {mode}: {line}")
     peaks = ", ".join(f"{p * MIB:.0f}" for p in result["peak_growth_per_rank"])
     one = result["peak_growth_one_process"]
     print(f"peak memory growth per rank (MiB, every strategy's copy): {peaks}"

@@ -281,4 +281,9 @@ def balance(rank: int, size: int, kind: str) -> dict[str, Any]:
             logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
             cp.causal_lm_loss(logits, cp.shard_labels(input_ids, lengths), lengths).backward()
         reports.append(cp.balance_report(model))
-    return {"reports": reports, "line": str(reports[0])}
+    try:
+        cp.balance_report(model, step_seconds=float("nan"))
+        refused = ""
+    except ValueError as error:
+        refused = str(error)
+    return {"reports": reports, "line": str(reports[0]), "refused": refused}

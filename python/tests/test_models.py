@@ -101,3 +101,4 @@ def test_balance_report_in_the_users_loop(kind: str) -> None:
     assert first.moved_bytes[0] > 0, "rank 0 sends the rows rank 1 reads (its window halo / document prefix)"
     assert first.prediction_error is None  # zigzag plans on no cost model
     assert "selection imbalance" in results[0]["line"] and "bound" in results[0]["line"]
+    assert all("step_seconds must be a finite number of seconds >= 0, got nan" in r["refused"] for r in results)

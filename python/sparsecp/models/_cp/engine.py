@@ -81,14 +81,16 @@ def indexer_kl_loss(model: Any, group: Any = None) -> torch.Tensor | None:
     return indexer_kl_share(state_of(model), group)
 
 
-def balance_report(model: Any, reset: bool = True) -> BalanceReport:
+def balance_report(model: Any, reset: bool = True, *, step_seconds: float | None = None) -> BalanceReport:
     """Whether balancing helps in this training loop: every rank's selection seconds and their
     imbalance, the selection's share of the step, the bound a perfect balancer could reach, the
     bytes each rank sent, and spill's cost-model prediction error, over the forwards since
     ``context_parallel`` or the last report (``reset=False`` keeps the window open).
     ``print(report)`` gives one line; its fields are the numbers. Collective over the CP group:
-    call it on every rank at the same point of the loop (e.g. every N steps)."""
-    return _balance_report(state_of(model), reset)
+    call it on every rank at the same point of the loop (e.g. every N steps). ``step_seconds``:
+    this rank's step seconds over the window, where its thread also ran other work (by default,
+    the thread's CPU seconds since the last report)."""
+    return _balance_report(state_of(model), reset, step_seconds)
 
 
 def _agree_options(options: ContextParallelOptions, group: Any, size: int, rank: int) -> None:

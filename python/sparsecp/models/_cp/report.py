@@ -47,8 +47,8 @@ class BalanceReport:
         bound: ``(R + I * m) / (R + m)``: the step speed-up a perfect balancer of this window's
             selection could reach (1: nothing to gain).
         moved_bytes: Each rank's bytes sent for other ranks' reads (halos, prefixes, banks).
-        selection_bytes: Each rank's bytes sent by the selection exchange (the process's
-            ``sparsecp.torch.exchange_stats``).
+        selection_bytes: Each rank's bytes sent by its selection exchanges (inputs to workers, ids
+            back to owners).
         prediction_error: rms relative error of spill's cost model predicting each rank's share
             of a forward's selection (None without a calibrated model).
     """
@@ -76,19 +76,23 @@ class BalanceReport:
 
 
 def _local(state: Any) -> ReportMark:
-    from ...torch import exchange_stats
-
     return ReportMark(time.thread_time(), state.clock.lifetime_seconds, state.clock.lifetime_calls, state.forwards,
-                      state.moved_bytes, exchange_stats()["bytes_sent"])
+                      state.moved_bytes, state.selection_bytes)
 
 
-def balance_report(state: Any, reset: bool = True) -> BalanceReport:
+def balance_report(state: Any, reset: bool = True, step_seconds: float | None = None) -> BalanceReport:
     """This window's ``BalanceReport`` (since ``context_parallel`` or the last report with
-    ``reset``). Collective over the CP group: every rank calls it at the same point of its loop."""
+    ``reset``). Collective over the CP group: every rank calls it at the same point of its loop.
+    ``step_seconds``: this rank's own step seconds over the window, where the calling thread ran
+    other work in it too (another model, an evaluation); by default its CPU seconds."""
     now, last = _local(state), state.report_mark
-    window = (now.cpu_seconds - last.cpu_seconds, now.selector_seconds - last.selector_seconds,
-              now.forwards - last.forwards, now.moved_bytes - last.moved_bytes,
-              now.selection_bytes - last.selection_bytes)
+    if step_seconds is not None and (isinstance(step_seconds, bool) or not isinstance(step_seconds, (int, float))
+                                     or not math.isfinite(step_seconds) or step_seconds < 0):
+        raise ValueError(f"balance_report: step_seconds must be a finite number of seconds >= 0, got "
+                         f"{step_seconds!r}")
+    own = now.cpu_seconds - last.cpu_seconds if step_seconds is None else float(step_seconds)
+    window = (own, now.selector_seconds - last.selector_seconds, now.forwards - last.forwards,
+              now.moved_bytes - last.moved_bytes, now.selection_bytes - last.selection_bytes)
     everyone: list[Any] = [window]
     if state.size > 1:
         everyone = [None] * state.size

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ...torch._agreement import capture
-from ...torch._exchange import launch_rows, to_owners
+from ...torch._exchange import exchange_stats, launch_rows, to_owners
 from ...torch._overlapped import launch_on_route
 from .forward import ForwardContext, in_recompute
 
@@ -86,8 +86,10 @@ def select_or_replay(state: Any, context: ForwardContext, layer: int, tables: An
         assert bank is not None
         with torch.no_grad():  # selection only: a recompute, which replays, must save the same tensors
             selector = make_selector(BankView(bank.detach(), tables.index_bank.plan.locate))
+            sent = exchange_stats()["bytes_sent"]
             ids = balanced_select(tables.route, tables.route_rows, inputs(), state.clock.timed(selector), topk,
                                   state.group).long()
+            state.selection_bytes += max(0, exchange_stats()["bytes_sent"] - sent)
         context.record(layer, ids)
         state.stats.selections += 1
     state.stats.indexer_seconds += time.perf_counter() - start

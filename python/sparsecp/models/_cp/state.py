@@ -115,6 +115,7 @@ class ContextParallelState:
     # and the restores of everything else context_parallel changed (newest last)
     modules: list[torch.nn.Module] = field(default_factory=list)
     moved_bytes: int = 0  # lifetime bytes this rank sent for other ranks' reads (balance_report's)
+    selection_bytes: int = 0  # lifetime bytes this rank sent in its selection exchanges (balance_report's)
     report_mark: ReportMark = field(default_factory=lambda: ReportMark(time.thread_time()))
     undo: list[Callable[[], None]] = field(default_factory=list)
 
