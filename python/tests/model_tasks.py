@@ -169,7 +169,7 @@ def two_forwards_then_backward(rank: int, size: int, kind: str, checkpointing: b
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def cp_run(rank: int, size: int, kind: str, lengths: tuple[int, ...], mode: str, *,
+def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, kind: str,
            dtype: torch.dtype = torch.float64, checkpointing: bool = False, selector: str = "model",
            kl: float | None = None, steps: int = 0, lr: float = 1e-2, seed: int = 0, padding: bool = False,
            tiny_chunks: bool = False, **strategy: Any) -> dict[str, Any]:
@@ -242,9 +242,9 @@ def _cp_run(kind: str, lengths: tuple[int, ...], mode: str, dtype: torch.dtype, 
     return result
 
 
-def cp_runs(rank: int, size: int, kind: str, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[Any]:
+def cp_runs(rank: int, size: int, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]], *, kind: str) -> list[Any]:
     """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
-    return [cp_run(rank, size, kind, lengths, mode, **options) for lengths, mode, options in runs]
+    return [cp_run(rank, size, lengths, mode, kind=kind, **options) for lengths, mode, options in runs]
 
 
 def assert_close(expected: dict[str, Any], results: list[dict[str, Any]], what: str, *, logits: float,
@@ -287,3 +287,49 @@ def balance(rank: int, size: int, kind: str) -> dict[str, Any]:
     except ValueError as error:
         refused = str(error)
     return {"reports": reports, "line": str(reports[0]), "refused": refused}
+
+
+def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]], lengths: tuple[int, ...],
+                size: int, rank: int, ratio: int = 1, scores: list[list[torch.Tensor]] | None = None) -> list[str]:
+    """Rows whose CP ids (bank rows; at ratio 1 token rows) differ from the oracle's, as sets of
+    document-local ids the row can see (a model's top-k may also return keys a row does not see
+    when it sees fewer than top-k, which its causal mask then drops), each with the model's
+    scores of the ids the two disagree on (a gap of 0 is a tie the top-k had to break)."""
+    import numpy as np
+
+    from sparsecp import compressed_document_offsets, document_boundaries
+
+    boundaries = list(document_boundaries(lengths))
+    keys = list(compressed_document_offsets(boundaries, ratio))
+    local = sum(lengths) // size
+    differences = []
+    for layer, (mine, theirs) in enumerate(zip(cp_ids, oracle_ids)):
+        for row in range(local):
+            token = rank * local + row
+            d = int(np.searchsorted(boundaries, token, side="right") - 1)
+            position = token - boundaries[d]
+            got = sorted(int(i) - keys[d] for i in mine[row].tolist() if i >= 0)
+            want = sorted(int(i) for i in theirs[d][position].tolist() if 0 <= i < (position + 1) // ratio)
+            if got != want:
+                gap = ""
+                if scores is not None:
+                    row_scores = scores[layer][d][position]
+                    disputed = sorted(set(got) ^ set(want))
+                    gap = " (model's scores " + ", ".join(f"{i}: {float(row_scores[i]):.9g}" for i in disputed) + ")"
+                differences.append(f"layer {layer} document {d} position {position}: {got} != {want}{gap}")
+    return differences
+
+
+def randomized(model: Any, seed: int, parameters: dict[str, Callable[[torch.Tensor, Any], torch.Tensor]],
+               buffers: dict[str, Callable[[torch.Tensor, Any], torch.Tensor]]) -> Any:
+    """``model`` with the parameters and buffers whose names end with a key of ``parameters`` /
+    ``buffers`` refilled by its function of (the tensor, a generator seeded ``seed + 1``): what a
+    model initialises to constants gets random values, the same for the same seed on every rank."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for named, fills in ((model.named_parameters(), parameters), (model.named_buffers(), buffers)):
+            for name, tensor in named:
+                fill = next((f for suffix, f in fills.items() if name.endswith(suffix)), None)
+                if fill is not None:
+                    tensor.copy_(fill(tensor, generator))
+    return model

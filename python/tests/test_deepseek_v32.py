@@ -25,6 +25,7 @@ import torch
 pytest.importorskip("transformers.models.deepseek_v32", reason="transformers >= 5.23 (DeepseekV32) not installed")
 
 import model_tasks  # noqa: E402
+import training_tasks  # noqa: E402
 import v32_tasks  # noqa: E402
 from multirank import pool_of, results_or_raise  # noqa: E402
 
@@ -50,7 +51,8 @@ def assert_matches_oracle(results: list[dict], lengths: tuple[int, ...], size: i
     model_tasks.assert_close(expected, results, what, logits=LOGIT_TOLERANCE, grads=GRAD_TOLERANCE, loss=LOSS_TOLERANCE)
     for rank, result in enumerate(results):
         assert len(result["ids"]) == LAYERS, f"{what}: rank {rank} kept {len(result['ids'])} layers' ids"
-        differences = v32_tasks.compare_ids(result["ids"], expected["ids"], lengths, size, rank, expected["scores"])
+        differences = model_tasks.compare_ids(result["ids"], expected["ids"], lengths, size, rank, 1,
+                                              expected["scores"])
         assert not differences, f"{what}: rank {rank} indexer ids differ from the model's own: {differences[:4]}"
 
 
@@ -87,15 +89,6 @@ def test_awkward_batches() -> None:
     per_rank = results_or_raise(pool_of(4).run(v32_tasks.cp_runs, runs, timeout=600))
     for index, (lengths, mode, _) in enumerate(runs):
         assert_matches_oracle([r[index] for r in per_rank], lengths, 4, f"batch {lengths}, mode {mode}")
-
-
-def test_three_adamw_steps_follow_the_per_document_run() -> None:
-    lengths = (13, 17, 11, 7)
-    expected = oracle(lengths, steps=3)["losses"]
-    results = results_or_raise(pool_of(2).run(functools.partial(v32_tasks.cp_run, steps=3), lengths, "spill",
-                                              timeout=600))
-    assert results[0]["losses"] == pytest.approx(expected, rel=1e-8), (results[0]["losses"], expected)
-    assert expected[2] != pytest.approx(expected[0], rel=1e-6), "the steps changed nothing: the test proves nothing"
 
 
 def test_gradient_checkpointing_replays_the_selection() -> None:
@@ -158,8 +151,8 @@ def test_fused_selector_selects_like_the_model() -> None:
     for index, (batch, _, _) in enumerate(runs):
         expected = oracle(batch)
         for rank, results in enumerate(per_rank):
-            differences = v32_tasks.compare_ids(results[index]["ids"], expected["ids"], batch, 2, rank,
-                                                expected["scores"])
+            differences = model_tasks.compare_ids(results[index]["ids"], expected["ids"], batch, 2, rank, 1,
+                                                  expected["scores"])
             assert not differences, differences[:4]
 
 
@@ -205,9 +198,10 @@ def test_fsdp2_over_dp_x_cp_equals_every_document_alone() -> None:
     FSDP2's default mean: two AdamW steps equal one process running every document alone, the
     loss the mean over the valid labels of both dp rows (-100 prompts, padding documents)."""
     steps, lr = 2, 1e-2
-    expected = v32_tasks.fsdp_oracle(steps, lr, 2)
+    expected = training_tasks.fsdp_oracle(steps, lr, 2, kind="v32")
     assert expected["losses"][1] != pytest.approx(expected["losses"][0], rel=1e-6), "the steps changed nothing"
-    results = results_or_raise(pool_of(4).run(v32_tasks.fsdp_train, 2, steps, lr, timeout=300))
+    train = functools.partial(training_tasks.fsdp_train, checkpointing=True, kind="v32")
+    results = results_or_raise(pool_of(4).run(train, 2, steps, 1, lr, timeout=300))
     for rank, result in enumerate(results):
         assert result["sharded"] == "DTensor", f"rank {rank}'s parameters are not FSDP2 shards"
         assert result["losses"] == pytest.approx(expected["losses"], rel=1e-8), (rank, result["losses"])
@@ -230,6 +224,7 @@ def test_spill_calibrates_its_cost_model_on_the_layers_selector() -> None:
         # forwards 1-4's (injected) times refit the model: exactly, whatever the machine's load
         assert result["refits"] >= 1, ("the times of forwards 1-4 refit the model", result["history"])
         assert result["refit_residual"] < 1e-6, result["history"]
-        assert not v32_tasks.compare_ids(result["ids"], expected["ids"], lengths, 2, rank, expected["scores"])
+        assert not model_tasks.compare_ids(result["ids"], expected["ids"], lengths, 2, rank, 1,
+                                           expected["scores"])
     logits = torch.cat([r["logits"] for r in results])
     assert float((logits - expected["logits"]).abs().max()) <= LOGIT_TOLERANCE * float(expected["logits"].abs().max())

@@ -6,6 +6,7 @@ test_deepseek_v4.py and test_deepseek_v32.py; a model that is not transformers' 
 test_model_adapter.py.)"""
 from __future__ import annotations
 
+import functools
 import sys
 
 import pytest
@@ -102,3 +103,14 @@ def test_balance_report_in_the_users_loop(kind: str) -> None:
     assert first.prediction_error is None  # zigzag plans on no cost model
     assert "selection imbalance" in results[0]["line"] and "bound" in results[0]["line"]
     assert all("step_seconds must be a finite number of seconds >= 0, got nan" in r["refused"] for r in results)
+
+
+@pytest.mark.parametrize(("kind", "size"), [("v4", 4), ("v32", 2)])
+def test_three_adamw_steps_follow_the_per_document_run(kind: str, size: int) -> None:
+    tasks, _ = model_tasks.model_of(kind)
+    lengths = (13, 17, 11, 7)
+    expected = tasks.per_document_oracle(tasks.tiny_model(), tasks.packed_ids(lengths), lengths, steps=3)["losses"]
+    results = results_or_raise(pool_of(size).run(functools.partial(tasks.cp_run, steps=3), lengths, "spill",
+                                                 timeout=600))
+    assert results[0]["losses"] == pytest.approx(expected, rel=1e-8), (results[0]["losses"], expected)
+    assert expected[2] != pytest.approx(expected[0], rel=1e-6), "the steps changed nothing: the test proves nothing"

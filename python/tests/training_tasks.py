@@ -1,4 +1,4 @@
-"""Rank tasks for test_cp_training.py: DeepSeek-V4 under CP trained the way large models are
+"""Rank tasks for test_cp_training.py (and V3.2's FSDP2 test): DeepSeek-V4 under CP trained the way large models are
 (FSDP2 over a dp x cp mesh, user labels with -100, padding, gradient accumulation), the
 one-process oracle they must equal, the indexer's recall of the attention's own top-k, and bad
 inputs.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import model_tasks
 import torch
 import torch.distributed as dist
 import v4_tasks
@@ -24,13 +25,12 @@ PAD_TO = 8
 PROMPT = 3
 
 
-def batch_row(row: int, seed: int = 0) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
+def batch_row(row: int, seed: int = 0, kind: str = "v4") -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
     """dp row ``row``'s packed ids [1, S], lengths and labels (-100 on each document's prompt),
-    padded to a multiple of PAD_TO with a document of ignored labels."""
-    from sparsecp.models import deepseek_v4 as cp_v4
-
+    padded to a multiple of PAD_TO with a document of ignored labels (``kind``: model_tasks')."""
+    tasks, cp_v4 = model_tasks.model_of(kind)
     lengths = ROWS[row % len(ROWS)]
-    input_ids = v4_tasks.packed_ids(lengths, seed=11 + 7 * row + 100 * seed)
+    input_ids = tasks.packed_ids(lengths, seed=11 + 7 * row + 100 * seed)
     labels = input_ids.clone()
     start = 0
     for length in lengths:
@@ -71,7 +71,8 @@ def oracle_steps(model: Any, rows: list[tuple[torch.Tensor, tuple[int, ...], tor
 
 
 def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr: float,
-               checkpointing: bool = False, kl: float | None = None, replicated: bool = False) -> dict[str, Any]:
+               checkpointing: bool = False, kl: float | None = None, replicated: bool = False,
+               kind: str = "v4") -> dict[str, Any]:
     """The issue's contract on a dp x cp mesh: context_parallel over mesh['cp'], fully_shard of
     every layer and the model over the flattened mesh, shard_batch / shard_labels with the user's
     labels, causal_lm_loss over the flattened mesh, FSDP2's default reduction, AdamW.
@@ -82,18 +83,18 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr
     rank's share of its row's KL, shares summed over the CP ranks; FSDP2 averages over dp x cp).
     ``replicated``: no fully_shard, the same loss, gradients averaged over the flattened mesh by
     ``all_reduce_gradients(..., average=True)`` (DDP's convention, mathematically FSDP2's).
-    Returns the global mean loss per step and (every rank) the full parameters after each step."""
+    Returns the global mean loss per step and (every rank) the full parameters after each step.
+    ``kind``: the model (model_tasks')."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from sparsecp.models import deepseek_v4 as cp_v4
-
+    tasks, cp_v4 = model_tasks.model_of(kind)
     cp = size // dp
     mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
     flat = mesh["dp", "cp"]._flatten()
-    model = v4_tasks.tiny_model(torch.float64)
+    model = tasks.tiny_model(torch.float64)
     if checkpointing:
-        model.activation_checkpointing_enable()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     cp_v4.context_parallel(model, mesh["cp"], "spill", indexer_kl_coeff=kl)
     if not replicated:
@@ -102,7 +103,7 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr
         fully_shard(model, mesh=flat)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
 
-    input_ids, lengths, labels = batch_row(mesh["dp"].get_local_rank())
+    input_ids, lengths, labels = batch_row(mesh["dp"].get_local_rank(), kind=kind)
     if micro_batches == 1:
         micro = [(input_ids, lengths, labels)]
     else:  # the documents split in two packed micro-batches, each padded to a multiple of cp
@@ -137,9 +138,10 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr
     return {"losses": losses, "params": params, "sharded": type(next(model.parameters())).__name__}
 
 
-def fsdp_oracle(steps: int, lr: float, dp: int) -> dict[str, Any]:
+def fsdp_oracle(steps: int, lr: float, dp: int, kind: str = "v4") -> dict[str, Any]:
     """The one-process run matching ``fsdp_train`` (every dp row's documents)."""
-    return oracle_steps(v4_tasks.tiny_model(torch.float64), [batch_row(row) for row in range(dp)], steps, lr)
+    tasks, _ = model_tasks.model_of(kind)
+    return oracle_steps(tasks.tiny_model(torch.float64), [batch_row(row, kind=kind) for row in range(dp)], steps, lr)
 
 
 def bad_training_input(rank: int, size: int, case: str) -> str:

@@ -9,11 +9,11 @@ the mean next-token loss over the batch, every parameter gradient, and each laye
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
-import numpy as np
+import model_tasks
 import torch
-import torch.distributed as dist
 
 VOCAB = 97
 
@@ -40,15 +40,10 @@ def tiny_model(dtype: torch.dtype = torch.float64, seed: int = 0, **overrides: A
     from transformers import DeepseekV32ForCausalLM
 
     torch.manual_seed(seed)
-    model = DeepseekV32ForCausalLM(tiny_config(**overrides))
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("norm.weight", "layernorm.weight")):
-                parameter.copy_(1 + 0.2 * torch.randn(parameter.shape, generator=generator))
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
+    norm = lambda t, g: 1 + 0.2 * torch.randn(t.shape, generator=g)  # noqa: E731
+    model = model_tasks.randomized(DeepseekV32ForCausalLM(tiny_config(**overrides)), seed,
+                                   {"norm.weight": norm, "layernorm.weight": norm},
+                                   {"e_score_correction_bias": lambda t, g: 0.1 * torch.randn(t.shape, generator=g)})
     return model.to(dtype)
 
 
@@ -99,54 +94,10 @@ def _capture_indexer(model: Any) -> tuple[list[list[torch.Tensor]], list[list[to
     return captured, scores, handles
 
 
-def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...],
-                        steps: int = 0, lr: float = 1e-2) -> dict[str, Any]:
-    """``model_tasks.per_document_oracle`` with this model's indexer capture."""
-    import model_tasks
-
-    return model_tasks.per_document_oracle(_capture_indexer, model, input_ids, lengths, steps, lr)
-
-
-def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]], lengths: tuple[int, ...],
-                size: int, rank: int, scores: list[list[torch.Tensor]] | None = None) -> list[str]:
-    """Rows whose CP ids differ from the oracle's (as sets of document-local ids the row can see:
-    the model's top-k also returns future tokens when a row sees fewer than top-k, which its
-    causal mask then drops), each with the model's scores of the ids the two disagree on (a gap
-    of 0 is a tie the top-k had to break)."""
-    from sparsecp import document_boundaries
-
-    boundaries = list(document_boundaries(lengths))
-    local = sum(lengths) // size
-    differences = []
-    for layer, (mine, theirs) in enumerate(zip(cp_ids, oracle_ids)):
-        for row in range(local):
-            token = rank * local + row
-            d = int(np.searchsorted(boundaries, token, side="right") - 1)
-            position = token - boundaries[d]
-            got = sorted(int(i) - boundaries[d] for i in mine[row].tolist() if i >= 0)
-            want = sorted(int(i) for i in theirs[d][position].tolist() if 0 <= i <= position)
-            if got != want:
-                gap = ""
-                if scores is not None:
-                    row_scores = scores[layer][d][position]
-                    disputed = sorted(set(got) ^ set(want))
-                    gap = " (model's scores " + ", ".join(f"{i}: {float(row_scores[i]):.9g}" for i in disputed) + ")"
-                differences.append(f"layer {layer} document {d} position {position}: {got} != {want}{gap}")
-    return differences
-
-
-def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, **options: Any) -> dict[str, Any]:
-    """``model_tasks.cp_run`` of this model."""
-    import model_tasks
-
-    return model_tasks.cp_run(rank, size, "v32", lengths, mode, **options)
-
-
-def cp_runs(rank: int, size: int, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
-    import model_tasks
-
-    return model_tasks.cp_runs(rank, size, "v32", runs)
+# The per-document oracle with this model's capture, and one rank's CP run(s) of this model.
+per_document_oracle = functools.partial(model_tasks.per_document_oracle, _capture_indexer)
+cp_run = functools.partial(model_tasks.cp_run, kind="v32")
+cp_runs = functools.partial(model_tasks.cp_runs, kind="v32")
 
 
 def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], coeff: float) -> float:
@@ -226,96 +177,6 @@ def run_guide(rank: int, size: int, blocks: list[str]) -> dict[str, Any]:
     return {"logits": tuple(namespace["logits"].shape), "indexer_grad": all(g is not None and bool(g.any())
                                                                              for g in indexer_grads),
             "replays": state.stats.replays, "selections": state.stats.selections}
-
-
-# FSDP2 over dp x cp: two dp rows of documents, each padded (pad_to_multiple) to a multiple of
-# PAD_TO with a document of ignored labels, each document's first PROMPT tokens masked (-100),
-# as supervised fine-tuning masks prompts.
-ROWS = ((13, 8, 11), (7, 17, 5))
-PAD_TO = 8
-PROMPT = 3
-IGNORE = -100
-
-
-def batch_row(row: int) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor]:
-    """dp row ``row``'s packed ids [1, S], lengths and labels (-100 on each document's prompt)."""
-    from sparsecp.models import deepseek_v32 as cp_v32
-
-    lengths = ROWS[row % len(ROWS)]
-    input_ids = packed_ids(lengths, seed=11 + 7 * row)
-    labels = input_ids.clone()
-    start = 0
-    for length in lengths:
-        labels[0, start:start + PROMPT] = IGNORE
-        start += length
-    return cp_v32.pad_to_multiple(input_ids, lengths, PAD_TO, labels=labels)
-
-
-def fsdp_oracle(steps: int, lr: float, dp: int) -> dict[str, Any]:
-    """Every document of the dp rows alone through the unmodified model, the cross entropy summed
-    over their valid next-token labels and divided by their count; ``steps`` AdamW steps. Returns
-    each step's loss and the parameters after each step."""
-    model = tiny_model(torch.float64)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    documents = []
-    for input_ids, lengths, labels in (batch_row(row) for row in range(dp)):
-        start = 0
-        for length in lengths:
-            documents.append((input_ids[:, start:start + length], labels[0, start + 1:start + length]))
-            start += length
-    count = sum(int((targets != IGNORE).sum()) for _, targets in documents)
-    losses, params = [], []
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for ids, targets in documents:
-            if not (targets != IGNORE).any():
-                continue  # nothing learned here (padding, or a document that is all prompt)
-            logits = model(input_ids=ids, use_cache=False).logits[0, :-1]
-            loss = torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum") / count
-            loss.backward()
-            total += float(loss.detach())
-        losses.append(total)
-        optimizer.step()
-        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    return {"losses": losses, "params": params}
-
-
-def fsdp_train(rank: int, size: int, dp: int, steps: int, lr: float) -> dict[str, Any]:
-    """context_parallel over mesh['cp'] with activation checkpointing, then fully_shard of every
-    layer and the model over the flattened dp x cp mesh, the user's labels, causal_lm_loss over
-    the flattened mesh, FSDP2's default mean, AdamW. Returns the global mean loss per step and
-    the full parameters after each step."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from sparsecp.models import deepseek_v32 as cp_v32
-
-    mesh = init_device_mesh("cpu", (dp, size // dp), mesh_dim_names=("dp", "cp"))
-    flat = mesh["dp", "cp"]._flatten()
-    model = tiny_model(torch.float64)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    cp_v32.context_parallel(model, mesh["cp"], "spill")
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=flat)
-    fully_shard(model, mesh=flat)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    input_ids, lengths, labels = batch_row(mesh["dp"].get_local_rank())
-    ids, positions = cp_v32.shard_batch(input_ids, lengths, mesh["cp"])
-    shard_labels = cp_v32.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
-    losses, params = [], []
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
-        loss = cp_v32.causal_lm_loss(logits, shard_labels, lengths, group=flat)
-        loss.backward()
-        reported = loss.detach().clone()
-        dist.all_reduce(reported, group=flat.get_group())
-        losses.append(float(reported) / flat.size())
-        optimizer.step()
-        params.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
-    return {"losses": losses, "params": params, "sharded": type(next(model.parameters())).__name__}
 
 
 def calibrated_spill(rank: int, size: int, lengths: tuple[int, ...], forwards: int) -> dict[str, Any]:

@@ -9,9 +9,10 @@ ids (captured from ``DeepseekV4Indexer.forward``).
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
-import numpy as np
+import model_tasks
 import torch
 import torch.distributed as dist
 
@@ -44,15 +45,11 @@ def tiny_model(dtype: torch.dtype = torch.float64, seed: int = 0, **overrides: A
     from transformers import DeepseekV4ForCausalLM
 
     torch.manual_seed(seed)
-    model = DeepseekV4ForCausalLM(tiny_config(**overrides))
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("sinks", "position_bias")):
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-        for name, buffer in model.named_buffers():
-            if name.endswith("tid2eid"):
-                buffer.copy_(torch.randint(0, model.config.n_routed_experts, buffer.shape, generator=generator))
+    config = tiny_config(**overrides)
+    bias = lambda t, g: torch.randn(t.shape, generator=g) * 0.5  # noqa: E731
+    model = model_tasks.randomized(DeepseekV4ForCausalLM(config), seed, {"sinks": bias, "position_bias": bias},
+                                   {"tid2eid": lambda t, g: torch.randint(0, config.n_routed_experts, t.shape,
+                                                                          generator=g)})
     return model.to(dtype)
 
 
@@ -81,55 +78,10 @@ def _capture_indexer_ids(model: Any) -> tuple[list[list[torch.Tensor]], list[lis
     return captured, scores, handles
 
 
-def per_document_oracle(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...],
-                        steps: int = 0, lr: float = 1e-2) -> dict[str, Any]:
-    """``model_tasks.per_document_oracle`` with this model's indexer capture."""
-    import model_tasks
-
-    return model_tasks.per_document_oracle(_capture_indexer_ids, model, input_ids, lengths, steps, lr)
-
-
-def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, **options: Any) -> dict[str, Any]:
-    """``model_tasks.cp_run`` of this model."""
-    import model_tasks
-
-    return model_tasks.cp_run(rank, size, "v4", lengths, mode, **options)
-
-
-def cp_runs(rank: int, size: int, runs: list[tuple[tuple[int, ...], str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Several ``cp_run`` calls in one task: ``(lengths, mode, options)`` each."""
-    import model_tasks
-
-    return model_tasks.cp_runs(rank, size, "v4", runs)
-
-
-def compare_ids(cp_ids: list[torch.Tensor], oracle_ids: list[list[torch.Tensor]], lengths: tuple[int, ...],
-                size: int, rank: int, ratio: int, scores: list[list[torch.Tensor]] | None = None) -> list[str]:
-    """Rows whose CP ids differ from the oracle's (as sets of document-local ids), each with the
-    model's scores of the ids the two disagree on (a gap of 0 is a tie the top-k had to break)."""
-    from sparsecp import compressed_document_offsets, document_boundaries
-
-    boundaries = list(document_boundaries(lengths))
-    keys = list(compressed_document_offsets(boundaries, ratio))
-    local = sum(lengths) // size
-    differences = []
-    for layer, (mine, theirs) in enumerate(zip(cp_ids, oracle_ids)):
-        for row in range(local):
-            token = rank * local + row
-            d = int(np.searchsorted(boundaries, token, side="right") - 1)
-            position = token - boundaries[d]
-            got = sorted(int(i) - keys[d] for i in mine[row].tolist() if i >= 0)
-            want = sorted(int(i) for i in theirs[d][position].tolist() if i >= 0)
-            if got != want:
-                gap = ""
-                if scores is not None:
-                    row_scores = scores[layer][d][position]
-                    disputed = sorted(set(got) ^ set(want))
-                    gap = " (model's scores " + ", ".join(f"{i}: {float(row_scores[i]):.9g}" for i in disputed) + ")"
-                differences.append(f"layer {layer} document {d} position {position}: {got} != {want}{gap}")
-    return differences
-
-
+# The per-document oracle with this model's capture, and one rank's CP run(s) of this model.
+per_document_oracle = functools.partial(model_tasks.per_document_oracle, _capture_indexer_ids)
+cp_run = functools.partial(model_tasks.cp_run, kind="v4")
+cp_runs = functools.partial(model_tasks.cp_runs, kind="v4")
 
 
 def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], coeff: float) -> float:

@@ -48,56 +48,18 @@ function here is first called.
 """
 from __future__ import annotations
 
-from typing import Any
-
-from .._cp import engine
-from .._cp.engine import balance_report, context_parallel_state, indexer_kl_loss
-from .._cp.engine import undo as undo_context_parallel
-from .._cp.options import ContextParallelOptions
-from .._cp.report import BalanceReport
-from .._cp.state import ContextParallelState, ContextParallelStats
-from .._cp.training import (
-    all_reduce_gradients,
-    causal_lm_loss,
-    count_valid_tokens,
-    pad_to_multiple,
-    shard_batch,
-    shard_labels,
-)
+from .._cp.public import *  # noqa: F403  (the functions every model exports)
+from .._cp.public import __all__ as _public
+from .._cp.public import entry_point
 from .._cp.transformers_adapter import TRANSFORMERS_TESTED as TRANSFORMERS_NEEDED
 from ._adapter import UPSTREAM_FINGERPRINTS, V32Adapter
 from ._selector import FusedSelector, ModelSelector
 
-__all__ = [
-    "TRANSFORMERS_NEEDED",
-    "UPSTREAM_FINGERPRINTS",
-    "BalanceReport",
-    "ContextParallelOptions",
-    "ContextParallelState",
-    "ContextParallelStats",
-    "FusedSelector",
-    "ModelSelector",
-    "V32Adapter",
-    "all_reduce_gradients",
-    "balance_report",
-    "causal_lm_loss",
-    "context_parallel",
-    "context_parallel_state",
-    "count_valid_tokens",
-    "indexer_kl_loss",
-    "pad_to_multiple",
-    "shard_batch",
-    "shard_labels",
-    "undo_context_parallel",
-]
+__all__ = [*_public, "context_parallel", "V32Adapter", "UPSTREAM_FINGERPRINTS", "TRANSFORMERS_NEEDED",
+           "FusedSelector", "ModelSelector"]
 
-
-def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, block_size: int | None = None,
-                     zigzag_min_length: int | None = None, selector: str = "model",
-                     indexer_kl_coeff: float | None = None, attention_backend: str | None = None,
-                     calibrate: bool | str = True, options: ContextParallelOptions | None = None,
-                     **strategy_params: Any) -> Any:
-    """Make a ``DeepseekV32ForCausalLM`` / ``DeepseekV32Model`` context-parallel over ``group``, in place.
+context_parallel = entry_point(V32Adapter, __name__, """\
+Make a ``DeepseekV32ForCausalLM`` / ``DeepseekV32Model`` context-parallel over ``group``, in place.
 
     Args:
         model: transformers' DeepSeek-V3.2 model, the same weights on every rank (they stay
@@ -122,8 +84,4 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         TypeError: ``model`` is not a transformers DeepSeek-V3.2 model.
         ValueError: the model is already context-parallel, an option is invalid, or the ranks
             were given different options or hold different weights (raised on every rank).
-    """
-    given = dict(mode=mode, block_size=block_size, zigzag_min_length=zigzag_min_length, selector=selector,
-                 indexer_kl_coeff=indexer_kl_coeff, attention_backend=attention_backend, calibrate=calibrate)
-    return engine.apply(model, V32Adapter(), group, ContextParallelOptions.from_arguments(options, given,
-                                                                                         strategy_params))
+    """)

@@ -63,54 +63,18 @@ from typing import Any
 import torch
 
 from .._cp import engine, training
-from .._cp.engine import balance_report, context_parallel_state, indexer_kl_loss
-from .._cp.engine import undo as undo_context_parallel
-from .._cp.options import ContextParallelOptions
-from .._cp.report import BalanceReport
-from .._cp.state import ContextParallelState, ContextParallelStats
-from .._cp.training import (
-    all_reduce_gradients,
-    causal_lm_loss,
-    count_valid_tokens,
-    pad_to_multiple,
-    shard_batch,
-    shard_labels,
-)
+from .._cp.public import *  # noqa: F403  (the functions every model exports)
+from .._cp.public import __all__ as _public
+from .._cp.public import context_parallel_state, entry_point
 from .._cp.transformers_adapter import TRANSFORMERS_TESTED as TRANSFORMERS_NEEDED
 from ._adapter import UPSTREAM_FINGERPRINTS, WHOLE_ROW, V4Adapter
 from ._selector import FusedSelector, ModelSelector
 
-__all__ = [
-    "TRANSFORMERS_NEEDED",
-    "UPSTREAM_FINGERPRINTS",
-    "BalanceReport",
-    "ContextParallelOptions",
-    "ContextParallelState",
-    "ContextParallelStats",
-    "FusedSelector",
-    "ModelSelector",
-    "V4Adapter",
-    "all_reduce_gradients",
-    "balance_report",
-    "causal_lm_loss",
-    "context_parallel",
-    "context_parallel_state",
-    "count_valid_tokens",
-    "indexer_kl_loss",
-    "pad_to_multiple",
-    "router_aux_loss",
-    "shard_batch",
-    "shard_labels",
-    "undo_context_parallel",
-]
+__all__ = [*_public, "context_parallel", "V4Adapter", "router_aux_loss", "UPSTREAM_FINGERPRINTS",
+           "TRANSFORMERS_NEEDED", "FusedSelector", "ModelSelector"]
 
-
-def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, block_size: int | None = None,
-                     zigzag_min_length: int | None = None, selector: str = "model",
-                     indexer_kl_coeff: float | None = None, attention_backend: str | None = None,
-                     calibrate: bool | str = True, options: ContextParallelOptions | None = None,
-                     **strategy_params: Any) -> Any:
-    """Make a ``DeepseekV4ForCausalLM`` / ``DeepseekV4Model`` context-parallel over ``group``, in place.
+context_parallel = entry_point(V4Adapter, __name__, """\
+Make a ``DeepseekV4ForCausalLM`` / ``DeepseekV4Model`` context-parallel over ``group``, in place.
 
     Args:
         model: transformers' DeepSeek-V4 model, the same weights on every rank, not yet
@@ -138,11 +102,7 @@ def context_parallel(model: Any, group: Any = None, mode: str = "spill", *, bloc
         ValueError: the model is already context-parallel or already sharded by ``fully_shard``,
             ``group`` is a mesh of more than one dimension, an option is invalid, or the ranks
             were given different options or hold different weights (raised on every rank).
-    """
-    given = dict(mode=mode, block_size=block_size, zigzag_min_length=zigzag_min_length, selector=selector,
-                 indexer_kl_coeff=indexer_kl_coeff, attention_backend=attention_backend, calibrate=calibrate)
-    return engine.apply(model, V4Adapter(), group, ContextParallelOptions.from_arguments(options, given,
-                                                                                        strategy_params))
+    """)
 
 
 def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
