@@ -98,7 +98,7 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
             if name.endswith(("sinks", "position_bias")):
                 parameter.normal_(0, 0.5)
     if job["checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable()
     model.train()
     # The baseline has no CSA layer, so no indexer and no KL.
     cp_v4.context_parallel(model, None, "spill", selector=job["selector"],

@@ -74,11 +74,14 @@ class Example:
 # Flags
 
 def argument_parser(doc: str, modes: str, steps: int) -> argparse.ArgumentParser:
-    """The flags every example takes (``--selector`` and ``--dp`` are the example's own); ``doc``
+    """The flags every example takes (``--selector`` is the example's own); ``doc``
     is the example's docstring, ``modes`` and ``steps`` its defaults."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=4, help="CP ranks (gloo on loopback)")
+    parser.add_argument("--dp", type=int, default=1,
+                        help="data-parallel rows: with D > 1, D x --ranks processes, FSDP2 over the flattened "
+                             "dp x cp mesh (each dp row its own batch) instead of replicated weights")
     parser.add_argument("--modes", default=modes,
                         help="strategies, interleaved every step (the first is the baseline); spill and auto "
                              "calibrate their cost model on the worker selector; NAME-uncalibrated runs NAME with "
@@ -102,7 +105,6 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     when there are several selectors); exits through ``parser.error`` on a bad value."""
     args.modes = [m for m in args.modes.split(",") if m]
     args.selectors = [s for s in args.selector.split(",") if s]
-    args.dp = getattr(args, "dp", 1)
     if args.ranks < 1 or args.tokens % args.ranks or not args.modes:
         parser.error("--ranks must divide --tokens, and --modes name at least one strategy")
     if not args.selectors or any(s not in ("model", "fused") for s in args.selectors):

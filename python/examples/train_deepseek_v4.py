@@ -110,9 +110,6 @@ EXAMPLE = driver.Example(title="DeepSeek-V4", models="sparsecp.models.deepseek_v
 
 def main() -> int:
     parser = driver.argument_parser(__doc__, modes="none,zigzag,hybrid,spill,spill-uncalibrated", steps=5)
-    parser.add_argument("--dp", type=int, default=1,
-                        help="data-parallel rows: with D > 1, D x --ranks processes, FSDP2 over the flattened "
-                             "dp x cp mesh (each dp row its own batch) instead of replicated weights")
     parser.add_argument("--selector", default="model",
                         help="workers score with the model's torch math ('model') or sparsecp's fused CPU kernel "
                              "('fused'); 'model,fused' runs every strategy with each, interleaved")

@@ -139,7 +139,7 @@ def bad_input(rank: int, size: int, kind: str, case: str) -> str:
         elif case == "no positions":
             del kwargs["position_ids"]
         elif case == "checkpointing on one rank" and rank == 1:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable()
         elif case == "router logits on one rank" and rank == 1:
             kwargs["output_router_logits"] = True
         model(**kwargs)
@@ -155,7 +155,7 @@ def two_forwards_then_backward(rank: int, size: int, kind: str, checkpointing: b
     tasks, cp = model_of(kind)
     model = tasks.tiny_model(torch.float64)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable()
     cp.context_parallel(model, None, "spill")
     lengths = (40, 24)
     losses = []
@@ -199,7 +199,7 @@ def _cp_run(kind: str, lengths: tuple[int, ...], mode: str, dtype: torch.dtype, 
     tasks, cp = model_of(kind)
     model = tasks.tiny_model(dtype, seed)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable()
     model.train()
     cp.context_parallel(model, None, mode, selector=selector, indexer_kl_coeff=kl, **strategy)
     state = cp.context_parallel_state(model)

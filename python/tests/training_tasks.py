@@ -94,7 +94,7 @@ def fsdp_train(rank: int, size: int, dp: int, steps: int, micro_batches: int, lr
     flat = mesh["dp", "cp"]._flatten()
     model = tasks.tiny_model(torch.float64)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable()
     model.train()
     cp_v4.context_parallel(model, mesh["cp"], "spill", indexer_kl_coeff=kl)
     if not replicated:

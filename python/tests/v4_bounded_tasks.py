@@ -67,7 +67,7 @@ def host_syncs(rank: int, size: int, layers: int, kl: bool) -> dict[str, Any]:
     from sparsecp.models import deepseek_v4 as cp_v4
 
     model = v4_tasks.tiny_model(torch.float64, **_layer_types(layers))
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable()
     model.train()
     cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=0.1 if kl else None)
     lengths = (13, 17, 11, 7)
@@ -94,7 +94,7 @@ def v32_host_syncs(rank: int, size: int, layers: int) -> dict[str, Any]:
     from sparsecp.models import deepseek_v32 as cp_v32
 
     model = v32_tasks.tiny_model(torch.float64, num_hidden_layers=layers)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable()
     model.train()
     cp_v32.context_parallel(model, None, "spill", indexer_kl_coeff=0.1)
     lengths = (13, 17, 11, 7)
@@ -120,7 +120,7 @@ def records_after_steps(rank: int, size: int, steps: tuple[int, ...]) -> dict[st
     from sparsecp.models._cp import forward as _cp_layer
 
     model = v4_tasks.tiny_model(torch.float64)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable()
     # calibrate=False: a refit every forward plans new routes, whose device tables the bounded
     # caches (the batch layout's last 4, the routes' last 32) hold until they are full.
     cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=0.1, calibrate=False)
@@ -164,7 +164,7 @@ def unbackpropagated_kl(rank: int, size: int, model_name: str) -> dict[str, Any]
     tasks = importlib.import_module(f"{model_name}_tasks")
     cp = importlib.import_module("sparsecp.models." + {"v4": "deepseek_v4", "v32": "deepseek_v32"}[model_name])
     model = tasks.tiny_model(torch.float64)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable()
     cp.context_parallel(model, None, "spill", indexer_kl_coeff=0.1, calibrate=False)
     state = cp.context_parallel_state(model)
     contexts: list[Any] = []

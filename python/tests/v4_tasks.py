@@ -186,7 +186,7 @@ def misuse_runs(rank: int, size: int) -> dict[str, Any]:
     grads = []
     for together in (False, True):
         model = tiny_model(torch.float64)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable()
         cp_v4.context_parallel(model, None, "spill")
         losses = []
         for index, lengths in enumerate(batches):
@@ -219,7 +219,7 @@ def misuse_runs(rank: int, size: int) -> dict[str, Any]:
                                                         document_lengths=lengths).logits).abs().max())
 
     model = tiny_model(torch.float64)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
     cp_v4.context_parallel(model, None, "spill", indexer_kl_coeff=0.5)
     model.train()
     model(input_ids=ids, position_ids=positions, document_lengths=lengths)

@@ -35,7 +35,7 @@ def indexer_kl_share(state: Any, group: Any = None) -> torch.Tensor | None:
             raise ValueError("indexer_kl_loss: the model has run no forward with gradients since the KL was enabled")
         raise ValueError("indexer_kl_loss: the last forward with gradients computed no KL: its attention layers ran "
                          "without gradients, as under reentrant activation checkpointing (use_reentrant=True); use "
-                         "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})")
+                         "model.activation_checkpointing_enable() (non-reentrant, the default)")
     total = torch.stack([loss.to(state.kl_losses[0].dtype) for loss in state.kl_losses]).sum()
     if group is None:
         return total

@@ -37,7 +37,7 @@ With ``mode="spill"`` (or "auto") ``context_parallel`` calibrates spill's cost m
 layer's own selector and refits it from the measured selection times (``_cp/calibration.py``, as
 ``deepseek_v4`` does); ``calibrate=False`` or ``cost_model=`` skip that.
 
-Activation checkpointing (``model.gradient_checkpointing_enable()``, non-reentrant) recomputes
+Activation checkpointing (``model.activation_checkpointing_enable()``, non-reentrant) recomputes
 the layers without selecting again: each layer replays the ids of its first forward.
 
 FSDP2 and meshes: every ``group`` takes a ProcessGroup or a 1-D ``DeviceMesh``; see

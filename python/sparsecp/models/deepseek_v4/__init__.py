@@ -40,7 +40,7 @@ The indexer's training signal (transformers' indexer has none: its ``topk`` give
 ``indexer_kl_loss(model)`` returns this rank's share of their sum for the last forward, to add
 to the loss. It only reaches indexer parameters and changes no logit.
 
-Activation checkpointing (``model.gradient_checkpointing_enable()``, non-reentrant, the
+Activation checkpointing (``model.activation_checkpointing_enable()``, non-reentrant, the
 transformers default) recomputes the layers without selecting again: each layer replays the ids
 of its first forward (no selector call, no selection collective).
 
