@@ -4,7 +4,8 @@ on every rank, and gradient accumulation under recompute."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -333,3 +334,36 @@ def randomized(model: Any, seed: int, parameters: dict[str, Callable[[torch.Tens
                 if fill is not None:
                     tensor.copy_(fill(tensor, generator))
     return model
+
+
+def attention_inputs_per_document(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...],
+                                  selecting: Callable[[Any], bool]) -> Iterator[tuple[int, int, Any, Any, Any]]:
+    """Runs ``model`` on each document alone without gradients and yields, per layer whose
+    attention ``selecting`` names, ``(document length, layer, hidden states, position_ids,
+    position_embeddings)`` as that attention received them."""
+    inputs: dict[int, tuple[Any, Any, Any]] = {}
+
+    def keep(index: int, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        inputs[index] = (hidden, kwargs.get("position_ids"), kwargs["position_embeddings"])
+
+    hooks = [layer.self_attn.register_forward_pre_hook(functools.partial(keep, index), with_kwargs=True)
+             for index, layer in enumerate(model.model.layers) if selecting(layer.self_attn)]
+    try:
+        start = 0
+        with torch.no_grad():
+            for length in lengths:
+                ids = input_ids[:, start:start + length]
+                start += length
+                inputs.clear()
+                model(input_ids=ids, use_cache=False)
+                for index, (hidden, positions, embeddings) in list(inputs.items()):
+                    yield length, index, hidden, positions, embeddings
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def is_csa(attention: Any) -> bool:
+    """A DeepSeek-V4 attention with a CSA compressor (a Lightning Indexer)."""
+    return attention.compressor is not None and hasattr(attention.compressor, "indexer")

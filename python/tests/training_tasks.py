@@ -311,45 +311,29 @@ def attention_recall(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ..
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb as rope
 
     model = copy.deepcopy(model)
-    inputs: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}
-    hooks = []
-    for index, layer in enumerate(model.model.layers):
-        attention = layer.self_attn
-        if attention.compressor is not None and hasattr(attention.compressor, "indexer"):
-            hooks.append(attention.register_forward_pre_hook(
-                lambda module, args, kwargs, index=index: inputs.__setitem__(
-                    index, (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0],
-                            kwargs["position_ids"], kwargs["position_embeddings"])), with_kwargs=True))
-    hits, rows, start = 0, 0, 0
+    hits, rows = 0, 0
     topk = int(model.config.index_topk)
-    with torch.no_grad():
-        for length in lengths:
-            ids = input_ids[:, start:start + length]
-            start += length
-            inputs.clear()
-            model(input_ids=ids, use_cache=False)
-            for index, (hidden, position_ids, embeddings) in inputs.items():
-                attention = model.model.layers[index].self_attn
-                compressor, indexer = attention.compressor, attention.compressor.indexer
-                cos, sin = embeddings["compress"]
-                q_residual = attention.q_a_norm(attention.q_a_proj(hidden))
-                q = attention.q_b_proj(q_residual).view(1, length, -1, attention.head_dim).transpose(1, 2)
-                q = rope(attention.q_b_norm(q), cos, sin)[0]  # [H, S, D]
-                bank = compressor(hidden, q_residual, position_ids, None, index)[0][0, 0]  # [T, D]
-                selected = indexer(hidden, q_residual, position_ids, None, index)[0]  # [S, k]
-                ratio = int(compressor.compress_rate)
-                for t in range(length):
-                    visible = (t + 1) // ratio
-                    if visible <= topk:
-                        continue
-                    logits = torch.cat([q[:, t] @ bank[:visible].T * attention.scaling,
-                                        attention.sinks[:, None]], dim=1)
-                    mass = torch.softmax(logits, dim=1)[:, :-1].sum(0)
-                    best = set(torch.topk(mass, topk).indices.tolist())
-                    hits += len(best & {int(s) for s in selected[t].tolist() if s >= 0})
-                    rows += 1
-    for hook in hooks:
-        hook.remove()
+    documents = model_tasks.attention_inputs_per_document(model, input_ids, lengths, model_tasks.is_csa)
+    for length, index, hidden, position_ids, embeddings in documents:
+        attention = model.model.layers[index].self_attn
+        compressor, indexer = attention.compressor, attention.compressor.indexer
+        cos, sin = embeddings["compress"]
+        q_residual = attention.q_a_norm(attention.q_a_proj(hidden))
+        q = attention.q_b_proj(q_residual).view(1, length, -1, attention.head_dim).transpose(1, 2)
+        q = rope(attention.q_b_norm(q), cos, sin)[0]  # [H, S, D]
+        bank = compressor(hidden, q_residual, position_ids, None, index)[0][0, 0]  # [T, D]
+        selected = indexer(hidden, q_residual, position_ids, None, index)[0]  # [S, k]
+        ratio = int(compressor.compress_rate)
+        for t in range(length):
+            visible = (t + 1) // ratio
+            if visible <= topk:
+                continue
+            logits = torch.cat([q[:, t] @ bank[:visible].T * attention.scaling,
+                                attention.sinks[:, None]], dim=1)
+            mass = torch.softmax(logits, dim=1)[:, :-1].sum(0)
+            best = set(torch.topk(mass, topk).indices.tolist())
+            hits += len(best & {int(s) for s in selected[t].tolist() if s >= 0})
+            rows += 1
     return hits / max(rows * topk, 1)
 
 

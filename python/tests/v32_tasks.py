@@ -111,55 +111,41 @@ def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], 
     from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb_interleave as mla_rope
 
     model = copy.deepcopy(model)
-    inputs: dict[int, tuple[torch.Tensor, Any]] = {}
-    hooks = []
-    for index, layer in enumerate(model.model.layers):
-        hooks.append(layer.self_attn.register_forward_pre_hook(
-            lambda module, args, kwargs, index=index: inputs.__setitem__(
-                index, (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0],
-                        kwargs["position_embeddings"])), with_kwargs=True))
-    total, start = 0.0, 0
+    total = 0.0
     tiny = torch.finfo(torch.float32).tiny
-    with torch.no_grad():
-        for length in lengths:
-            ids = input_ids[:, start:start + length]
-            start += length
-            inputs.clear()
-            model(input_ids=ids, use_cache=False)
-            for index, (hidden, embeddings) in inputs.items():
-                attn = model.model.layers[index].self_attn
-                indexer = attn.indexer
-                cos, sin = embeddings
-                q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden))
-                q = attn.q_b_proj(q_resid).view(1, length, -1, attn.qk_head_dim).transpose(1, 2)
-                q_pass, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
-                kv_pass, k_rot = torch.split(attn.kv_a_proj_with_mqa(hidden), [attn.kv_lora_rank,
-                                                                                attn.qk_rope_head_dim], dim=-1)
-                k_pass = attn.kv_a_layernorm(kv_pass).view(1, 1, length, attn.kv_lora_rank)
-                q_rot, k_rot = mla_rope(q_rot, k_rot.view(1, 1, length, -1), cos, sin)
-                keys, _ = attn.expand_kv(k_pass, k_rot)  # [1, H, S, D]
-                query = torch.cat([q_pass, q_rot], dim=-1)[0]  # [H, S, D]
-                selected = indexer(hidden, q_resid, embeddings, torch.ones(1, length, length, dtype=torch.bool)
-                                   .tril(), None)[0]
-                qi = indexer.wq_b(q_resid).view(1, length, indexer.n_heads, indexer.head_dim)
-                rope = indexer.qk_rope_head_dim
-                qi_rot, qi_pass = torch.split(qi, [rope, indexer.head_dim - rope], dim=-1)
-                ki = indexer.k_norm(indexer.wk(hidden)).unsqueeze(2)
-                ki_rot, ki_pass = torch.split(ki, [rope, indexer.head_dim - rope], dim=-1)
-                qi_rot, ki_rot = apply_rotary_pos_emb(qi_rot, ki_rot, cos, sin, unsqueeze_dim=2)
-                qi = torch.cat([qi_rot, qi_pass], dim=-1)[0]  # [S, Hi, Di]
-                ki = torch.cat([ki_rot, ki_pass], dim=-1)[0, :, 0]  # [S, Di]
-                w = indexer.weights_proj(hidden)[0] * indexer.n_heads ** -0.5 * indexer.softmax_scale
-                for t in range(length):
-                    chosen = [int(s) for s in selected[t].tolist() if 0 <= s <= t]
-                    logits = torch.einsum("hd,hnd->hn", query[:, t], keys[0][:, chosen]) * attn.scaling
-                    mass = torch.softmax(logits, dim=1).sum(0)
-                    p = mass / mass.sum().clamp_min(tiny)
-                    scores = (w[t][:, None] * torch.relu(qi[t] @ ki[chosen].T)).sum(0)
-                    log_student = torch.log_softmax(scores, dim=0)
-                    total += float((p * (torch.log(p.clamp_min(tiny)) - log_student)).sum())
-    for hook in hooks:
-        hook.remove()
+    documents = model_tasks.attention_inputs_per_document(model, input_ids, lengths, lambda attention: True)
+    for length, index, hidden, _, embeddings in documents:
+        attn = model.model.layers[index].self_attn
+        indexer = attn.indexer
+        cos, sin = embeddings
+        q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden))
+        q = attn.q_b_proj(q_resid).view(1, length, -1, attn.qk_head_dim).transpose(1, 2)
+        q_pass, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
+        kv_pass, k_rot = torch.split(attn.kv_a_proj_with_mqa(hidden), [attn.kv_lora_rank,
+                                                                        attn.qk_rope_head_dim], dim=-1)
+        k_pass = attn.kv_a_layernorm(kv_pass).view(1, 1, length, attn.kv_lora_rank)
+        q_rot, k_rot = mla_rope(q_rot, k_rot.view(1, 1, length, -1), cos, sin)
+        keys, _ = attn.expand_kv(k_pass, k_rot)  # [1, H, S, D]
+        query = torch.cat([q_pass, q_rot], dim=-1)[0]  # [H, S, D]
+        selected = indexer(hidden, q_resid, embeddings, torch.ones(1, length, length, dtype=torch.bool)
+                           .tril(), None)[0]
+        qi = indexer.wq_b(q_resid).view(1, length, indexer.n_heads, indexer.head_dim)
+        rope = indexer.qk_rope_head_dim
+        qi_rot, qi_pass = torch.split(qi, [rope, indexer.head_dim - rope], dim=-1)
+        ki = indexer.k_norm(indexer.wk(hidden)).unsqueeze(2)
+        ki_rot, ki_pass = torch.split(ki, [rope, indexer.head_dim - rope], dim=-1)
+        qi_rot, ki_rot = apply_rotary_pos_emb(qi_rot, ki_rot, cos, sin, unsqueeze_dim=2)
+        qi = torch.cat([qi_rot, qi_pass], dim=-1)[0]  # [S, Hi, Di]
+        ki = torch.cat([ki_rot, ki_pass], dim=-1)[0, :, 0]  # [S, Di]
+        w = indexer.weights_proj(hidden)[0] * indexer.n_heads ** -0.5 * indexer.softmax_scale
+        for t in range(length):
+            chosen = [int(s) for s in selected[t].tolist() if 0 <= s <= t]
+            logits = torch.einsum("hd,hnd->hn", query[:, t], keys[0][:, chosen]) * attn.scaling
+            mass = torch.softmax(logits, dim=1).sum(0)
+            p = mass / mass.sum().clamp_min(tiny)
+            scores = (w[t][:, None] * torch.relu(qi[t] @ ki[chosen].T)).sum(0)
+            log_student = torch.log_softmax(scores, dim=0)
+            total += float((p * (torch.log(p.clamp_min(tiny)) - log_student)).sum())
     return coeff * total / sum(lengths)
 
 

@@ -93,50 +93,34 @@ def kl_reference(model: Any, input_ids: torch.Tensor, lengths: tuple[int, ...], 
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb as rope
 
     model = copy.deepcopy(model)
-    inputs: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}
-    hooks = []
-    for index, layer in enumerate(model.model.layers):
-        attention = layer.self_attn
-        if attention.compressor is not None and hasattr(attention.compressor, "indexer"):
-            hooks.append(attention.register_forward_pre_hook(
-                lambda module, args, kwargs, index=index: inputs.__setitem__(
-                    index, (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0],
-                            kwargs["position_ids"], kwargs["position_embeddings"])), with_kwargs=True))
-    total, start = 0.0, 0
-    with torch.no_grad():
-        for length in lengths:
-            ids = input_ids[:, start:start + length]
-            start += length
-            inputs.clear()
-            model(input_ids=ids, use_cache=False)
-            for index, (hidden, position_ids, embeddings) in inputs.items():
-                attention = model.model.layers[index].self_attn
-                compressor, indexer = attention.compressor, attention.compressor.indexer
-                cos, sin = embeddings["compress"]
-                q_residual = attention.q_a_norm(attention.q_a_proj(hidden))
-                q = attention.q_b_proj(q_residual).view(1, length, -1, attention.head_dim).transpose(1, 2)
-                q = rope(attention.q_b_norm(q), cos, sin)[0]  # [H, S, D]
-                bank, _ = compressor(hidden, q_residual, position_ids, None, index)
-                selected = indexer(hidden, q_residual, position_ids, None, index)[0]  # [S, k]
-                index_keys = _index_bank(indexer, hidden, rope)  # [T, Di]
-                icos, isin = indexer.rotary_emb(hidden, position_ids=position_ids, layer_type="compress")
-                qi = indexer.q_b_proj(q_residual).view(1, length, -1, indexer.head_dim).transpose(1, 2)
-                qi = rope(qi, icos, isin).transpose(1, 2)[0]  # [S, Hi, Di]
-                w = indexer.scorer.weights_proj(hidden)[0] * indexer.scorer.weights_scaling \
-                    * indexer.scorer.softmax_scale
-                for t in range(length):
-                    chosen = [int(s) for s in selected[t].tolist() if s >= 0]
-                    if not chosen:
-                        continue
-                    keys = bank[0, 0, chosen]  # [n, D]
-                    logits = torch.cat([q[:, t] @ keys.T * attention.scaling, attention.sinks[:, None]], dim=1)
-                    mass = torch.softmax(logits, dim=1)[:, :-1].sum(0)
-                    p = mass / mass.sum().clamp_min(torch.finfo(torch.float32).tiny)
-                    scores = (w[t][:, None] * torch.relu(qi[t] @ index_keys[chosen].T)).sum(0)
-                    log_student = torch.log_softmax(scores, dim=0)
-                    total += float((p * (torch.log(p.clamp_min(torch.finfo(torch.float32).tiny)) - log_student)).sum())
-    for hook in hooks:
-        hook.remove()
+    total = 0.0
+    documents = model_tasks.attention_inputs_per_document(model, input_ids, lengths, model_tasks.is_csa)
+    for length, index, hidden, position_ids, embeddings in documents:
+        attention = model.model.layers[index].self_attn
+        compressor, indexer = attention.compressor, attention.compressor.indexer
+        cos, sin = embeddings["compress"]
+        q_residual = attention.q_a_norm(attention.q_a_proj(hidden))
+        q = attention.q_b_proj(q_residual).view(1, length, -1, attention.head_dim).transpose(1, 2)
+        q = rope(attention.q_b_norm(q), cos, sin)[0]  # [H, S, D]
+        bank, _ = compressor(hidden, q_residual, position_ids, None, index)
+        selected = indexer(hidden, q_residual, position_ids, None, index)[0]  # [S, k]
+        index_keys = _index_bank(indexer, hidden, rope)  # [T, Di]
+        icos, isin = indexer.rotary_emb(hidden, position_ids=position_ids, layer_type="compress")
+        qi = indexer.q_b_proj(q_residual).view(1, length, -1, indexer.head_dim).transpose(1, 2)
+        qi = rope(qi, icos, isin).transpose(1, 2)[0]  # [S, Hi, Di]
+        w = indexer.scorer.weights_proj(hidden)[0] * indexer.scorer.weights_scaling \
+            * indexer.scorer.softmax_scale
+        for t in range(length):
+            chosen = [int(s) for s in selected[t].tolist() if s >= 0]
+            if not chosen:
+                continue
+            keys = bank[0, 0, chosen]  # [n, D]
+            logits = torch.cat([q[:, t] @ keys.T * attention.scaling, attention.sinks[:, None]], dim=1)
+            mass = torch.softmax(logits, dim=1)[:, :-1].sum(0)
+            p = mass / mass.sum().clamp_min(torch.finfo(torch.float32).tiny)
+            scores = (w[t][:, None] * torch.relu(qi[t] @ index_keys[chosen].T)).sum(0)
+            log_student = torch.log_softmax(scores, dim=0)
+            total += float((p * (torch.log(p.clamp_min(torch.finfo(torch.float32).tiny)) - log_student)).sum())
     return coeff * total / sum(lengths)
 
 
