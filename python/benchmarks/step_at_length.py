@@ -409,8 +409,9 @@ def _run_rank(rank: int, size: int, port: int, job: dict[str, Any], results: Any
         dist.destroy_process_group()
 
 
-def run_job(job: dict[str, Any], ranks: int, report: Any) -> list[dict[str, Any]]:
-    """Spawns the ranks, hands every completed (step, mode) to ``report``, returns every record."""
+def run_job(job: dict[str, Any], ranks: int, report: Any, started: Any = None) -> list[dict[str, Any]]:
+    """Spawns the ranks, calls ``started()`` while they start (the parent's own imports overlap
+    theirs), hands every completed (step, mode) to ``report``, returns every record."""
     import torch.multiprocessing as mp
 
     with socket.socket() as probe:
@@ -421,6 +422,8 @@ def run_job(job: dict[str, Any], ranks: int, report: Any) -> list[dict[str, Any]
     processes = [context.Process(target=run_rank, args=(r, ranks, port, job, results)) for r in range(ranks)]
     for process in processes:
         process.start()
+    if started is not None:
+        started()
     records: list[dict[str, Any]] = []
     pending: dict[tuple[int, str], list[dict[str, Any]]] = {}
     done = 0
@@ -516,7 +519,7 @@ def summarize(records: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]
             "breakdown_seconds": {c: statistics.median(v) for c, v in breakdown.items()},
             "exchange_wall_seconds": statistics.median(exchange),
             "per_rank_step_seconds": per_rank_cpu, "per_rank_selector_seconds": per_rank_selector,
-            "losses": [by[(mode, s)][0]["loss"] for s in steps],
+            "losses": [sum(r["loss"] for r in by[(mode, s)]) for s in steps],  # the ranks' shares summed
             "lengths_steps": steps}
     return out
 
@@ -859,8 +862,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--ranks must be 1-8 and divide every --tokens")
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be at least 1 and --warmup at least 0")
+    # V4-Flash's 64 heads and hidden 4,096 (checked against its config in scaled_config); the
+    # rest of the options are checked by the ranks, so that the parent's transformers import
+    # overlaps theirs
+    if args.scale < 1 or 64 % args.scale:
+        parser.error(f"--scale must divide 64 (V4-Flash's head counts), got {args.scale}")
     try:
-        config = scaled_config(args.scale, args.layers, args.experts, max(tokens))
+        layer_types(args.layers)
     except ValueError as error:
         parser.error(str(error))
     import sparsecp
@@ -870,21 +878,23 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.source) as source:
             saved = json.load(source)
         runs, header = saved["runs"], saved["header"]
+        for run in runs:  # summarized again from the saved records: the figures as this version defines them
+            if run.get("records"):
+                run["modes"] = summarize(run["records"], list(run["modes"]))
     else:
         os.environ["OMP_NUM_THREADS"] = "1"  # the spawned ranks: one thread each, all of it on thread_time
-        import torch
+        from importlib.metadata import version
 
-        header = {"cpu": cpu_model(), "cores": os.cpu_count(), "isa": sparsecp.kernel_isa(), "torch": torch.__version__,
+        header = {"cpu": cpu_model(), "cores": os.cpu_count(), "isa": sparsecp.kernel_isa(), "torch": version("torch"),
                   "date": datetime.date.today().isoformat(), "load": os.getloadavg(),
                   "command": " ".join(["step_at_length.py", *(argv if argv is not None else sys.argv[1:])])}
-        print(f"# DeepSeek-V4 step at length: scale 1/{args.scale} (hidden {config.hidden_size}, "
-              f"{config.num_attention_heads} heads of {config.head_dim}, {config.index_n_heads} index heads of "
-              f"{config.index_head_dim}, top-k {config.index_topk}, window {config.sliding_window}, o_groups "
-              f"{config.o_groups}, {config.n_routed_experts} experts of {config.moe_intermediate_size}), layers "
-              f"{args.layers}, CP {args.ranks}, selector {args.selector}, modes {','.join(modes)}; {header['cpu']}, "
-              f"{header['cores']} cores, kernel ISA {header['isa']}, torch {header['torch']}, load "
-              f"{' '.join(f'{v:.2f}' for v in header['load'])}", flush=True)
-        print(cost_table(config, args.scale, [4096, 131072, 1 << 20]), flush=True)
+
+        def started() -> None:
+            if not runs and not printed:
+                print_header(header, args, modes, max(tokens))
+                printed.append(True)
+
+        printed: list[bool] = []
         for pack in packs:
             for n in tokens:
                 job = {"scale": args.scale, "layers": args.layers, "experts": args.experts, "tokens": n, "pack": pack,
@@ -892,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
                        "seed": args.seed, "dtype": args.dtype}
                 print(f"\n{n} tokens, pack {pack}:", flush=True)
                 start = time.perf_counter()
-                records = run_job(job, args.ranks, print_step)
+                records = run_job(job, args.ranks, print_step, started)
                 run = {**{k: v for k, v in job.items() if k != "modes"}, "ranks": args.ranks,
                        "seconds": time.perf_counter() - start, "load": os.getloadavg(),
                        "modes": summarize(records, modes), "records": records}
@@ -910,6 +920,18 @@ def main(argv: list[str] | None = None) -> int:
         write_whole(args.svg, svg(runs))
         print(f"wrote {args.svg}")
     return 0
+
+
+def print_header(header: dict[str, Any], args: argparse.Namespace, modes: list[str], tokens: int) -> None:
+    config = scaled_config(args.scale, args.layers, args.experts, tokens)
+    print(f"# DeepSeek-V4 step at length: scale 1/{args.scale} (hidden {config.hidden_size}, "
+          f"{config.num_attention_heads} heads of {config.head_dim}, {config.index_n_heads} index heads of "
+          f"{config.index_head_dim}, top-k {config.index_topk}, window {config.sliding_window}, o_groups "
+          f"{config.o_groups}, {config.n_routed_experts} experts of {config.moe_intermediate_size}), layers "
+          f"{args.layers}, CP {args.ranks}, selector {args.selector}, modes {','.join(modes)}; {header['cpu']}, "
+          f"{header['cores']} cores, kernel ISA {header['isa']}, torch {header['torch']}, load "
+          f"{' '.join(f'{v:.2f}' for v in header['load'])}", flush=True)
+    print(cost_table(config, args.scale, [4096, 131072, 1 << 20]), flush=True)
 
 
 if __name__ == "__main__":
