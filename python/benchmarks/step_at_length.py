@@ -839,7 +839,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write every run's summary here")
     parser.add_argument("--svg", help="write the gain / bound / indexer-share picture here")
-    parser.add_argument("--from", dest="source", help="read runs from this --json file instead of running")
+    parser.add_argument("--from", dest="source",
+                        help="read runs from these --json files (comma-separated) instead of running")
     parser.add_argument("--project", action="store_true", help="fit the per-rank cost model, check it against the "
                         "measured steps, project V4-Flash on a GPU (see above)")
     parser.add_argument("--project-tokens", type=int, default=1 << 20, help="tokens of the projected batch (1M)")
@@ -875,9 +876,12 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: list[dict[str, Any]] = []
     if args.source:
-        with open(args.source) as source:
-            saved = json.load(source)
-        runs, header = saved["runs"], saved["header"]
+        header: dict[str, Any] = {}
+        for name in args.source.split(","):  # several files: their runs together, the first file's header
+            with open(name) as source:
+                saved = json.load(source)
+            runs += saved["runs"]
+            header = header or saved["header"]
         for run in runs:  # summarized again from the saved records: the figures as this version defines them
             if run.get("records"):
                 run["modes"] = summarize(run["records"], list(run["modes"]))
