@@ -56,7 +56,8 @@ seconds; with ranks sharing cores a rank's wall time also counts its peers' turn
 
 ``--project``: a cost model per rank, ``t = a * dense + b * keys + c * scoring`` (multiply-adds of
 the training step's dense parts, of attention's key columns, and of the selection the rank scores,
-all counted from the config and the plan), fitted to the baseline's per-rank step CPU seconds;
+all counted from the config and the plan), fitted per component to the baseline's ranks (``c`` to
+the selector's CPU seconds, ``a`` and ``b`` to the rest of each rank's step CPU seconds);
 printed first against every strategy's measured slowest-rank step (predicted vs measured).
 Then the same terms at V4-Flash's full size (43 layers) on a GPU whose rates are flags
 (``--bf16-tflops`` for dense and attention, ``--fp8-tflops`` for the indexer's scoring, both times
@@ -595,20 +596,26 @@ def rank_terms(config: Any, lengths: tuple[int, ...], cp: int, mode: str, layers
     return out
 
 
-def fit_costs(samples: list[tuple[dict[str, float], float]]) -> dict[str, float]:
-    """Least squares, no intercept: seconds = a * dense + b * keys + c * scoring (non-negative:
-    a term whose coefficient comes out negative is dropped and the rest refitted)."""
+def fit_costs(samples: list[tuple[dict[str, float], float, float]]) -> dict[str, float]:
+    """Per-component rates from the baseline's ranks, each sample (terms, step CPU seconds,
+    selector CPU seconds): ``c`` = the selector's seconds per scoring multiply-add (least squares
+    through 0); ``a``, ``b`` from the rest of the step (step less selector seconds) against the
+    dense and key multiply-adds, non-negative (a term whose coefficient comes out negative is
+    dropped and the other refitted)."""
     import numpy as np
 
-    names = ["dense", "keys", "scoring"]
+    scoring = np.array([t["scoring"] for t, _, _ in samples])
+    selector = np.array([s for _, _, s in samples])
+    c = float(scoring @ selector / (scoring @ scoring)) if (scoring > 0).any() else 0.0
+    names = ["dense", "keys"]
     while True:
-        x = np.array([[s[n] for n in names] for s, _ in samples])
-        y = np.array([t for _, t in samples])
+        x = np.array([[t[n] for n in names] for t, _, _ in samples])
+        y = np.array([step - sel for _, step, sel in samples])
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         if (coef >= 0).all() or len(names) == 1:
-            fitted = dict(zip(names, (float(c) for c in coef)))
-            return {n: fitted.get(n, 0.0) for n in ("dense", "keys", "scoring")}
-        names = [n for n, c in zip(names, coef) if c >= 0] or names[:1]
+            fitted = dict(zip(names, (max(0.0, float(v)) for v in coef)))
+            return {"dense": fitted.get("dense", 0.0), "keys": fitted.get("keys", 0.0), "scoring": c}
+        names = [n for n, v in zip(names, coef) if v >= 0] or names[:1]
 
 
 def predict(terms: list[dict[str, float]], rates: dict[str, float]) -> list[float]:
@@ -618,7 +625,7 @@ def predict(terms: list[dict[str, float]], rates: dict[str, float]) -> list[floa
 def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """Fits the per-rank cost model on the baseline's steps of every run, checks it against every
     strategy's measured slowest rank, then projects V4-Flash at --project-tokens on a GPU."""
-    fits: list[tuple[dict[str, float], float]] = []
+    fits: list[tuple[dict[str, float], float, float]] = []
     for run in runs:
         config = scaled_config(run["scale"], run["layers"], run["experts"], run["tokens"])
         layers = list(config.layer_types)
@@ -627,26 +634,33 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
             lengths = tuple(lengths_of(run["pack"], run["tokens"], run["ranks"], run["seed"] + step))
             terms = rank_terms(config, lengths, run["ranks"], base, layers)
             for rank, t in enumerate(terms):
-                fits.append((t, run["modes"][base]["per_rank_step_seconds"][i][rank]))
+                fits.append((t, run["modes"][base]["per_rank_step_seconds"][i][rank],
+                             run["modes"][base]["per_rank_selector_seconds"][i][rank]))
     rates = fit_costs(fits)
-    print("\nprojection: per-rank step CPU seconds = a * dense + b * keys + c * scoring multiply-adds, fitted to the "
-          f"baseline's ranks ({len(fits)} samples): a = {rates['dense'] * 1e12:.2f} ps, "
+    print("\nprojection: per-rank step CPU seconds = a * dense + b * keys + c * scoring multiply-adds; c fitted to the "
+          "baseline's selector seconds, a and b to the rest of its steps "
+          f"({len(fits)} rank-steps): a = {rates['dense'] * 1e12:.2f} ps, "
           f"b = {rates['keys'] * 1e12:.2f} ps, c = {rates['scoring'] * 1e12:.2f} ps per multiply-add")
     print("this machine, the slowest rank's step CPU seconds, median over the steps: predicted vs measured")
-    print(f"{'tokens':>8s} {'pack':9s} {'mode':8s} {'predicted':>10s} {'measured':>9s} {'error':>7s}")
+    print(f"{'tokens':>8s} {'pack':9s} {'mode':8s} {'predicted':>10s} {'measured':>9s} {'error':>7s}   "
+          f"{'slowest selector s: predicted':>29s} {'measured':>9s}")
     checks = []
     for run in runs:
         config = scaled_config(run["scale"], run["layers"], run["experts"], run["tokens"])
         for mode, row in run["modes"].items():
-            predicted = []
+            predicted, selector = [], []
             for step in row["lengths_steps"]:
                 lengths = tuple(lengths_of(run["pack"], run["tokens"], run["ranks"], run["seed"] + step))
-                predicted.append(max(predict(rank_terms(config, lengths, run["ranks"], mode,
-                                                        list(config.layer_types)), rates)))
+                terms = rank_terms(config, lengths, run["ranks"], mode, list(config.layer_types))
+                predicted.append(max(predict(terms, rates)))
+                selector.append(max(rates["scoring"] * t["scoring"] for t in terms))
             p, m = statistics.median(predicted), row["step_seconds_median"]
+            ps = statistics.median(selector)
+            ms = statistics.median(max(ranks) for ranks in row["per_rank_selector_seconds"])
             checks.append({"tokens": run["tokens"], "pack": run["pack"], "mode": mode, "predicted": p,
-                           "measured": m, "error": p / m - 1})
-            print(f"{run['tokens']:8d} {run['pack']:9s} {mode:8s} {p:10.2f} {m:9.2f} {100 * (p / m - 1):6.1f}%")
+                           "measured": m, "error": p / m - 1, "selector_predicted": ps, "selector_measured": ms})
+            print(f"{run['tokens']:8d} {run['pack']:9s} {mode:8s} {p:10.2f} {m:9.2f} {100 * (p / m - 1):6.1f}%   "
+                  f"{ps:9.3f} {ms:9.3f}")
     # V4-Flash on a GPU: dense and attention at bf16, scoring at fp8, times --efficiency.
     flash = flash_config()
     layers = list(flash.layer_types)
