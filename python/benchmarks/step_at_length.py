@@ -54,10 +54,11 @@ seconds; with ranks sharing cores a rank's wall time also counts its peers' turn
 * ``selection_bytes_per_rank``: the bytes each rank sent in the selection exchanges (max over
   ranks, median over steps), ``sparsecp.torch.exchange_stats()``.
 
-``--project``: a cost model per rank, ``t = a * dense + b * keys + c * scoring`` (multiply-adds of
-the training step's dense parts, of attention's key columns, and of the selection the rank scores,
-all counted from the config and the plan), fitted per component to the baseline's ranks (``c`` to
-the selector's CPU seconds, ``a`` and ``b`` to the rest of each rank's step CPU seconds);
+``--project``: a cost model per rank, ``t = a * dense + b * keys + c * scoring + d * rows``
+(multiply-adds of the training step's dense parts, of attention's key columns, and of the
+selection the rank scores, and the rows it selects, all counted from the config and the plan),
+fitted per component to the baseline's ranks (``c``, ``d`` to the selector's CPU seconds, ``a``
+and ``b`` to the rest of each rank's step CPU seconds);
 printed first against every strategy's measured slowest-rank step (predicted vs measured).
 Then the same terms at V4-Flash's full size (43 layers) on a GPU whose rates are flags
 (``--bf16-tflops`` for dense and attention, ``--fp8-tflops`` for the indexer's scoring, both times
@@ -571,11 +572,13 @@ def rank_terms(config: Any, lengths: tuple[int, ...], cp: int, mode: str, layers
     out = []
     csa_layers = sum(t == CSA for t in layers)
     scoring_per_pair = config.index_n_heads * config.index_head_dim
-    work = None
+    work: list[float] | None = None
+    rows: list[float] = []
     if csa_layers:
         ratio = config.compress_rates[CSA]
         plan = sparsecp.plan(list(lengths), cp, ratio, mode, **MODE_OPTIONS.get(mode, {}))
         work = [float(w) for w in plan.work]
+        rows = [float(r) for r in plan.rows]
     dense_token = 0.0
     for t in layers:
         terms = token_macs(config, t, 0)
@@ -592,7 +595,9 @@ def rank_terms(config: Any, lengths: tuple[int, ...], cp: int, mode: str, layers
                 k += (p + 1) // config.compress_rates[HCA]
             keys += float(k.sum()) * 2 * config.num_attention_heads * config.head_dim
         scoring = 0.0 if work is None else work[rank] * scoring_per_pair * csa_layers
-        out.append({"dense": 4 * dense_token * local + 3 * head * local, "keys": 4 * keys, "scoring": scoring})
+        selected = 0.0 if work is None else rows[rank] * csa_layers
+        out.append({"dense": 4 * dense_token * local + 3 * head * local, "keys": 4 * keys, "scoring": scoring,
+                    "rows": selected})
     return out
 
 
@@ -604,9 +609,14 @@ def fit_costs(samples: list[tuple[dict[str, float], float, float]]) -> dict[str,
     dropped and the other refitted)."""
     import numpy as np
 
-    scoring = np.array([t["scoring"] for t, _, _ in samples])
     selector = np.array([s for _, _, s in samples])
-    c = float(scoring @ selector / (scoring @ scoring)) if (scoring > 0).any() else 0.0
+    x = np.array([[t["scoring"], t["rows"]] for t, _, _ in samples])
+    c, d = (0.0, 0.0)
+    if (x[:, 0] > 0).any():
+        (c, d), *_ = np.linalg.lstsq(x, selector, rcond=None)
+        if c < 0 or d < 0:  # one term alone
+            c, d = (float(x[:, 0] @ selector / (x[:, 0] @ x[:, 0])), 0.0) if c > 0 else \
+                (0.0, float(x[:, 1] @ selector / (x[:, 1] @ x[:, 1])))
     names = ["dense", "keys"]
     while True:
         x = np.array([[t[n] for n in names] for t, _, _ in samples])
@@ -614,7 +624,8 @@ def fit_costs(samples: list[tuple[dict[str, float], float, float]]) -> dict[str,
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         if (coef >= 0).all() or len(names) == 1:
             fitted = dict(zip(names, (max(0.0, float(v)) for v in coef)))
-            return {"dense": fitted.get("dense", 0.0), "keys": fitted.get("keys", 0.0), "scoring": c}
+            return {"dense": fitted.get("dense", 0.0), "keys": fitted.get("keys", 0.0), "scoring": float(c),
+                    "rows": float(d)}
         names = [n for n, v in zip(names, coef) if v >= 0] or names[:1]
 
 
@@ -637,10 +648,10 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
                 fits.append((t, run["modes"][base]["per_rank_step_seconds"][i][rank],
                              run["modes"][base]["per_rank_selector_seconds"][i][rank]))
     rates = fit_costs(fits)
-    print("\nprojection: per-rank step CPU seconds = a * dense + b * keys + c * scoring multiply-adds; c fitted to the "
-          "baseline's selector seconds, a and b to the rest of its steps "
-          f"({len(fits)} rank-steps): a = {rates['dense'] * 1e12:.2f} ps, "
-          f"b = {rates['keys'] * 1e12:.2f} ps, c = {rates['scoring'] * 1e12:.2f} ps per multiply-add")
+    print("\nprojection: per-rank step CPU seconds = a * dense + b * keys multiply-adds + c * scoring multiply-adds "
+          "+ d * selected rows; c, d fitted to the baseline's selector seconds, a, b to the rest of its steps "
+          f"({len(fits)} rank-steps): a = {rates['dense'] * 1e12:.2f} ps, b = {rates['keys'] * 1e12:.2f} ps, "
+          f"c = {rates['scoring'] * 1e12:.2f} ps, d = {rates['rows'] * 1e6:.2f} us")
     print("this machine, the slowest rank's step CPU seconds, median over the steps: predicted vs measured")
     print(f"{'tokens':>8s} {'pack':9s} {'mode':8s} {'predicted':>10s} {'measured':>9s} {'error':>7s}   "
           f"{'slowest selector s: predicted':>29s} {'measured':>9s}")
@@ -653,7 +664,7 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
                 lengths = tuple(lengths_of(run["pack"], run["tokens"], run["ranks"], run["seed"] + step))
                 terms = rank_terms(config, lengths, run["ranks"], mode, list(config.layer_types))
                 predicted.append(max(predict(terms, rates)))
-                selector.append(max(rates["scoring"] * t["scoring"] for t in terms))
+                selector.append(max(rates["scoring"] * t["scoring"] + rates["rows"] * t["rows"] for t in terms))
             p, m = statistics.median(predicted), row["step_seconds_median"]
             ps = statistics.median(selector)
             ms = statistics.median(max(ranks) for ranks in row["per_rank_selector_seconds"])
@@ -666,7 +677,7 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
     layers = list(flash.layer_types)
     bf16 = args.bf16_tflops * 1e12 * args.efficiency / 2  # multiply-adds per second
     fp8 = args.fp8_tflops * 1e12 * args.efficiency / 2
-    gpu = {"dense": 1 / bf16, "keys": 1 / bf16, "scoring": 1 / fp8}
+    gpu = {"dense": 1 / bf16, "keys": 1 / bf16, "scoring": 1 / fp8, "rows": 0.0}
     # one selection row's exchange bytes: q_lora (bf16) + merge weights, cos, sin (fp32) out, top-k int32 ids back
     row_bytes = 2 * flash.q_lora_rank + 4 * (flash.index_n_heads + flash.qk_rope_head_dim) + 4 * flash.index_topk
     csa_layers = sum(t == CSA for t in layers)
@@ -685,7 +696,7 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
             none = rank_terms(flash, lengths, cp, "none", layers)
             spill = rank_terms(flash, lengths, cp, "spill", layers)
             none_t = predict(none, gpu)
-            sel = [gpu["scoring"] * t["scoring"] for t in none]
+            sel = [gpu["scoring"] * t["scoring"] for t in none]  # a GPU selector: its multiply-adds only
             m = statistics.mean(sel)
             imbalance = max(sel) / m if m else 1.0
             rest = statistics.mean(t - s for t, s in zip(none_t, sel))
