@@ -672,6 +672,29 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
                            "measured": m, "error": p / m - 1, "selector_predicted": ps, "selector_measured": ms})
             print(f"{run['tokens']:8d} {run['pack']:9s} {mode:8s} {p:10.2f} {m:9.2f} {100 * (p / m - 1):6.1f}%   "
                   f"{ps:9.3f} {ms:9.3f}")
+    # This machine, longer batches: where the bound reaches 1.05 on the measured configuration.
+    first = runs[0]
+    ranks = first["ranks"]
+    print(f"\nthis machine at longer batches, by the same model (the measured configuration, {ranks} ranks): none's "
+          "slowest-rank step, the selection's share of it, I and the bound")
+    print(f"{'tokens':>8s} {'pack':9s} {'step s':>8s} {'share':>6s} {'I':>6s} {'bound':>6s}")
+    longer = []
+    for pack in ("one", "longtail"):
+        for power in range(13, 21):
+            n = 1 << power
+            config = scaled_config(first["scale"], first["layers"], first["experts"], n)
+            terms = rank_terms(config, lengths_of(pack, n, ranks, first["seed"]), ranks, "none",
+                               list(config.layer_types))
+            total = predict(terms, rates)
+            sel = [rates["scoring"] * t["scoring"] + rates["rows"] * t["rows"] for t in terms]
+            m = statistics.mean(sel)
+            imbalance = max(sel) / m if m else 1.0
+            rest = statistics.mean(t - x for t, x in zip(total, sel))
+            bound = (rest + imbalance * m) / (rest + m)
+            share = sel[total.index(max(total))] / max(total)
+            longer.append({"tokens": n, "pack": pack, "step_seconds": max(total), "indexer_share": share,
+                           "imbalance": imbalance, "bound": bound})
+            print(f"{n:8d} {pack:9s} {max(total):8.1f} {100 * share:5.1f}% {imbalance:6.2f} {bound:6.3f}")
     # V4-Flash on a GPU: dense and attention at bf16, scoring at fp8, times --efficiency.
     flash = flash_config()
     layers = list(flash.layer_types)
@@ -715,7 +738,7 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
                           "spill_bytes_per_rank": max(moved)})
             print(f"{mix:9s} {cp:4d} {max(none_t):8.2f} {100 * share:5.1f}% {imbalance:6.2f} {bound:6.3f} "
                   f"{gain:10.3f} {max(moved) / 1e6:13.1f} {gain / bound:8.3f}")
-    return {"rates_seconds_per_mac": rates, "check": checks, "gpu": {
+    return {"rates_seconds_per_mac": rates, "check": checks, "this_machine_longer": longer, "gpu": {
         "bf16_tflops": args.bf16_tflops, "fp8_tflops": args.fp8_tflops, "efficiency": args.efficiency,
         "link_gbps": args.link_gbps, "tokens": args.project_tokens}, "table": table}
 
