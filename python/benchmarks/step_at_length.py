@@ -941,18 +941,20 @@ def main(argv: list[str] | None = None) -> int:
                   "date": datetime.date.today().isoformat(), "load": os.getloadavg(),
                   "command": " ".join(["step_at_length.py", *(argv if argv is not None else sys.argv[1:])])}
 
-        def started() -> None:
-            if not runs and not printed:
+        def started() -> None:  # the header (its transformers import) while the first run's ranks start
+            if not printed:
                 print_header(header, args, modes, max(tokens))
                 printed.append(True)
+            print(f"\n{current[0]} tokens, pack {current[1]}:", flush=True)
 
         printed: list[bool] = []
+        current: list[Any] = []
         for pack in packs:
             for n in tokens:
                 job = {"scale": args.scale, "layers": args.layers, "experts": args.experts, "tokens": n, "pack": pack,
                        "modes": modes, "steps": args.steps, "warmup": args.warmup, "selector": args.selector,
                        "seed": args.seed, "dtype": args.dtype}
-                print(f"\n{n} tokens, pack {pack}:", flush=True)
+                current[:] = [n, pack]
                 start = time.perf_counter()
                 records = run_job(job, args.ranks, print_step, started)
                 run = {**{k: v for k, v in job.items() if k != "modes"}, "ranks": args.ranks,
