@@ -749,9 +749,13 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
 def svg(runs: list[dict[str, Any]]) -> str:
     """Left: gain over the baseline (with its interval) and the bound, per strategy, against
     tokens; right: the baseline's indexer share against tokens; one line style per pack."""
-    width, height, top, bottom = 980, 400, 30, 60
-    panels = [(70, 470), (560, 960)]
     packs = sorted({r["pack"] for r in runs})
+    modes_shown = len(next(iter(runs))["modes"]) + 1 if runs else 1
+    legend_rows = math.ceil(len(packs) * modes_shown / 4)
+    plot_bottom = 330
+    width, height, top, bottom = 980, plot_bottom + 56 + 14 * legend_rows, 30, 0
+    bottom = height - plot_bottom
+    panels = [(70, 470), (560, 960)]
     tokens = sorted({r["tokens"] for r in runs})
     colors = {"none": "#7f7f7f", "zigzag": "#1f77b4", "greedy": "#8c564b", "hybrid": "#2ca02c", "spill": "#d62728",
               "bound": "#000000"}
@@ -780,7 +784,7 @@ def svg(runs: list[dict[str, Any]]) -> str:
         parts.append(f'<line x1="{left}" y1="{height - bottom}" x2="{right}" y2="{height - bottom}" stroke="black"/>')
         parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="black"/>')
         parts.append(f'<text x="{(left + right) / 2}" y="{top - 10}" text-anchor="middle">{label}</text>')
-        parts.append(f'<text x="{(left + right) / 2}" y="{height - 22}" text-anchor="middle">tokens '
+        parts.append(f'<text x="{(left + right) / 2}" y="{plot_bottom + 34}" text-anchor="middle">tokens '
                      f'({runs[0]["ranks"]} ranks)</text>')
         for t in tokens:
             parts.append(f'<text x="{x(panel, t):.1f}" y="{height - bottom + 16}" text-anchor="middle">'
@@ -817,7 +821,7 @@ def svg(runs: list[dict[str, Any]]) -> str:
                                  f'x2="{x(0, r["tokens"]):.1f}" y2="{y(hi, low, high):.1f}" stroke="{color}"/>')
             legend.append((f"{name if panel == 0 else 'none: indexer share'} ({pack})", color, dash))
     for i, (name, color, dash) in enumerate(legend):
-        lx, ly = 80 + 230 * (i % 4), height - 8 - 14 * (len(legend) // 4 - i // 4)
+        lx, ly = 80 + 230 * (i % 4), plot_bottom + 60 + 14 * (i // 4)
         parts.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 20}" y2="{ly - 4}" stroke="{color}" stroke-width="2" '
                      f'stroke-dasharray="{dash}"/>')
         parts.append(f'<text x="{lx + 24}" y="{ly}">{name}</text>')
