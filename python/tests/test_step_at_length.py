@@ -25,7 +25,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
                "--pack", "one", "--ranks", "2", "--modes", "none,spill", "--steps", "2", "--warmup", "0",
                "--json", str(out / "run.json"), "--svg", str(out / "run.svg"), "--project",
                "--project-tokens", "65536"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, f"step_at_length.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     with open(out / "run.json") as file:
         result = json.load(file)
