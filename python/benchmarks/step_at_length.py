@@ -54,12 +54,13 @@ seconds; with ranks sharing cores a rank's wall time also counts its peers' turn
 * ``selection_bytes_per_rank``: the bytes each rank sent in the selection exchanges (max over
   ranks, median over steps), ``sparsecp.torch.exchange_stats()``.
 
-``--project``: a cost model per rank, ``t = a * dense + b * keys + c * scoring + d * rows``
+``--project``: a cost model per rank, ``t = a * dense + b * keys + c * scoring + d * rows + e``
 (multiply-adds of the training step's dense parts, of attention's key columns, and of the
 selection the rank scores, and the rows it selects, all counted from the config and the plan),
-fitted per component to the baseline's ranks (``c``, ``d`` to the selector's CPU seconds, ``a``
-and ``b`` to the rest of each rank's step CPU seconds);
-printed first against every strategy's measured slowest-rank step (predicted vs measured).
+fitted per component to the baseline's ranks (``c``, ``d`` to the selector's CPU seconds; ``a``,
+``b`` and the constant ``e`` to the rest of each rank's step CPU seconds), printed first against
+every strategy's measured slowest-rank step (predicted vs measured), and used to say where the
+bound would reach 1.05 on this machine at longer batches.
 Then the same terms at V4-Flash's full size (43 layers) on a GPU whose rates are flags
 (``--bf16-tflops`` for dense and attention, ``--fp8-tflops`` for the indexer's scoring, both times
 ``--efficiency``; ``--link-gbps`` for the selection exchange), at ``--project-tokens`` tokens over
@@ -597,16 +598,17 @@ def rank_terms(config: Any, lengths: tuple[int, ...], cp: int, mode: str, layers
         scoring = 0.0 if work is None else work[rank] * scoring_per_pair * csa_layers
         selected = 0.0 if work is None else rows[rank] * csa_layers
         out.append({"dense": 4 * dense_token * local + 3 * head * local, "keys": 4 * keys, "scoring": scoring,
-                    "rows": selected})
+                    "rows": selected, "step": 1.0})
     return out
 
 
 def fit_costs(samples: list[tuple[dict[str, float], float, float]]) -> dict[str, float]:
     """Per-component rates from the baseline's ranks, each sample (terms, step CPU seconds,
-    selector CPU seconds): ``c`` = the selector's seconds per scoring multiply-add (least squares
-    through 0); ``a``, ``b`` from the rest of the step (step less selector seconds) against the
-    dense and key multiply-adds, non-negative (a term whose coefficient comes out negative is
-    dropped and the other refitted)."""
+    selector CPU seconds): ``c``, ``d`` = the selector's seconds per scoring multiply-add and per
+    selected row (least squares through 0); ``a``, ``b``, ``e`` from the rest of the step (step
+    less selector seconds) against the dense and key multiply-adds and a constant per rank and
+    step (the optimizer, Python), non-negative (a term whose coefficient comes out negative is
+    dropped and the others refitted)."""
     import numpy as np
 
     selector = np.array([s for _, _, s in samples])
@@ -617,15 +619,15 @@ def fit_costs(samples: list[tuple[dict[str, float], float, float]]) -> dict[str,
         if c < 0 or d < 0:  # one term alone
             c, d = (float(x[:, 0] @ selector / (x[:, 0] @ x[:, 0])), 0.0) if c > 0 else \
                 (0.0, float(x[:, 1] @ selector / (x[:, 1] @ x[:, 1])))
-    names = ["dense", "keys"]
+    names = ["dense", "keys", "step"]
     while True:
         x = np.array([[t[n] for n in names] for t, _, _ in samples])
         y = np.array([step - sel for _, step, sel in samples])
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
         if (coef >= 0).all() or len(names) == 1:
             fitted = dict(zip(names, (max(0.0, float(v)) for v in coef)))
-            return {"dense": fitted.get("dense", 0.0), "keys": fitted.get("keys", 0.0), "scoring": float(c),
-                    "rows": float(d)}
+            return {"dense": fitted.get("dense", 0.0), "keys": fitted.get("keys", 0.0), "step": fitted.get("step", 0.0),
+                    "scoring": float(c), "rows": float(d)}
         names = [n for n, v in zip(names, coef) if v >= 0] or names[:1]
 
 
@@ -638,6 +640,8 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
     strategy's measured slowest rank, then projects V4-Flash at --project-tokens on a GPU."""
     fits: list[tuple[dict[str, float], float, float]] = []
     for run in runs:
+        if args.fit_tokens and run["tokens"] > args.fit_tokens:
+            continue  # predicted, not fitted
         config = scaled_config(run["scale"], run["layers"], run["experts"], run["tokens"])
         layers = list(config.layer_types)
         base = next(iter(run["modes"]))
@@ -649,9 +653,9 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
                              run["modes"][base]["per_rank_selector_seconds"][i][rank]))
     rates = fit_costs(fits)
     print("\nprojection: per-rank step CPU seconds = a * dense + b * keys multiply-adds + c * scoring multiply-adds "
-          "+ d * selected rows; c, d fitted to the baseline's selector seconds, a, b to the rest of its steps "
-          f"({len(fits)} rank-steps): a = {rates['dense'] * 1e12:.2f} ps, b = {rates['keys'] * 1e12:.2f} ps, "
-          f"c = {rates['scoring'] * 1e12:.2f} ps, d = {rates['rows'] * 1e6:.2f} us")
+          "+ d * selected rows + e; c, d fitted to the baseline's selector seconds, a, b, e to the rest of its steps "
+          f"({len(fits)} rank-steps{f' of runs up to {args.fit_tokens} tokens' if args.fit_tokens else ''}): a = {rates['dense'] * 1e12:.2f} ps, b = {rates['keys'] * 1e12:.2f} ps, "
+          f"c = {rates['scoring'] * 1e12:.2f} ps, d = {rates['rows'] * 1e6:.2f} us, e = {rates['step']:.3f} s")
     print("this machine, the slowest rank's step CPU seconds, median over the steps: predicted vs measured")
     print(f"{'tokens':>8s} {'pack':9s} {'mode':8s} {'predicted':>10s} {'measured':>9s} {'error':>7s}   "
           f"{'slowest selector s: predicted':>29s} {'measured':>9s}")
@@ -700,7 +704,7 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
     layers = list(flash.layer_types)
     bf16 = args.bf16_tflops * 1e12 * args.efficiency / 2  # multiply-adds per second
     fp8 = args.fp8_tflops * 1e12 * args.efficiency / 2
-    gpu = {"dense": 1 / bf16, "keys": 1 / bf16, "scoring": 1 / fp8, "rows": 0.0}
+    gpu = {"dense": 1 / bf16, "keys": 1 / bf16, "scoring": 1 / fp8, "rows": 0.0, "step": 0.0}
     # one selection row's exchange bytes: q_lora (bf16) + merge weights, cos, sin (fp32) out, top-k int32 ids back
     row_bytes = 2 * flash.q_lora_rank + 4 * (flash.index_n_heads + flash.qk_rope_head_dim) + 4 * flash.index_topk
     csa_layers = sum(t == CSA for t in layers)
@@ -895,6 +899,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="read runs from these --json files (comma-separated) instead of running")
     parser.add_argument("--project", action="store_true", help="fit the per-rank cost model, check it against the "
                         "measured steps, project V4-Flash on a GPU (see above)")
+    parser.add_argument("--fit-tokens", type=int, default=0, help="fit the cost model on runs of at most this many "
+                        "tokens only, so that longer runs test its extrapolation (default 0: every run)")
     parser.add_argument("--project-tokens", type=int, default=1 << 20, help="tokens of the projected batch (1M)")
     parser.add_argument("--bf16-tflops", type=float, default=989.0, help="dense bf16 TFLOP/s (default 989: H100 SXM)")
     parser.add_argument("--fp8-tflops", type=float, default=1979.0, help="dense fp8 TFLOP/s (default 1979: H100 SXM)")
