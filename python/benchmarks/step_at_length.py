@@ -655,8 +655,9 @@ def projection(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
     fitted_on = f" of runs up to {args.fit_tokens} tokens" if args.fit_tokens else ""
     print("\nprojection: per-rank step CPU seconds = a * dense + b * keys multiply-adds + c * scoring multiply-adds "
           "+ d * selected rows + e; c, d fitted to the baseline's selector seconds, a, b, e to the rest of its steps "
-          f"({len(fits)} rank-steps{fitted_on}): a = {rates['dense'] * 1e12:.2f} ps, b = {rates['keys'] * 1e12:.2f} ps, "
-          f"c = {rates['scoring'] * 1e12:.2f} ps, d = {rates['rows'] * 1e6:.2f} us, e = {rates['step']:.3f} s")
+          f"({len(fits)} rank-steps{fitted_on}): a = {rates['dense'] * 1e12:.2f} ps, "
+          f"b = {rates['keys'] * 1e12:.2f} ps, c = {rates['scoring'] * 1e12:.2f} ps, "
+          f"d = {rates['rows'] * 1e6:.2f} us, e = {rates['step']:.3f} s")
     print("this machine, the slowest rank's step CPU seconds, median over the steps: predicted vs measured")
     print(f"{'tokens':>8s} {'pack':9s} {'mode':8s} {'predicted':>10s} {'measured':>9s} {'error':>7s}   "
           f"{'slowest selector s: predicted':>29s} {'measured':>9s}")
