@@ -41,7 +41,8 @@ seconds; with ranks sharing cores a rank's wall time also counts its peers' turn
   input (backward leaves it); time goes to the innermost open module, so nested parts are not
   counted twice. Beside it, ``exchange``: the wall seconds of the selection path outside the
   selector and the indexer's modules (moving rows to workers and ids back, the Index K bank
-  gather, waiting for the slowest worker), from ``stats.indexer_seconds``;
+  gather, waiting for the slowest worker, and time off the core on a loaded machine), from
+  ``stats.indexer_seconds``;
 * the indexer's share: (scoring + indexer) / step CPU, the slowest rank's;
 * none's selection imbalance ``I``: the max over ranks of the selector seconds over their mean;
 * the bound ``(R + I * m) / (R + m)``: what a perfect balancer of the baseline's (the first mode's)
