@@ -367,3 +367,32 @@ def attention_inputs_per_document(model: Any, input_ids: torch.Tensor, lengths: 
 def is_csa(attention: Any) -> bool:
     """A DeepSeek-V4 attention with a CSA compressor (a Lightning Indexer)."""
     return attention.compressor is not None and hasattr(attention.compressor, "indexer")
+
+
+def compiled_blocks(rank: int, size: int, kind: str, backend: str) -> dict[str, Any]:
+    """One CP training forward and backward with every decoder layer compiled (torchtitan's
+    per-block ``torch.compile``, ``fullgraph=False``) against the same run eager: the largest
+    differences of the logits and the gradients, and Dynamo's graph breaks by reason."""
+    from torch._dynamo.utils import counters
+
+    tasks, cp = model_of(kind)
+    lengths = (13, 17, 11, 7)
+    runs = []
+    for compiled in (False, True):
+        model = tasks.tiny_model(torch.float64)
+        cp.context_parallel(model, None, "spill", calibrate=False)
+        if compiled:
+            torch._dynamo.reset()
+            counters.clear()
+            for layer in model.model.layers:
+                layer.compile(backend=backend)
+        ids, positions = cp.shard_batch(tasks.packed_ids(lengths), lengths)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+        cp.causal_lm_loss(logits, cp.shard_labels(tasks.packed_ids(lengths), lengths), lengths).backward()
+        runs.append((logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (eager, eager_grads), (compiled_logits, compiled_grads) = runs
+    breaks = {reason.split("\n")[0]: count for reason, count in counters["graph_break"].items()}
+    return {"logits": float((eager - compiled_logits).abs().max() / eager.abs().max()),
+            "grads": max(float((g - compiled_grads[n]).abs().max() / g.abs().max().clamp_min(1e-30))
+                         for n, g in eager_grads.items()),
+            "same_grads": sorted(eager_grads) == sorted(compiled_grads), "breaks": breaks}

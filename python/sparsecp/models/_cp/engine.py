@@ -39,6 +39,10 @@ def _context_parallel_class(original: Any) -> type:
     if original in _CLASSES:
         return _CLASSES[original]
 
+    # Run eagerly inside a compiled block (torchtitan compiles per block): the layer plans on the
+    # host, reads clocks and launches asynchronous collectives, none of which Dynamo can trace; one
+    # graph break around it, and the block's norms, projections and MoE compile.
+    @torch.compiler.disable
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         state = getattr(self, _MODULE_STATE)
         return state.adapter.attention_forward(self, state, *args, **kwargs)
