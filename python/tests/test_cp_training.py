@@ -125,6 +125,8 @@ def test_the_indexer_learns_from_its_kl() -> None:
     ("2-D mesh shard_batch", "got a 2-D mesh (dp=2 x cp=2)"),
     ("fsdp first", "already sharded by fully_shard (FSDP2); call context_parallel on the plain model first"),
     ("loss labels", "labels (1, 4) do not match logits (1, 5, 7)"),
+    ("fsdp loss without group", "causal_lm_loss without group=: this model's weights are FSDP2 shards"),
+    ("fsdp kl without group", "indexer_kl_loss without group=: this model's weights are FSDP2 shards"),
     ("all_reduce after fsdp", "are DTensor shards (fully_shard / FSDP2)"),
     ("legacy count with masks", "the legacy count (S - documents) would be wrong; pass group="),
     ("num_items_in_batch 0", "num_items_in_batch must be a positive number (the valid tokens of the optimizer step, "

@@ -184,6 +184,21 @@ def bad_training_input(rank: int, size: int, case: str) -> str:
                      "num_items_in_batch a string": "12"}.get(case)
             cp_v4.causal_lm_loss(logits, shard.double() if case == "float labels" else shard, lengths,
                                  group=mesh["dp", "cp"]._flatten(), num_items_in_batch=count)
+        elif case in ("fsdp loss without group", "fsdp kl without group"):
+            kl = "kl" in case
+            cp_v4.context_parallel(model, mesh["cp"], "spill", indexer_kl_coeff=0.1 if kl else None, calibrate=False)
+            flat = mesh["dp", "cp"]._flatten()
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=flat)
+            fully_shard(model, mesh=flat)
+            ids, positions = cp_v4.shard_batch(input_ids, lengths, mesh["cp"])
+            logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+            shard = cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
+            assert cp_v4.causal_lm_loss(logits, shard, lengths, group=flat) is not None  # with group=: fine
+            if kl:
+                cp_v4.indexer_kl_loss(model)
+            else:
+                cp_v4.causal_lm_loss(logits, shard, lengths, num_items_in_batch=100)
         elif case.startswith("pad_to_multiple"):
             multiple = {"pad_to_multiple a tensor": torch.tensor(4), "pad_to_multiple a float": 4.0,
                         "pad_to_multiple a bool": True}[case]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from .options import ContextParallelOptions
 from .report import BalanceReport
 from .report import balance_report as _balance_report
 from .state import ContextParallelState, indexer_kl_share
-from .training import group_shape, note_cp_group, refuse_fsdp_before, resolve_group
+from .training import group_shape, note_cp_group, note_fsdp_sharded, refuse_fsdp_before, resolve_group
 
 __all__ = ["apply", "balance_report", "context_parallel_state", "indexer_kl_loss", "undo"]
 
@@ -147,6 +148,7 @@ def apply(model: Any, adapter: ModelAdapter, group: Any, options: ContextParalle
     for holder in {id(model): model, id(base): base}.values():
         setattr(holder, STATE_ATTRIBUTE, state)
         state.undo.append(functools.partial(delattr, holder, STATE_ATTRIBUTE))
+    state.roots = tuple(weakref.ref(holder) for holder in {id(model): model, id(base): base}.values())
     note_cp_group(group)  # the legacy causal_lm_loss checks its labels over it
     return model
 
@@ -188,6 +190,14 @@ def _check_strategy(state: ContextParallelState, ratio: int) -> None:
                   state.zigzag_min_length, **state.strategy_params)
 
 
+def _fsdp_sharded(state: ContextParallelState) -> bool:
+    """Whether FSDP2 (``fully_shard``) wraps the model or any module of it (then its losses need ``group=``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(module, FSDPModule) for ref in state.roots if (root := ref()) is not None
+               for module in root.modules())
+
+
 def _forward_settings(module: Any, kwargs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """What this forward adds or changes collectives by, beyond the options: every rank must agree
     (a rank recomputing its layers where its peers do not would abort in the backward; one
@@ -214,6 +224,9 @@ def _before_forward(state: ContextParallelState, module: Any, args: tuple,
     if state.calibration is not None and state.size > 1:
         state.calibration.received_times(agreed.times)
     lengths = agreed.lengths
+    state.fsdp_sharded = _fsdp_sharded(state)
+    if state.fsdp_sharded:
+        note_fsdp_sharded(state.group)
     state.stats.forwards += 1
     context = state.start_forward(lengths, agreed.tokens.device, agreed.padding_tokens)
     kwargs = dict(kwargs)

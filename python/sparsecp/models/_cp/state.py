@@ -14,7 +14,7 @@ from .clock import SelectorClock
 from .forward import ForwardContext, KLLosses
 from .report import ReportMark
 from .rows import DeviceRowGather, gather_rows
-from .training import group_shape, resolve_group
+from .training import fsdp_without_group_text, group_shape, resolve_group
 
 __all__ = ["LAYOUTS_KEPT", "ContextParallelState", "ContextParallelStats", "indexer_kl_share", "plan_key"]
 
@@ -38,6 +38,8 @@ def indexer_kl_share(state: Any, group: Any = None) -> torch.Tensor | None:
                          "model.activation_checkpointing_enable() (non-reentrant, the default)")
     total = torch.stack([loss.to(state.kl_losses[0].dtype) for loss in state.kl_losses]).sum()
     if group is None:
+        if state.fsdp_sharded:
+            raise ValueError(fsdp_without_group_text("indexer_kl_loss"))
         return total
     size = group_shape(resolve_group(group, "indexer_kl_loss's group"), "indexer_kl_loss's group")[0]
     if size % state.size:
@@ -116,6 +118,8 @@ class ContextParallelState:
     modules: list[torch.nn.Module] = field(default_factory=list)
     moved_bytes: int = 0  # lifetime bytes this rank sent for other ranks' reads (balance_report's)
     selection_bytes: int = 0  # lifetime bytes this rank sent in its selection exchanges (balance_report's)
+    fsdp_sharded: bool = False  # the last forward found the model's weights sharded by FSDP2
+    roots: tuple[Any, ...] = ()  # weak references to the model and its base (FSDP2 may wrap either)
     report_mark: ReportMark = field(default_factory=lambda: ReportMark(time.thread_time()))
     undo: list[Callable[[], None]] = field(default_factory=list)
 

@@ -97,6 +97,25 @@ def note_cp_group(group: Any) -> None:
     _CP_GROUPS[:] = [kept for kept in _CP_GROUPS if kept is not resolved][-(_CP_GROUPS_KEPT - 1):] + [resolved]
 
 
+_SHARDED_GROUPS: list[Any] = []  # CP groups whose model's weights a forward found sharded by FSDP2
+
+
+def note_fsdp_sharded(group: Any) -> None:
+    """Remember that a model context-parallel over ``group`` runs with FSDP2-sharded weights:
+    FSDP2 *averages* gradients over its mesh, so its losses need ``group=`` (which scales them for
+    that mean); the forms without it (shares summed over the CP ranks) would give gradients 1/W
+    of the right size, and are refused for that group."""
+    resolved = dist.group.WORLD if group is None else group
+    if not any(kept is resolved for kept in _SHARDED_GROUPS):
+        _SHARDED_GROUPS[:] = _SHARDED_GROUPS[-(_CP_GROUPS_KEPT - 1):] + [resolved]
+
+
+def fsdp_without_group_text(what: str) -> str:
+    return (f"{what} without group=: this model's weights are FSDP2 shards (fully_shard), and FSDP2 averages "
+            "gradients over its mesh, so without group= the gradients come out 1/W of the right size (W the mesh's "
+            "ranks); pass group= the mesh fully_shard was given (the flattened dp x cp mesh)")
+
+
 def _cp_group_of_size(size: int) -> tuple[bool, Any]:
     """``(True, group)`` for the group of ``size`` ranks holding this process that the labels of a
     loss without ``group=`` are checked over: the latest ``context_parallel`` group of that size,
@@ -365,6 +384,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
                              "process has none: context_parallel was given no group of that size, and the default "
                              "group is not one; pass group= (the CP group, or the group gradients are averaged over) "
                              "or num_items_in_batch=")
+        if any(kept is (dist.group.WORLD if check_group is None else check_group) for kept in _SHARDED_GROUPS):
+            raise ValueError(fsdp_without_group_text("causal_lm_loss"))
     # The labels' check and the valid-token count: one all-reduce over the group (every rank
     # raises on any rank's bad labels) and one host read.
     valid, learned = _checked_valid_count(targets, int(flat.shape[-1]), ignore_index, check_group)
