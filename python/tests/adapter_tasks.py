@@ -130,3 +130,24 @@ def run_guide(rank: int, size: int, blocks: list[str]) -> dict[str, Any]:
             "grads": all(p.grad is not None for n, p in model.named_parameters() if not n.endswith(
                 ("index_q.weight", "index_q.bias", "index_k.weight", "index_k.bias", "index_w.weight",
                  "index_w.bias")))}
+
+
+class _FailingAdapter(TinyDSAAdapter):
+    def install(self, model: torch.nn.Module, base: torch.nn.Module, state: Any) -> None:
+        raise RuntimeError("an install that fails half-way")
+
+
+def failed_apply(rank: int, size: int) -> dict[str, Any]:
+    """``context_parallel`` whose adapter fails after the classes are swapped: the model is left
+    as it was given."""
+    import sparsecp.models as cp
+
+    model, original = tiny_model(), tiny_model()
+    try:
+        cp.context_parallel(model, _FailingAdapter(), None, mode="spill")
+        error = ""
+    except RuntimeError as caught:
+        error = str(caught)
+    return {"error": error, "classes": [type(m) for m in model.modules()] == [type(m) for m in original.modules()],
+            "hooks": _hooks(model), "state": cp.context_parallel_state(model) is None,
+            "repr": repr(model) == repr(original)}

@@ -115,3 +115,9 @@ def test_a_process_patch_is_restored_after_its_last_release() -> None:
     box["f"] = "replaced by someone else"
     again()
     assert box["f"] == "replaced by someone else", "a patch replaced since is left alone"
+
+
+def test_a_failure_half_way_leaves_the_model_as_it_was() -> None:
+    for result in results_or_raise(pool_of(2).run(adapter_tasks.failed_apply, timeout=120)):
+        assert result == {"error": "an install that fails half-way", "classes": True, "hooks": 0, "state": True,
+                          "repr": True}, result

@@ -136,19 +136,24 @@ def apply(model: Any, adapter: ModelAdapter, group: Any, options: ContextParalle
     _agree_options(options, group, size, rank)
     agree_parameters(base, group, "context_parallel")
     state.calibration = adapter.calibration(state, base)
-    # -- from here on every change is recorded in the state, for undo --
-    modules = list(adapter.attention_modules(base))
-    for module in modules:
-        module.__class__ = _context_parallel_class(type(module))
-        setattr(module, _MODULE_STATE, state)
-        state.modules.append(module)
-    handle = base.register_forward_pre_hook(functools.partial(_before_forward, state), with_kwargs=True)
-    state.undo.append(handle.remove)
-    adapter.install(model, base, state)
-    for holder in {id(model): model, id(base): base}.values():
-        setattr(holder, STATE_ATTRIBUTE, state)
-        state.undo.append(functools.partial(delattr, holder, STATE_ATTRIBUTE))
-    state.roots = tuple(weakref.ref(holder) for holder in {id(model): model, id(base): base}.values())
+    # From here on every change is recorded in the state: undo takes them back, and so does a
+    # failure half-way (the model is left as it was given, never half made parallel).
+    try:
+        for module in adapter.attention_modules(base):
+            module.__class__ = _context_parallel_class(type(module))
+            setattr(module, _MODULE_STATE, state)
+            state.modules.append(module)
+        handle = base.register_forward_pre_hook(functools.partial(_before_forward, state), with_kwargs=True)
+        state.undo.append(handle.remove)
+        adapter.install(model, base, state)
+        holders = {id(model): model, id(base): base}.values()
+        for holder in holders:
+            setattr(holder, STATE_ATTRIBUTE, state)
+            state.undo.append(functools.partial(delattr, holder, STATE_ATTRIBUTE))
+        state.roots = tuple(weakref.ref(holder) for holder in holders)
+    except BaseException:
+        _take_back(state)
+        raise
     note_cp_group(group)  # the legacy causal_lm_loss checks its labels over it
     return model
 
@@ -169,15 +174,21 @@ def undo(model: Any) -> Any:
         if cls is not _CLASSES[original]:  # wrapped again (fully_shard on the attention module itself)
             raise ValueError(f"undo_context_parallel: the attention module's class {cls.__name__} was wrapped after "
                              "context_parallel (fully_shard on it?); undo before wrapping it")
-    for module in state.modules:
-        module.__class__ = type(module)._sparsecp_original  # type: ignore[attr-defined]
-        delattr(module, _MODULE_STATE)
+    _take_back(state)
+    return model
+
+
+def _take_back(state: ContextParallelState) -> None:
+    """Every recorded change undone, newest first: patches, hooks and attributes, then classes."""
     for restore in reversed(state.undo):
         restore()
+    for module in state.modules:
+        module.__class__ = type(module)._sparsecp_original  # type: ignore[attr-defined]
+        if hasattr(module, _MODULE_STATE):
+            delattr(module, _MODULE_STATE)
     state.modules.clear()
     state.undo.clear()
     state.layouts.clear()
-    return model
 
 
 def _check_strategy(state: ContextParallelState, ratio: int) -> None:
