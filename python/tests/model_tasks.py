@@ -139,6 +139,11 @@ def bad_input(rank: int, size: int, kind: str, case: str) -> str:
             kwargs["position_ids"] = positions + 1 if rank == 0 else None
         elif case == "no positions":
             del kwargs["position_ids"]
+        elif case == "weights changed on one rank later":
+            if rank == 1:
+                with torch.no_grad():
+                    next(model.parameters()).add_(1e-3)
+            cp.check_weights(model)
         elif case == "checkpointing on one rank" and rank == 1:
             model.activation_checkpointing_enable()
         elif case == "router logits on one rank" and rank == 1:

@@ -42,6 +42,7 @@ BAD_INPUT = [
     ("labels by position", "shard_labels and causal_lm_loss", None),
     ("output_attentions", "output_attentions=True is not supported", None),
     ("weights differ", "the CP ranks hold different weights", None),
+    ("weights changed on one rank later", "check_weights: the CP ranks hold different weights", None),
     ("another batch's shard", "ranks disagree on the batch: rank", "shard_batch's digest of the whole batch"),
     ("both ranks bad", "rank", None),
     ("no positions", "position_ids are missing", None),

@@ -25,7 +25,7 @@ from typing import Any
 
 from ._cp import engine as _engine
 from ._cp.adapter import ModelAdapter
-from ._cp.engine import balance_report, context_parallel_state, indexer_kl_loss
+from ._cp.engine import balance_report, check_weights, context_parallel_state, indexer_kl_loss
 from ._cp.engine import undo as undo_context_parallel
 from ._cp.forward import FORWARD_KWARG, ForwardContext, in_recompute
 from ._cp.options import ContextParallelOptions
@@ -51,6 +51,7 @@ __all__ = [
     "PrefixLayout",
     "all_reduce_gradients",
     "balance_report",
+    "check_weights",
     "causal_lm_loss",
     "context_parallel",
     "context_parallel_state",

@@ -26,7 +26,7 @@ from .report import balance_report as _balance_report
 from .state import ContextParallelState, indexer_kl_share
 from .training import group_shape, note_cp_group, note_fsdp_sharded, refuse_fsdp_before, resolve_group
 
-__all__ = ["apply", "balance_report", "context_parallel_state", "indexer_kl_loss", "undo"]
+__all__ = ["apply", "balance_report", "check_weights", "context_parallel_state", "indexer_kl_loss", "undo"]
 
 STATE_ATTRIBUTE = "_sparsecp_context_parallel"  # on the model (and its base): the state
 _MODULE_STATE = "_sparsecp_state"  # on each swapped module: the state its forward runs with
@@ -96,6 +96,19 @@ def balance_report(model: Any, reset: bool = True, *, step_seconds: float | None
     this rank's step seconds over the window, where its thread also ran other work (by default,
     the thread's CPU seconds since the last report)."""
     return _balance_report(state_of(model), reset, step_seconds)
+
+
+def check_weights(model: Any) -> None:
+    """Raise on every rank unless every CP rank holds the same weights now (one all-reduce of each
+    parameter's float64 sum and sum of squares; ``context_parallel`` makes the same check once).
+    The contract is DDP's: weights change only through the same optimizer step on every rank; a
+    rank that loads or edits weights alone computes silently wrong logits for the rows whose keys
+    it owns. Call it after such a load, or every N steps as a guard (collective: every rank). With
+    FSDP2-sharded weights each rank holds its own shard: there is nothing to compare."""
+    state = state_of(model)
+    if state.fsdp_sharded:
+        return
+    agree_parameters(state.adapter.base(model), state.group, "check_weights")
 
 
 def _agree_options(options: ContextParallelOptions, group: Any, size: int, rank: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .engine import apply, balance_report, context_parallel_state, indexer_kl_loss
+from .engine import apply, balance_report, check_weights, context_parallel_state, indexer_kl_loss
 from .engine import undo as undo_context_parallel
 from .options import ContextParallelOptions
 from .report import BalanceReport
@@ -20,8 +20,9 @@ from .training import (
 )
 
 __all__ = ["BalanceReport", "ContextParallelOptions", "ContextParallelState", "ContextParallelStats",
-           "all_reduce_gradients", "balance_report", "causal_lm_loss", "context_parallel_state", "count_valid_tokens",
-           "indexer_kl_loss", "pad_to_multiple", "shard_batch", "shard_labels", "undo_context_parallel"]
+           "all_reduce_gradients", "balance_report", "causal_lm_loss", "check_weights", "context_parallel_state",
+           "count_valid_tokens", "indexer_kl_loss", "pad_to_multiple", "shard_batch", "shard_labels",
+           "undo_context_parallel"]
 
 
 def entry_point(make_adapter: Callable[[], Any], module: str, doc: str) -> Callable[..., Any]:
