@@ -20,7 +20,7 @@ FIELDS = ("step_seconds", "gain", "gain_interval", "bound", "indexer_share", "se
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("step_at_length")
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the sparsecp this test imports
     command = [sys.executable, SCRIPT, "--scale", "64", "--layers", "csa", "--experts", "6", "--tokens", "512",
                "--pack", "one", "--ranks", "2", "--modes", "none,spill", "--steps", "2", "--warmup", "0",
                "--json", str(out / "run.json"), "--svg", str(out / "run.svg"), "--project",
