@@ -69,11 +69,11 @@ def context_parallel_state(model: Any) -> ContextParallelState | None:
     return getattr(model, STATE_ATTRIBUTE, None)
 
 
-def state_of(model: Any, module_name: str = "<model>") -> ContextParallelState:
+def state_of(model: Any) -> ContextParallelState:
     state = context_parallel_state(model)
     if state is None:
-        raise ValueError(f"this model is not context-parallel: call sparsecp.models.{module_name}.context_parallel "
-                         "first")
+        raise ValueError(f"this {type(model).__name__} is not context-parallel: call context_parallel on it first "
+                         "(sparsecp.models.deepseek_v4's, deepseek_v32's, or sparsecp.models' with your adapter)")
     return state
 
 
@@ -214,20 +214,22 @@ def _check_strategy(state: ContextParallelState, ratio: int) -> None:
                   state.zigzag_min_length, **state.strategy_params)
 
 
-def _fsdp_sharded(state: ContextParallelState) -> bool:
-    """Whether FSDP2 (``fully_shard``) wraps the model or any module of it (then its losses need ``group=``)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(module, FSDPModule) for ref in state.roots if (root := ref()) is not None
-               for module in root.modules())
-
-
-def _forward_settings(module: Any, kwargs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+def _forward_settings(state: ContextParallelState, module: Any,
+                      kwargs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """What this forward adds or changes collectives by, beyond the options: every rank must agree
     (a rank recomputing its layers where its peers do not would abort in the backward; one
-    returning router logits where its peers do not would wait in the load-balancing loss)."""
-    checkpointing = module.training and any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
-    return (("activation checkpointing", bool(checkpointing)),
+    returning router logits where its peers do not would wait in the load-balancing loss). Also
+    notes whether FSDP2 (``fully_shard``) wraps the model or any module of it: its losses then need
+    ``group=``. One walk over the outermost module the state knows (the model holds the base)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    root = state.roots[0]() if state.roots else None
+    checkpointing = sharded = False
+    for each in (root if root is not None else module).modules():
+        checkpointing = checkpointing or bool(getattr(each, "gradient_checkpointing", False))
+        sharded = sharded or isinstance(each, FSDPModule)
+    state.fsdp_sharded = sharded
+    return (("activation checkpointing", bool(module.training and checkpointing)),
             ("output_router_logits", bool(kwargs.get("output_router_logits"))))
 
 
@@ -240,7 +242,7 @@ def _before_forward(state: ContextParallelState, module: Any, args: tuple,
     adapter = state.adapter
     check = BatchCheck(model=adapter.name, group=state.group, size=state.size, rank=state.rank,
                        vocab=adapter.vocab_size(module), positions=lambda lengths: state.batch(lengths).row_position,
-                       options=(*state.options.fingerprint(), *_forward_settings(module, kwargs)))
+                       options=(*state.options.fingerprint(), *_forward_settings(state, module, kwargs)))
     # The one all-gather also carries this rank's selector seconds of the last forward: spill's
     # cost-model refit (calibration) needs every rank's, with no collective of its own.
     times = None if state.calibration is None else state.calibration.local_times(state)
@@ -248,8 +250,7 @@ def _before_forward(state: ContextParallelState, module: Any, args: tuple,
     if state.calibration is not None and state.size > 1:
         state.calibration.received_times(agreed.times)
     lengths = agreed.lengths
-    state.fsdp_sharded = _fsdp_sharded(state)
-    if state.fsdp_sharded:
+    if state.fsdp_sharded:  # found by _forward_settings
         note_fsdp_sharded(state.group)
     state.stats.forwards += 1
     context = state.start_forward(lengths, agreed.tokens.device, agreed.padding_tokens)

@@ -27,7 +27,6 @@ class ReportMark:
 
     cpu_seconds: float
     selector_seconds: float = 0.0
-    selector_calls: int = 0
     forwards: int = 0
     moved_bytes: int = 0
     selection_bytes: int = 0
@@ -76,8 +75,8 @@ class BalanceReport:
 
 
 def _local(state: Any) -> ReportMark:
-    return ReportMark(time.thread_time(), state.clock.lifetime_seconds, state.clock.lifetime_calls, state.forwards,
-                      state.moved_bytes, state.selection_bytes)
+    return ReportMark(time.thread_time(), state.clock.lifetime_seconds, state.forwards, state.moved_bytes,
+                      state.selection_bytes)
 
 
 def balance_report(state: Any, reset: bool = True, step_seconds: float | None = None) -> BalanceReport:

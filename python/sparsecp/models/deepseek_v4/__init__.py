@@ -120,7 +120,7 @@ def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
     size. Padding documents count as rows, as in the model run without an attention mask."""
     if context_parallel_state(model) is None and context_parallel_state(getattr(model, "model", None)) is not None:
         model = model.model
-    state = engine.state_of(model, "deepseek_v4")
+    state = engine.state_of(model)
     if getattr(output, "router_logits", None) is None:
         raise ValueError("router_aux_loss needs the output of model(..., output_router_logits=True)")
     aux = getattr(output, "aux_loss", None)
