@@ -401,3 +401,71 @@ def compiled_blocks(rank: int, size: int, kind: str, backend: str) -> dict[str, 
             "grads": max(float((g - compiled_grads[n]).abs().max() / g.abs().max().clamp_min(1e-30))
                          for n, g in eager_grads.items()),
             "same_grads": sorted(eager_grads) == sorted(compiled_grads), "breaks": breaks}
+
+
+def trainer_style(rank: int, size: int, kind: str, inner: bool) -> dict[str, Any]:
+    """``model(**batch).loss`` (a Trainer-style loop) with ``labels=shard_labels(..., loss_group=)``,
+    copied as a trainer moves a batch (``.to()`` + ``.clone()``), against ``causal_lm_loss`` over the
+    same group on the same logits: losses (with and without ``num_items_in_batch``) and gradients.
+    ``inner``: ``context_parallel(model.model)``, the outer CausalLM unhooked."""
+    import torch.distributed as dist
+
+    tasks, cp = model_of(kind)
+    model = tasks.tiny_model(torch.float64)
+    cp.context_parallel(model.model if inner else model, None, "spill")
+    lengths = (13, 17, 11, 7)
+    input_ids = tasks.packed_ids(lengths)
+    ids, positions = cp.shard_batch(input_ids, lengths)
+    group = dist.group.WORLD
+    batch = {"input_ids": ids, "position_ids": positions, "document_lengths": lengths,
+             "labels": cp.shard_labels(input_ids, lengths, loss_group=group).to(torch.int64).clone()}
+    count = cp.count_valid_tokens(batch["labels"], group) + 5  # as if more micro-batches followed
+    out: dict[str, Any] = {"labels_type": type(batch["labels"]).__name__}
+    for name, extra in (("mean", {}), ("num_items", {"num_items_in_batch": count})):
+        model.zero_grad(set_to_none=True)
+        loss = model(**batch, **extra).loss
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+        plain = cp.shard_labels(input_ids, lengths)
+        expected = cp.causal_lm_loss(logits, plain, group=group, **extra)
+        expected.backward()
+        out[name] = {"loss": float(loss.detach()), "expected": float(expected.detach()),
+                     "loss_type": type(loss).__name__,
+                     "grads_equal": grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+                     and all(torch.equal(grads[n], p.grad) for n, p in model.named_parameters() if n in grads)}
+    summed = torch.tensor([out["mean"]["loss"]], dtype=torch.float64)
+    dist.all_reduce(summed)
+    out["mean_over_ranks"] = float(summed[0]) / size
+    return out
+
+
+def packed_rows(rank: int, size: int, kind: str) -> dict[str, Any]:
+    """A ``[B, S]`` micro-batch of one-document rows made one packed row (``pack_rows``): this
+    rank's CP logits and the loss over the CP group, against the unmodified model's own ``[B, S]``
+    forward (each row causal: one document)."""
+    import torch.distributed as dist
+
+    tasks, cp = model_of(kind)
+    model = tasks.tiny_model(torch.float64)
+    rows = torch.cat([tasks.packed_ids((16,), seed) for seed in (3, 4, 5)])  # [3, 16]
+    reference = copy.deepcopy(model)(input_ids=rows, use_cache=False).logits.detach()
+    cp.context_parallel(model, None, "spill")
+    input_ids, lengths, _ = cp.pack_rows(rows)
+    ids, positions = cp.shard_batch(input_ids, lengths)
+    logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+    local = ids.shape[1]
+    want = reference.reshape(1, -1, reference.shape[-1])[:, rank * local:(rank + 1) * local]
+    loss = cp.causal_lm_loss(logits, cp.shard_labels(input_ids, lengths), group=dist.group.WORLD)
+    summed = torch.tensor([float(loss.detach())], dtype=torch.float64)
+    dist.all_reduce(summed)
+    expected = torch.nn.functional.cross_entropy(reference[:, :-1].reshape(-1, reference.shape[-1]),
+                                                 rows[:, 1:].reshape(-1))
+    refused = ""
+    try:
+        model(input_ids=rows, position_ids=torch.arange(16)[None].expand(3, -1), document_lengths=lengths)
+    except ValueError as error:
+        refused = str(error)
+    return {"gap": float((logits.detach() - want).abs().max()), "scale": float(want.abs().max()),
+            "loss": float(summed[0]) / size, "expected": float(expected), "refused": refused}

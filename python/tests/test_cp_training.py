@@ -223,3 +223,39 @@ def test_a_changed_transformers_is_refused_naming_the_version() -> None:
     changed = dict(cp_v4.UPSTREAM_FINGERPRINTS, DeepseekV4Indexer="0" * 16)
     with pytest.raises(ImportError, match=rf"transformers {transformers.__version__}'s differ: DeepseekV4Indexer"):
         _cp_training.check_upstream(modeling_deepseek_v4, changed, cp_v4.TRANSFORMERS_NEEDED, "deepseek_v4")
+
+
+def test_pack_rows_lays_rows_end_to_end_and_names_bad_lengths() -> None:
+    from sparsecp.models import pack_rows, shard_batch
+
+    rows = torch.arange(12).view(3, 4)
+    ids, lengths, labels = pack_rows(rows, [(1, 3), (4,), (2, 2)], labels=rows + 100)
+    assert ids.tolist() == [list(range(12))] and lengths == (1, 3, 4, 2, 2)
+    assert labels is not None and labels.tolist() == [list(range(100, 112))]
+    assert pack_rows(rows)[1] == (4, 4, 4) and pack_rows(rows)[2] is None  # a row is one document
+    for lengths, message in (([(4,), (4,)], "lengths give 2 rows' documents, but input_ids has 3 rows"),
+                             ([(4,), (3,), (4,)], r"row 1's document lengths \(3,\) sum to 3, not the row's 4"),
+                             ([(4,), (0, 4), (4,)], "each of the 3 rows its document lengths"),
+                             ((4, 4, 4), "each of the 3 rows its document lengths")):
+        with pytest.raises(ValueError, match=message):
+            pack_rows(rows, lengths)
+    with pytest.raises(ValueError, match=r"\[B, S\] micro-batch, got shape \(12,\)"):
+        pack_rows(rows.reshape(-1))
+    with pytest.raises(ValueError, match=r"labels must be aligned with input_ids \(shape \(3, 4\)\)"):
+        pack_rows(rows, labels=rows[:2])
+    with pytest.raises(ValueError, match="pack_rows"):  # the packed-row helpers name it for [B, S]
+        shard_batch(rows, (4, 4, 4))
+
+
+def test_shard_labels_marks_survive_a_trainer_s_copies() -> None:
+    """``shard_labels(..., loss_group=)``'s mark and group survive what a trainer does to a batch
+    (move, copy, stack, slice); a loss, a mask or floats made from them are plain tensors."""
+    from sparsecp.models import ShardLabels
+
+    labels = torch.arange(6).view(1, 6).as_subclass(ShardLabels)
+    labels.loss_group, labels.ignore_index = "group", -1
+    for copied in (labels.to(torch.int32), labels.clone(), labels[:, 2:], torch.stack([labels[0], labels[0]])):
+        assert isinstance(copied, ShardLabels) and (copied.loss_group, copied.ignore_index) == ("group", -1)
+    for plain in (labels != -1, labels.float(),
+                  torch.nn.functional.cross_entropy(torch.zeros(6, 7), labels[0].plain())):
+        assert type(plain) is torch.Tensor

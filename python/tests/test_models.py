@@ -36,10 +36,10 @@ BAD_INPUT = [
     ("padding", "padding_tokens must be 0 or the length of the batch's last document (7", None),
     ("token past the vocabulary", "input_ids holds token id 97, outside the vocabulary [0, 97)", None),
     ("use_cache", "generation is out of scope", None),
-    ("labels", "shard_labels and causal_lm_loss", None),
+    ("labels", "shard_labels(input_ids, document_lengths, cp_group, loss_group=G)", None),
     ("shard_batch", "document_lengths sum to 48, but the sequence has 47 tokens", None),
-    ("base labels", "shard_labels and causal_lm_loss", None),
-    ("labels by position", "shard_labels and causal_lm_loss", None),
+    ("base labels", "shard_labels(input_ids, document_lengths, cp_group, loss_group=G)", None),
+    ("labels by position", "shard_labels(input_ids, document_lengths, cp_group, loss_group=G)", None),
     ("output_attentions", "output_attentions=True is not supported", None),
     ("weights differ", "the CP ranks hold different weights", None),
     ("weights changed on one rank later", "check_weights: the CP ranks hold different weights", None),
@@ -128,3 +128,32 @@ def test_per_block_compile_equals_eager(kind: str) -> None:
         assert out["same_grads"] and out["logits"] <= 1e-12 and out["grads"] <= 1e-9, (rank, out)
         assert any("torch.compiler.disable" in reason for reason in out["breaks"]), (rank, out["breaks"])
         assert not any("async_op" in reason or "time function" in reason for reason in out["breaks"]), out["breaks"]
+
+
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
+@pytest.mark.parametrize("inner", [False, True], ids=["causal_lm", "inner"])
+def test_trainer_style_loss_takes_shard_labels_as_they_are(kind: str, inner: bool) -> None:
+    """``model(**batch).loss`` with ``labels=shard_labels(..., loss_group=)`` (moved and copied as a
+    trainer does) is ``causal_lm_loss`` over that group, with and without ``num_items_in_batch``:
+    the labels are never shifted again (issue 43 item 8)."""
+    tasks, _ = model_tasks.model_of(kind)
+    lengths = (13, 17, 11, 7)
+    oracle = tasks.per_document_oracle(tasks.tiny_model(), tasks.packed_ids(lengths), lengths)["loss"]
+    results = results_or_raise(pool_of(2).run(model_tasks.trainer_style, kind, inner, timeout=300))
+    for rank, out in enumerate(results):
+        assert out["labels_type"] == "ShardLabels", out
+        for name in ("mean", "num_items"):
+            assert out[name]["loss"] == out[name]["expected"] and out[name]["grads_equal"], (rank, name, out)
+            assert out[name]["loss_type"] == "Tensor", out
+        assert out["num_items"]["loss"] < out["mean"]["loss"], "num_items_in_batch (5 more tokens) was not used"
+    assert results[0]["mean_over_ranks"] == pytest.approx(oracle, rel=1e-10), (results[0], oracle)
+
+
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
+def test_a_micro_batch_of_rows_is_one_packed_row(kind: str) -> None:
+    """torchtitan's ``[B, S]`` micro-batch through ``pack_rows``: logits and loss of the model's own
+    ``[B, S]`` forward; ``[B, S / cp]`` given to the model is refused naming ``pack_rows`` (item 7)."""
+    for rank, out in enumerate(results_or_raise(pool_of(2).run(model_tasks.packed_rows, kind, timeout=300))):
+        assert out["gap"] <= 1e-6 * out["scale"], (rank, out)  # the parity suites' bound (the models' float32 steps)
+        assert out["loss"] == pytest.approx(out["expected"], rel=1e-9), (rank, out)  # sums in another order
+        assert "pack_rows" in out["refused"] and "(3, 16)" in out["refused"], out["refused"]

@@ -34,7 +34,7 @@ from ._cp.report import BalanceReport
 from ._cp.select import BankView, select_or_replay
 from ._cp.selector import ChunkedTopKSelector, KernelSelector
 from ._cp.state import ContextParallelState, ContextParallelStats
-from ._cp.training import all_reduce_gradients, causal_lm_loss, shard_batch, shard_labels
+from ._cp.training import ShardLabels, all_reduce_gradients, causal_lm_loss, pack_rows, shard_batch, shard_labels
 
 __all__ = [
     "FORWARD_KWARG",
@@ -49,6 +49,7 @@ __all__ = [
     "KernelSelector",
     "ModelAdapter",
     "PrefixLayout",
+    "ShardLabels",
     "all_reduce_gradients",
     "balance_report",
     "check_weights",
@@ -57,6 +58,7 @@ __all__ = [
     "context_parallel_state",
     "in_recompute",
     "indexer_kl_loss",
+    "pack_rows",
     "select_or_replay",
     "shard_batch",
     "shard_labels",

@@ -85,7 +85,9 @@ def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any])
     if tokens is None or tokens.ndim < 2 or tokens.shape[0] != 1:
         shape = None if tokens is None else tuple(tokens.shape)
         raise ValueError(f"a context-parallel {check.model} takes one packed sequence, input_ids [1, S / cp]; "
-                         f"got {shape}")
+                         f"got {shape}: a [B, S] micro-batch is one packed row of its rows' documents, "
+                         "pack_rows(input_ids, lengths per row) then shard_batch (exact: attention never crosses "
+                         "a document)")
     local = int(tokens.shape[1])
     if local * check.size != sum(lengths):
         raise ValueError(f"rank {check.rank}'s shard has {local} tokens, but document_lengths sum to "

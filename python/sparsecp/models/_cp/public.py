@@ -11,17 +11,19 @@ from .options import ContextParallelOptions
 from .report import BalanceReport
 from .state import ContextParallelState, ContextParallelStats
 from .training import (
+    ShardLabels,
     all_reduce_gradients,
     causal_lm_loss,
     count_valid_tokens,
+    pack_rows,
     pad_to_multiple,
     shard_batch,
     shard_labels,
 )
 
-__all__ = ["BalanceReport", "ContextParallelOptions", "ContextParallelState", "ContextParallelStats",
+__all__ = ["BalanceReport", "ContextParallelOptions", "ContextParallelState", "ContextParallelStats", "ShardLabels",
            "all_reduce_gradients", "balance_report", "causal_lm_loss", "check_weights", "context_parallel_state",
-           "count_valid_tokens", "indexer_kl_loss", "pad_to_multiple", "shard_batch", "shard_labels",
+           "count_valid_tokens", "indexer_kl_loss", "pack_rows", "pad_to_multiple", "shard_batch", "shard_labels",
            "undo_context_parallel"]
 
 

@@ -47,8 +47,9 @@ from .checks import BATCH_DIGEST, batch_digest
 
 __all__ = [
     "all_reduce_gradients", "causal_lm_loss", "count_valid_tokens", "document_lengths", "group_shape",
-    "load_balancing_loss", "note_cp_group", "pad_to_multiple", "positions_in_documents", "refuse_fsdp_before",
-    "resolve_group", "shard_batch", "shard_labels", "shard_shape", "upstream_fingerprints", "check_upstream",
+    "load_balancing_loss", "note_cp_group", "pack_rows", "pad_to_multiple", "positions_in_documents",
+    "refuse_fsdp_before", "resolve_group", "ShardLabels", "shard_batch", "shard_labels", "shard_shape",
+    "upstream_fingerprints", "check_upstream",
 ]
 
 
@@ -181,8 +182,55 @@ def positions_in_documents(lengths: Sequence[int]) -> np.ndarray:
 def _one_row(tensor: torch.Tensor, what: str) -> torch.Tensor:
     row = tensor if tensor.ndim == 2 else tensor[None]
     if row.ndim != 2 or row.shape[0] != 1:
-        raise ValueError(f"{what} must be one packed sequence [1, S] (or [S]), got shape {tuple(tensor.shape)}")
+        raise ValueError(f"{what} must be one packed sequence [1, S] (or [S]), got shape {tuple(tensor.shape)}: "
+                         "make a [B, S] micro-batch one packed row with pack_rows (exact: attention never "
+                         "crosses a document)")
     return row
+
+
+def pack_rows(input_ids: torch.Tensor, lengths: Any = None, labels: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor | None]:
+    """A ``[B, S]`` micro-batch (torchtitan's shape) as the one packed row a context-parallel
+    model takes: its rows laid end to end, ``[1, B * S]``, with their documents' lengths in order.
+
+    Attention never crosses a document, so the packed row gives each token the logits, loss and
+    gradients it has in its own row: exact, not an approximation (tested against the model's own
+    ``[B, S]`` forward). Then ``shard_batch`` / ``shard_labels`` / ``pad_to_multiple`` as for any
+    packed row.
+
+    Args:
+        input_ids: ``[B, S]``.
+        lengths: Per row, the lengths of its documents (a sequence of B sequences, each summing to
+            S); None: each row is one document (a plain causal-LM batch).
+        labels: Labels aligned with ``input_ids`` ``[B, S]``, or None.
+
+    Returns:
+        ``(input_ids [1, B * S], document lengths, labels [1, B * S] or None)``.
+    """
+    if input_ids.ndim != 2:
+        raise ValueError(f"pack_rows' input_ids must be a [B, S] micro-batch, got shape {tuple(input_ids.shape)}")
+    rows, width = (int(n) for n in input_ids.shape)
+    if lengths is None:
+        per_row: list[tuple[int, ...]] = [(width,)] * rows
+    else:
+        if isinstance(lengths, torch.Tensor):
+            lengths = lengths.tolist()
+        try:
+            per_row = [document_lengths(row) for row in lengths]
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"pack_rows' lengths must give each of the {rows} rows its document lengths (a "
+                             f"sequence of sequences), got {lengths!r}") from error
+        if len(per_row) != rows:
+            raise ValueError(f"pack_rows' lengths give {len(per_row)} rows' documents, but input_ids has {rows} rows")
+        for index, row in enumerate(per_row):
+            if sum(row) != width:
+                raise ValueError(f"pack_rows: row {index}'s document lengths {row} sum to {sum(row)}, not the row's "
+                                 f"{width} tokens")
+    if labels is not None and tuple(labels.shape) != (rows, width):
+        raise ValueError(f"labels must be aligned with input_ids (shape {(rows, width)}), got shape "
+                         f"{tuple(labels.shape)}")
+    packed_labels = None if labels is None else labels.reshape(1, rows * width)
+    return input_ids.reshape(1, rows * width), tuple(n for row in per_row for n in row), packed_labels
 
 
 def shard_batch(input_ids: torch.Tensor, lengths: Any, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,8 +255,52 @@ def shard_batch(input_ids: torch.Tensor, lengths: Any, group: Any = None) -> tup
     return shard, positions[None]
 
 
+class ShardLabels(torch.Tensor):
+    """Labels ``shard_labels(..., loss_group=G)`` made: this rank's *already shifted* next-token
+    targets, marked so that a context-parallel ``...ForCausalLM`` takes them as ``labels=`` and
+    uses them as they are (``model(**batch).loss``, a Trainer-style loop), never shifting them
+    again. Any other ``labels=`` stays refused. The mark (a tensor subclass) and its loss group
+    survive ``.to(device)``, ``.clone()``, ``torch.stack`` and slicing.
+
+    Attributes:
+        loss_group: The group the loss is a term of (``causal_lm_loss``'s ``group``): with
+            FSDP2, the mesh ``fully_shard`` was given (the flattened dp x cp mesh); else the CP
+            group with gradients averaged over it.
+        ignore_index: The label that is not learned.
+    """
+
+    loss_group: Any = None
+    ignore_index: int = -100
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        given = [*args, *(kwargs or {}).values()]
+        given += [item for a in given if isinstance(a, (tuple, list)) for item in a]  # torch.stack's list
+        source = next((a for a in given if isinstance(a, ShardLabels)), None)
+        if source is None:
+            return result
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        kept = []
+        for out in outs:
+            if isinstance(out, ShardLabels):
+                if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:
+                    with torch._C.DisableTorchFunctionSubclass():  # a loss or a mask is not labels
+                        out = out.as_subclass(torch.Tensor)
+                else:
+                    out.loss_group, out.ignore_index = source.loss_group, source.ignore_index
+            kept.append(out)
+        if isinstance(result, (tuple, list)):
+            return type(result)(kept) if isinstance(result, list) or type(result) is tuple else result
+        return kept[0]
+
+    def plain(self) -> torch.Tensor:
+        """The labels as a plain tensor (what the loss computes on)."""
+        return self.as_subclass(torch.Tensor)
+
+
 def shard_labels(input_ids: torch.Tensor, lengths: Any, group: Any = None, labels: torch.Tensor | None = None,
-                 ignore_index: int = -100) -> torch.Tensor:
+                 ignore_index: int = -100, *, loss_group: Any = None) -> torch.Tensor:
     """Next-token labels of this rank's rows ``[1, S / cp]``, never crossing a document.
 
     Args:
@@ -219,12 +311,22 @@ def shard_labels(input_ids: torch.Tensor, lengths: Any, group: Any = None, label
             is the target of the prediction made at ``t - 1``), ``ignore_index`` where nothing is
             learned (a prompt in supervised fine-tuning, padding). None: ``input_ids`` itself.
         ignore_index: The label that is not learned (-100, transformers' and PyTorch's default).
+        loss_group: Given (a ProcessGroup or 1-D DeviceMesh), the labels come back as
+            ``ShardLabels`` carrying it, which a context-parallel ``...ForCausalLM`` accepts as
+            ``labels=``: its ``.loss`` is then ``causal_lm_loss(logits, labels, group=loss_group,
+            num_items_in_batch=...)`` (``num_items_in_batch`` from the forward's keywords, as
+            transformers passes it). Not given: a plain tensor for ``causal_lm_loss``.
 
     Returns:
         Row t's target is ``labels[t + 1]`` when t + 1 is in the same document, else
         ``ignore_index`` (a document's last token predicts nothing). A row's target may come from
         the next rank's shard; ``ignore_index`` in ``labels`` is kept.
     """
+    if loss_group is not None:
+        group_shape(loss_group, "loss_group")  # a group this process belongs to, checked now
+        marked = shard_labels(input_ids, lengths, group, labels, ignore_index).as_subclass(ShardLabels)
+        marked.loss_group, marked.ignore_index = loss_group, ignore_index
+        return marked
     ids = _one_row(input_ids, "shard_labels' input_ids")
     values, _, rank, local = shard_shape(lengths, int(ids.shape[1]), group)
     source = ids
@@ -361,6 +463,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
                          "row of this rank's shard (shard_labels)")
     if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
         raise ValueError(f"labels must be integer token ids (and {ignore_index}), got dtype {labels.dtype}")
+    if isinstance(labels, ShardLabels):
+        labels = labels.plain()
     flat = logits.reshape(-1, logits.shape[-1])
     if flat.dtype in (torch.bfloat16, torch.float16):
         flat = flat.float()

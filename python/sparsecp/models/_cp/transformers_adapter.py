@@ -1,6 +1,7 @@
 """What every transformers model's adapter does alike: import the modeling module (refusing a
 version whose re-implemented modules changed), unwrap ``...ForCausalLM`` to its ``.model``,
-refuse ``labels=`` under CP, turn the KV cache off, and hand the model our mask placeholder.
+refuse ``labels=`` under CP (but ``shard_labels``' marked labels), turn the KV cache off, and hand
+the model our mask placeholder.
 
 The process-wide patches (transformers' ``LOSS_MAPPING["ForCausalLM"]``, a modeling module's
 function) are counted: installed with the first CP model that needs them and restored when the
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .training import check_upstream
+from .training import ShardLabels, causal_lm_loss, check_upstream
 
 __all__ = ["CAUSAL_LM_LOSS", "NO_MASK_KEY", "ProcessPatch", "TransformersAdapter", "labels_text"]
 
@@ -30,7 +31,9 @@ _LABELS_POSITION = 5  # ForCausalLM.forward(input_ids, attention_mask, position_
 
 def labels_text(module_name: str) -> str:
     return (f"labels= would be shifted inside this rank's shard (crossing shards and documents); under context "
-            f"parallelism use sparsecp.models.{module_name}.shard_labels and causal_lm_loss")
+            f"parallelism pass labels=sparsecp.models.{module_name}.shard_labels(input_ids, document_lengths, "
+            "cp_group, loss_group=G) (this rank's labels, already shifted, used as they are: .loss is "
+            "causal_lm_loss over G), or compute shard_labels and causal_lm_loss yourself")
 
 
 class ProcessPatch:
@@ -66,7 +69,16 @@ class ProcessPatch:
 def _refusing_loss(original: Any) -> Any:
     @functools.wraps(original)
     def causal_lm_loss_outside_cp(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("document_lengths") is not None:
+        labels = kwargs.get("labels", args[1] if len(args) > 1 else None)
+        cp_forward = kwargs.get("document_lengths") is not None
+        if isinstance(labels, ShardLabels):
+            if not cp_forward:
+                raise ValueError("labels made by shard_labels(..., loss_group=) are one CP rank's shifted labels, "
+                                 "but this forward is not context-parallel (no document_lengths)")
+            logits = kwargs["logits"] if "logits" in kwargs else args[0]
+            return causal_lm_loss(logits, labels, group=labels.loss_group, ignore_index=labels.ignore_index,
+                                  num_items_in_batch=kwargs.get("num_items_in_batch"))
+        if cp_forward:
             raise ValueError(labels_text("deepseek_v4 / deepseek_v32"))
         return original(*args, **kwargs)
     return causal_lm_loss_outside_cp
@@ -82,7 +94,9 @@ def _loss_mapping() -> Any:
 # was wrapped: ``context_parallel(model.model)`` leaves the outer ``...ForCausalLM`` unhooked, and
 # its ``labels=`` would shift labels inside each shard. The outer forward hands its keyword
 # arguments (``document_lengths``, which only a CP forward takes) to the loss, so the loss is
-# wrapped to refuse exactly those calls; every other call goes to transformers' function unchanged.
+# wrapped to refuse exactly those calls, but for labels ``shard_labels(..., loss_group=)`` marked
+# (``ShardLabels``: already shifted, so used as they are, with sparsecp's loss over their group);
+# every other call goes to transformers' function unchanged.
 CAUSAL_LM_LOSS = ProcessPatch(lambda: _loss_mapping().get("ForCausalLM"),
                               lambda value: _loss_mapping().__setitem__("ForCausalLM", value), _refusing_loss)
 
@@ -153,6 +167,8 @@ class TransformersAdapter:
 
 
 def _refuse_labels(module_name: str, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-    """A context-parallel CausalLM's forward pre-hook: ``labels`` by keyword or by position."""
-    if kwargs.get("labels") is not None or (len(args) > _LABELS_POSITION and args[_LABELS_POSITION] is not None):
+    """A context-parallel CausalLM's forward pre-hook: ``labels`` by keyword or by position, unless
+    ``shard_labels(..., loss_group=)`` made them (``ShardLabels``, used as they are)."""
+    labels = kwargs.get("labels", args[_LABELS_POSITION] if len(args) > _LABELS_POSITION else None)
+    if labels is not None and not isinstance(labels, ShardLabels):
         raise ValueError(labels_text(module_name))
