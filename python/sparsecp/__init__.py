@@ -21,8 +21,8 @@ Example::
 """
 from __future__ import annotations
 
-import operator
-import os
+import operator as _operator
+import os as _os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -43,6 +43,7 @@ from ._core import (
     load_cost_model,
     save_cost_model,
 )
+from ._publish import publish as _publish
 
 __version__ = "0.2.0"
 
@@ -98,10 +99,10 @@ def _cost_model(value: Any) -> CostModel:
     """A CostModel from a model, a file path, or (a, b, c, topk)."""
     if isinstance(value, CostModel):
         return value
-    if isinstance(value, (str, os.PathLike)):
-        return load_cost_model(os.fspath(value))
+    if isinstance(value, (str, _os.PathLike)):
+        return load_cost_model(_os.fspath(value))
     a, b, c, topk = value
-    return CostModel.linear(float(a), float(b), float(c), operator.index(topk))
+    return CostModel.linear(float(a), float(b), float(c), _operator.index(topk))
 
 
 def strategy_params(**params: Any) -> StrategyParams:
@@ -306,3 +307,5 @@ def attention_gemm(dtype: str = "bfloat16") -> str:
     has them) or ``"blas"`` (float64 always; bf16 widened where oneDNN has only its reference
     loops). ``SPARSECP_ATTENTION_GEMM=blas`` forces the BLAS."""
     return str(_core.sparse_attention_gemm(dtype))
+
+_publish(__name__, globals())  # help() names this module, not the private one defining it

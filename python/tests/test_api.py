@@ -450,3 +450,34 @@ def test_the_seeds_exchange_helpers_and_the_named_tuples(group):
     for helper, handle, owner in zip(exchanged, worker, inputs):
         assert torch.equal(helper, handle) and helper.dtype == owner.dtype and helper.shape == owner.shape
     assert torch.equal(indexer_balance._exchange_rows(qr[0], route, group, rows), worker.qr[0])
+
+
+PUBLIC_MODULES = ("sparsecp", "sparsecp.torch", "sparsecp.models", "sparsecp.models.deepseek_v4",
+                  "sparsecp.models.deepseek_v32")
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_public_modules_name_themselves_in_help_and_expose_no_helpers(name):
+    """help() on an exported function or class names a public module (the one users import it
+    from), not the private file that defines it; the public modules do not hand out the modules
+    they import (np, torch, functools, ...), only their own public submodules. The extension's
+    functions (sparsecp._core, whose attributes are read-only) are the one exception."""
+    import importlib
+    import types
+
+    if "deepseek" in name:
+        pytest.importorskip("transformers.models.deepseek_v32")
+    module = importlib.import_module(name)
+    private = [f"{export}: {obj.__module__}" for export in module.__all__
+               if not (obj := getattr(module, export)).__class__.__name__ == "nb_func"
+               and any(part.startswith("_") for part in str(getattr(obj, "__module__", "")).split(".")[1:])]
+    assert private == [], private
+    helpers = [key for key, value in vars(module).items() if isinstance(value, types.ModuleType)
+               and not key.startswith("_") and not value.__name__.startswith(f"{name}.")]
+    assert helpers == [], helpers
+    import pickle
+
+    for export in module.__all__:  # by reference, through the module it now names
+        obj = getattr(module, export)
+        if isinstance(obj, type) or callable(obj) and obj.__class__.__name__ != "nb_func":
+            assert pickle.loads(pickle.dumps(obj)) is obj, export

@@ -89,3 +89,24 @@ def test_help(example: str, flag: str) -> None:
     text = subprocess.run([sys.executable, os.path.join(EXAMPLES, example), "--help"], check=True,
                           capture_output=True, text=True, timeout=120).stdout
     assert flag in text and "--modes" in text and "within noise" in text
+
+
+def test_the_examples_run_from_the_package() -> None:
+    """``python -m sparsecp.example`` lists the examples where the imported sparsecp finds them
+    (an installed wheel's ``sparsecp/examples``, as in CI, or the source tree's) and runs one by
+    name; an unknown name is refused naming the examples."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    listing = subprocess.run([sys.executable, "-m", "sparsecp.example"], env=env, capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+    for name in ("train_deepseek_v4", "train_deepseek_v32", "train_indexer_step", "calibrate_selector"):
+        assert name in listing, listing
+    assert "cp_training_driver" not in listing, "the shared driver is not an example of its own"
+    folder = listing.split("examples in ", 1)[1].split(":\n", 1)[0]
+    if folder.endswith(os.path.join("sparsecp", "examples")):  # the wheel leaves out the repository's GPU check
+        assert "gpu_attention_check" not in listing, listing
+    run = subprocess.run([sys.executable, "-m", "sparsecp.example", "train_deepseek_v4", "--help"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "--dp" in run.stdout, run.stderr
+    unknown = subprocess.run([sys.executable, "-m", "sparsecp.example", "train_llama"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "no example 'train_llama'; the examples: " in unknown.stderr, unknown.stderr

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._publish import publish as _publish
 from ._cp import engine as _engine
 from ._cp.adapter import ModelAdapter
-from ._cp.engine import balance_report, check_weights, context_parallel_state, indexer_kl_loss
-from ._cp.engine import undo as undo_context_parallel
+from ._cp.engine import balance_report, check_weights, context_parallel_state, indexer_kl_loss, undo_context_parallel
 from ._cp.forward import FORWARD_KWARG, ForwardContext, in_recompute
 from ._cp.options import ContextParallelOptions
 from ._cp.prefix import DevicePrefixLayout, PrefixLayout
@@ -90,3 +90,5 @@ def context_parallel(model: Any, adapter: ModelAdapter, group: Any = None, *,
     defaults = {name: ContextParallelOptions.__dataclass_fields__[name].default for name in fields}
     return _engine.apply(model, adapter, group,
                          ContextParallelOptions.from_arguments(options, {**defaults, **named}, strategy))
+
+_publish(__name__, globals())  # help() names this module, not the private one defining it

@@ -50,6 +50,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 # With the seed's private helpers (`X as X`): code written against the seed may reach them.
+from .._publish import publish as _publish  # noqa: E402
 from . import ops  # noqa: E402  (registers torch.ops.sparsecp.*)
 from ._compiled import (  # noqa: E402
     FixedIndexTensors,
@@ -177,3 +178,5 @@ __all__ = [
     "validate_indexer_hybrid_threshold",
     "verify_replays",
 ]
+
+_publish(__name__, globals())  # help() names this module, not the private one defining it

@@ -16,7 +16,16 @@ class SelectorClock:
     CPU time, not wall time: with more ranks than cores (tests, an example on a laptop) a rank's
     wall time counts the time its peers held the core, which makes balanced plans, whose ranks
     all select at once, look slower than they are. For a CUDA selector this measures the host's
-    share only; time the device with events (``sparsecp.torch.calibrate`` does)."""
+    share only; time the device with events (``sparsecp.torch.calibrate`` does).
+
+    Attributes:
+        calls: Selector calls since the caller last set it to 0 (``context_parallel_state(model)
+            .clock.calls = 0`` once a step gives a step's count).
+        seconds: CPU seconds of this thread in those calls (set to 0 with ``calls``).
+        lifetime_calls: Every call since the clock was made; never reset (the cost-model refit
+            takes each forward's difference).
+        lifetime_seconds: Their CPU seconds; never reset.
+    """
 
     def __init__(self) -> None:
         self.calls = 0

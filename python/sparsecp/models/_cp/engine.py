@@ -3,7 +3,7 @@
 ``apply`` swaps each attention module's class for a cached ``ContextParallel<Name>`` subclass
 (torchtitan's recipe for transformers' modules: ``print(model)`` shows every CP module, and the
 class, unlike a per-instance ``forward``, is what ``torch.compile`` and FSDP2 see) and registers
-the model's forward pre-hook; everything it changes is recorded in the state, and ``undo``
+the model's forward pre-hook; everything it changes is recorded in the state, and ``undo_context_parallel``
 takes it all back, leaving a model whose forward equals one never made parallel.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ from .report import balance_report as _balance_report
 from .state import ContextParallelState, indexer_kl_share
 from .training import group_shape, note_cp_group, note_fsdp_sharded, refuse_fsdp_before, resolve_group
 
-__all__ = ["apply", "balance_report", "check_weights", "context_parallel_state", "indexer_kl_loss", "undo"]
+__all__ = ["apply", "balance_report", "check_weights", "context_parallel_state", "indexer_kl_loss",
+           "undo_context_parallel"]
 
 STATE_ATTRIBUTE = "_sparsecp_context_parallel"  # on the model (and its base): the state
 _MODULE_STATE = "_sparsecp_state"  # on each swapped module: the state its forward runs with
@@ -171,7 +172,7 @@ def apply(model: Any, adapter: ModelAdapter, group: Any, options: ContextParalle
     return model
 
 
-def undo(model: Any) -> Any:
+def undo_context_parallel(model: Any) -> Any:
     """Take back everything ``context_parallel`` did to ``model`` (see the public docstring)."""
     state = context_parallel_state(model)
     if state is None:

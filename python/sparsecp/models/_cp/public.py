@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .engine import apply, balance_report, check_weights, context_parallel_state, indexer_kl_loss
-from .engine import undo as undo_context_parallel
+from .engine import apply, balance_report, check_weights, context_parallel_state, indexer_kl_loss, undo_context_parallel
 from .options import ContextParallelOptions
 from .report import BalanceReport
 from .state import ContextParallelState, ContextParallelStats

@@ -65,7 +65,20 @@ LAYOUTS_KEPT = 8  # batch layouts a state caches for reuse (a forward holds its 
 
 @dataclass
 class ContextParallelStats:
-    """Counters since the last ``reset()`` (per rank)."""
+    """This rank's counters since the last ``reset()`` (``context_parallel_state(model).stats``;
+    ``balance_report`` gives every rank's at once).
+
+    Attributes:
+        forwards: Model forwards.
+        selections: Balanced selections run (one per selecting layer and forward; each sends one
+            input and one result exchange).
+        replays: Selecting layers recomputed under activation checkpointing that replayed the ids
+            their forward recorded instead of selecting again.
+        indexer_seconds: Wall seconds of the owner-side indexer work: the index keys, the bank
+            gather and the selection, exchanges included.
+        dispatch_bytes: Bytes this rank sent for what its rows read on other ranks (window halos,
+            document prefixes, banks).
+    """
 
     forwards: int = 0
     selections: int = 0        # balanced selections (each: one input and one result exchange)

@@ -48,6 +48,7 @@ function here is first called.
 """
 from __future__ import annotations
 
+from ..._publish import publish as _publish
 from .._cp.public import *  # noqa: F403  (the functions every model exports)
 from .._cp.public import __all__ as _public
 from .._cp.public import entry_point
@@ -85,3 +86,5 @@ Make a ``DeepseekV32ForCausalLM`` / ``DeepseekV32Model`` context-parallel over `
         ValueError: the model is already context-parallel, an option is invalid, or the ranks
             were given different options or hold different weights (raised on every rank).
     """)
+
+_publish(__name__, globals())  # help() names this module, not the private one defining it

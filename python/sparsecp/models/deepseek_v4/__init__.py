@@ -58,17 +58,20 @@ otherwise ``ImportError`` names the version and the modules that differ.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from .._cp import engine, training
+from ..._publish import publish as _publish
+from .._cp import engine as _engine
+from .._cp import training as _training
 from .._cp.public import *  # noqa: F403  (the functions every model exports)
 from .._cp.public import __all__ as _public
 from .._cp.public import context_parallel_state, entry_point
 from .._cp.transformers_adapter import TRANSFORMERS_TESTED as TRANSFORMERS_NEEDED
 from ._adapter import UPSTREAM_FINGERPRINTS, WHOLE_ROW, V4Adapter
 from ._selector import FusedSelector, ModelSelector
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [*_public, "context_parallel", "V4Adapter", "router_aux_loss", "UPSTREAM_FINGERPRINTS",
            "TRANSFORMERS_NEEDED", "FusedSelector", "ModelSelector"]
@@ -120,12 +123,14 @@ def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
     size. Padding documents count as rows, as in the model run without an attention mask."""
     if context_parallel_state(model) is None and context_parallel_state(getattr(model, "model", None)) is not None:
         model = model.model
-    state = engine.state_of(model)
+    state = _engine.state_of(model)
     if getattr(output, "router_logits", None) is None:
         raise ValueError("router_aux_loss needs the output of model(..., output_router_logits=True)")
     aux = getattr(output, "aux_loss", None)
     if aux is not None and getattr(aux, WHOLE_ROW, False):
         return aux
     config = model.config
-    return training.load_balancing_loss(output.router_logits, int(config.num_local_experts),
+    return _training.load_balancing_loss(output.router_logits, int(config.num_local_experts),
                                         int(config.num_experts_per_tok), state.group)
+
+_publish(__name__, globals())  # help() names this module, not the private one defining it
