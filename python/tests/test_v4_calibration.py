@@ -100,3 +100,18 @@ def test_a_long_runs_history_is_bounded_as_its_predictions_are() -> None:
     assert report.history[0] == "forward 1: calibrated (stand-in)"
     assert report.history[-1].startswith(f"forward {forwards + 1}: refit "), report.history[-1]
     assert report.history_dropped == report.refits + 1 - _HISTORY_KEPT
+
+
+def test_a_later_process_reads_the_fit_from_the_disk_cache() -> None:
+    """Rank 0's fit is cached on disk: a later process's first forward plans with it at once (no
+    calibration stall, the same model on every rank); a damaged file is calibrated anew;
+    ``SPARSECP_CACHE_DIR=off`` turns the disk cache off (item 12 of issue 43)."""
+    results = results_or_raise(pool_of(2).run(v4_calibration_tasks.calibrates_from_disk))
+    for rank, r in enumerate(results):
+        assert r["first"]["source"] == "calibrated" and r["first"]["seconds"] > 0, (rank, r["first"])
+        assert r["from_disk"]["source"] == "cached on disk" and r["from_disk"]["seconds"] == 0.0, (rank, r)
+        assert r["from_disk"]["model"] == r["first"]["model"], (rank, "the disk's fit is another model")
+        assert r["after_damage"]["source"] == "calibrated", (rank, r["after_damage"])
+        assert r["rewritten"]["source"] == "cached on disk", (rank, r["rewritten"])
+        assert r["off"]["source"] == "calibrated", (rank, r["off"])
+    assert [r["files"] for r in results] == [1, 1] and [r["files_at_end"] for r in results] == [1, 1]

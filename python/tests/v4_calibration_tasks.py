@@ -79,3 +79,40 @@ def bad_option(rank: int, size: int) -> str:
     except ValueError as error:
         return str(error)
     return "no error"
+
+
+def calibrates_from_disk(rank: int, size: int) -> dict[str, Any]:
+    """A later process (this one with its in-process cache forgotten) reads rank 0's fit from the
+    disk cache instead of calibrating; a damaged file is calibrated anew and rewritten;
+    ``SPARSECP_CACHE_DIR=off`` reads and writes nothing."""
+    import glob
+    import os
+
+    from sparsecp.models import deepseek_v4 as cp_v4
+    from sparsecp.models._cp import calibration as _cp_calibration
+
+    def fresh_model() -> dict[str, Any]:
+        _cp_calibration._CACHE.clear()  # what a new process starts with
+        model = cp_v4.context_parallel(v4_tasks.tiny_model(torch.float32), None, "spill")
+        _forward(model, LENGTHS)
+        return _summary(model)
+
+    _cp_calibration.clear_cache()
+    torch.set_num_threads(1)
+    folder = _cp_calibration.cache_folder()
+    files = lambda: sorted(glob.glob(os.path.join(folder, "model-cost-*.json")))  # noqa: E731
+    out: dict[str, Any] = {"first": fresh_model(), "files": len(files())}
+    out["from_disk"] = fresh_model()
+    if rank == 0:
+        with open(files()[0], "w", encoding="utf-8") as damaged:
+            damaged.write("{not json")
+    out["after_damage"] = fresh_model()
+    out["rewritten"] = fresh_model()
+    saved = os.environ["SPARSECP_CACHE_DIR"]
+    os.environ["SPARSECP_CACHE_DIR"] = "off"
+    try:
+        out["off"] = fresh_model()
+    finally:
+        os.environ["SPARSECP_CACHE_DIR"] = saved
+    out["files_at_end"] = len(files())
+    return out

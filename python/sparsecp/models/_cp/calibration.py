@@ -14,6 +14,12 @@ the layer's own selector's model:
    cached in the process, keyed by the selector and everything its time depends on (selector
    kind, heads, head widths, ratio, top-k, dtype, device, torch threads): a second model with the
    same indexer shape (another strategy's copy, a restarted run in the same process) reuses it.
+   It is also cached on disk for later processes, in the folder ``sparsecp run`` caches its
+   calibrations in (``$SPARSECP_CACHE_DIR``, else ``$XDG_CACHE_HOME/sparsecp``, else
+   ``~/.cache/sparsecp``; ``SPARSECP_CACHE_DIR=off``: no disk cache), a small JSON file keyed, as
+   the CLI's are, by that key, the timed points, the CPU model, the kernel ISA and the versions of
+   torch and sparsecp: a restarted job on the same machine skips the 1-2 s stall of rank 0's first
+   step. ``clear_cache()`` forgets both.
    The synthetic points leave out rows that see no key (the selectors skip them, so a point of
    them alone would price a row's projection at nothing; in a packed batch they are only each
    document's first ``ratio - 1`` rows).
@@ -33,6 +39,9 @@ Model-agnostic: an integration supplies the selector factory and the indexer's d
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,7 +49,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["COST_MODEL_MODES", "CalibrationReport", "SelectionCalibration", "calibrate_option", "clear_cache"]
+__all__ = ["COST_MODEL_MODES", "CalibrationReport", "SelectionCalibration", "cache_folder", "calibrate_option",
+           "clear_cache"]
 
 COST_MODEL_MODES = ("spill", "auto")  # the strategies that plan on a cost model
 _REFIT_WINDOW = 8  # forwards whose per-rank times the refit fits
@@ -50,9 +60,100 @@ _HISTORY_KEPT = 64  # model changes the report's history keeps: the first (the c
 _CACHE: dict[tuple[Any, ...], tuple[Any, float, float]] = {}  # key -> (CostModel, residual, cpu seconds)
 
 
+_DISK_PREFIX = "model-cost-"
+_DISK_PROCEDURE = "sparsecp.models calibration 1"  # changed when the procedure changes: old files are not reused
+
+
+def cache_folder() -> str | None:
+    """Where calibrations are cached on disk, as ``sparsecp run`` caches them:
+    ``$SPARSECP_CACHE_DIR``, else ``$XDG_CACHE_HOME/sparsecp``, else ``~/.cache/sparsecp``; None
+    when ``SPARSECP_CACHE_DIR=off`` or no home is known."""
+    folder = os.environ.get("SPARSECP_CACHE_DIR")
+    if folder:
+        return None if folder == "off" else folder
+    if os.environ.get("XDG_CACHE_HOME"):
+        return os.path.join(os.environ["XDG_CACHE_HOME"], "sparsecp")
+    home = os.environ.get("HOME")
+    return os.path.join(home, ".cache", "sparsecp") if home else None
+
+
 def clear_cache() -> None:
-    """Forget every cached calibration of this process (tests)."""
+    """Forget every cached calibration: this process's and the files in ``cache_folder()``."""
     _CACHE.clear()
+    folder = cache_folder()
+    if folder is not None and os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if name.startswith(_DISK_PREFIX) and name.endswith(".json"):
+                try:
+                    os.remove(os.path.join(folder, name))
+                except OSError:
+                    pass
+
+
+def _machine_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
+def _disk_key(key: tuple[Any, ...], targets: list[int], device: torch.device) -> str:
+    """The text a file's fit is valid for: the process cache's key, the timed points, and the
+    machine and software the times depend on."""
+    import sparsecp
+
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else _machine_name()
+    return repr((_DISK_PROCEDURE, key, tuple(targets), where, sparsecp.kernel_isa(), torch.__version__,
+                 sparsecp.__version__))
+
+
+def _disk_path(text: str) -> str | None:
+    folder = cache_folder()
+    if folder is None:
+        return None
+    return os.path.join(folder, f"{_DISK_PREFIX}{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
+
+
+def _read_disk(text: str) -> tuple[Any, float, float] | None:
+    """The fit a file holds for ``text`` (None: none, another key's, or unreadable: calibrate)."""
+    path = _disk_path(text)
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            saved = json.load(file)
+        if saved.get("key") != text:
+            return None
+        import sparsecp
+
+        return sparsecp.CostModel(**saved["model"]), float(saved["residual"]), float(saved["cpu_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_disk(text: str, model: Any, residual: float, cpu: float) -> str:
+    """Saves a fit (written to a temporary file, then renamed: readers never see half a file);
+    returns why it was not saved ('' when it was)."""
+    path = _disk_path(text)
+    if path is None:
+        return "no cache folder"
+    fields = {name: getattr(model, name) for name in ("a", "b", "c", "d", "topk", "candidates", "quantum", "unit",
+                                                      "note")}
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump({"key": text, "model": fields, "residual": residual, "cpu_seconds": cpu}, file, indent=1)
+        os.replace(temporary, path)
+    except OSError as error:
+        return f"{type(error).__name__}: {error}"
+    return ""
 
 
 def calibrate_option(value: Any) -> bool | str:
@@ -67,7 +168,7 @@ def calibrate_option(value: Any) -> bool | str:
 class CalibrationReport:
     """What the calibration did (the same on every rank)."""
 
-    source: str = "off"  # "off", "given", "calibrated", "cached"
+    source: str = "off"  # "off", "given", "calibrated", "cached" (this process), "cached on disk"
     seconds: float = 0.0  # rank 0's wall seconds in the calibration (0 when cached)
     cpu_seconds: float = 0.0  # the timed selector calls' CPU seconds (those of the original fit when cached)
     rms_relative_residual: float = 0.0  # of the calibration's fit
@@ -200,20 +301,22 @@ class SelectionCalibration:
         if isinstance(found[0], str):
             raise RuntimeError(f"sparsecp: calibrating spill's cost model on rank 0's selector failed ({found[0]}); "
                                "pass cost_model= or calibrate=False to context_parallel")
-        model, residual, cpu, wall, source = found[0]
+        model, residual, cpu, wall, source, unsaved = found[0]
         self.report.source, self.report.seconds, self.report.cpu_seconds = source, wall, cpu
         self.report.rms_relative_residual, self.report.model = residual, model
-        self.report.note(f"forward {state.forwards + 1}: {source} {self.report}")
+        unsaved = f" (not cached on disk: {unsaved})" if unsaved and unsaved != "no cache folder" else ""
+        self.report.note(f"forward {state.forwards + 1}: {source}{unsaved} {self.report}")
         if self.option is True and device.type == "cpu":
             import sparsecp
             self.refit = sparsecp.CostModelRefit(model, window=_REFIT_WINDOW)
         state.layouts.clear()  # a batch planned before (no forward has run yet) replans with the model
 
-    def _fit(self, lengths: tuple[int, ...], device: torch.device) -> tuple[Any, float, float, float, str]:
+    def _fit(self, lengths: tuple[int, ...], device: torch.device) -> tuple[Any, float, float, float, str, str]:
+        """(model, residual, CPU seconds, wall seconds, source, why the fit was not saved on disk)."""
         key = self._key(device)
         if key in _CACHE:
             model, residual, cpu = _CACHE[key]
-            return model, residual, cpu, 0.0, "cached"
+            return model, residual, cpu, 0.0, "cached", ""
         from ...torch.calibrate import calibrate
 
         d = self.dims
@@ -223,6 +326,11 @@ class SelectionCalibration:
         targets = sorted({t for t in targets if t <= max(longest, 16 * topk)})  # later batches run longer
         while len(targets) < 3:  # calibrate needs three targets
             targets.append(targets[-1] * 2 if targets else 1)
+        text = _disk_key(key, targets, device)
+        saved = _read_disk(text)
+        if saved is not None:
+            _CACHE[key] = saved
+            return *saved, 0.0, "cached on disk", ""
         keys = targets[-1] + self.rows  # every point's segment fits
         generator = torch.Generator().manual_seed(0)
         bank = torch.randn(keys, d["head_dim"], generator=generator).to(device=device, dtype=self.parameter.dtype)
@@ -234,7 +342,8 @@ class SelectionCalibration:
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         model = fit.model.replace(note=f"{fit.model.note}; calibrated by sparsecp.models for spill")
         _CACHE[key] = (model, fit.rms_relative_residual, cpu)
-        return model, fit.rms_relative_residual, cpu, wall, "calibrated"
+        unsaved = _write_disk(text, model, fit.rms_relative_residual, cpu)
+        return model, fit.rms_relative_residual, cpu, wall, "calibrated", unsaved
 
     # -- later forwards: the refit from every rank's measured times --------------------------
 

@@ -47,7 +47,7 @@ of its first forward (no selector call, no selection collective).
 ``ModelSelector`` and ``FusedSelector`` are the two worker selectors (``selector="model"`` /
 ``"fused"``). With ``mode="spill"`` (or "auto") ``context_parallel`` calibrates spill's cost
 model on the layer's own selector in the first forward (rank 0 times it, every rank plans with
-its fit; cached per process) and refits it from every rank's measured selection times
+its fit; cached in the process and on disk) and refits it from every rank's measured selection times
 (``_cp/calibration.py``); ``cost_model=`` (e.g. ``sparsecp.torch.calibrate`` over one of these
 selectors) or ``calibrate=False`` skip that.
 
@@ -89,7 +89,7 @@ Make a ``DeepseekV4ForCausalLM`` / ``DeepseekV4Model`` context-parallel over ``g
             calibrate, **strategy_params: The options (``sparsecp.models.ContextParallelOptions``
             documents each), or all of them at once as ``options=``. For 'spill' and 'auto',
             without ``cost_model=``, the cost model is calibrated on the layer's own selector in
-            the first forward (cached per process) and refitted from every rank's measured
+            the first forward (cached in the process and on disk) and refitted from every rank's measured
             selection times (``context_parallel_state(model).calibration.report``). The
             attention backend taken is ``context_parallel_state(model).attention_path``.
 
