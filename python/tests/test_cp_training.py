@@ -136,6 +136,10 @@ def test_the_indexer_learns_from_its_kl() -> None:
     ("num_items_in_batch a string", "num_items_in_batch must be a positive number (the valid tokens of the "
                                     "optimizer step, count_valid_tokens), got '12'"),
     ("float labels", "labels must be integer token ids (and -100), got dtype torch.float64"),
+    ("labels not shifted", "causal_lm_loss: labels learned at a document's last token, which predicts nothing (its "
+                           "label must be ignore_index, -100): rank 0 of the loss group has 1; rank 1 of the loss "
+                           "group has 2"),
+    ("flat mesh as the CP group", "context-parallel ranks disagree on the batch"),
     ("pad_to_multiple a tensor", "pad_to_multiple's multiple must be the CP size (a positive int) or the CP group (a "
                                  "ProcessGroup or 1-D DeviceMesh), got tensor(4) (Tensor)"),
     ("pad_to_multiple a float", "pad_to_multiple's multiple must be the CP size (a positive int) or the CP group (a "

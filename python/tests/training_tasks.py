@@ -199,6 +199,17 @@ def bad_training_input(rank: int, size: int, case: str) -> str:
                 cp_v4.indexer_kl_loss(model)
             else:
                 cp_v4.causal_lm_loss(logits, shard, lengths, num_items_in_batch=100)
+        elif case == "labels not shifted":  # the shard of the input ids as its labels
+            cp_v4.context_parallel(model, mesh["cp"], "spill", calibrate=False)
+            ids, positions = cp_v4.shard_batch(input_ids, lengths, mesh["cp"])
+            logits = torch.zeros(1, ids.shape[1], v4_tasks.VOCAB)
+            cp_v4.causal_lm_loss(logits, ids, lengths, group=mesh["dp", "cp"]._flatten())
+        elif case == "flat mesh as the CP group":  # each dp row's ranks hold another batch
+            flat = mesh["dp", "cp"]._flatten()
+            cp_v4.context_parallel(model, flat, "spill", calibrate=False)
+            row_ids, row_lengths, _ = batch_row(dist.get_rank() // (size // 2))
+            ids, positions = cp_v4.shard_batch(row_ids, row_lengths, flat)
+            model(input_ids=ids, position_ids=positions, document_lengths=row_lengths)
         elif case.startswith("pad_to_multiple"):
             multiple = {"pad_to_multiple a tensor": torch.tensor(4), "pad_to_multiple a float": 4.0,
                         "pad_to_multiple a bool": True}[case]

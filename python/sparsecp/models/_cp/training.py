@@ -473,15 +473,18 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
     if group is not None:
         scale = group_shape(group, "loss group")[0]
     legacy = group is None and num_items_in_batch is None
-    values: tuple[int, ...] = ()
+    values: tuple[int, ...] = document_lengths(lengths) if legacy or lengths is not None else ()
     if num_items_in_batch is not None:
         count = _items_count(num_items_in_batch, flat.device)
+    cp = _labels_cp_size(values, targets.numel(), legacy) if values else None
+    found, cp_group = _cp_group_of_size(cp) if cp is not None else (False, None)
+    ends = _ends_in_shard(values, targets.numel(), cp_group) if found else None
     if group is not None:
         check_group: Any = resolve_group(group, "loss group")
     else:  # the labels are checked over the CP group (that of context_parallel, or the default group)
-        values = document_lengths(lengths) if legacy or lengths is not None else ()
-        cp = _labels_cp_size(values, targets.numel(), legacy) if values else None
-        found, check_group = _cp_group_of_size(cp) if cp is not None else _latest_cp_group()
+        if cp is None:
+            found, cp_group = _latest_cp_group()
+        check_group = cp_group
         if legacy and not found:
             raise ValueError(f"causal_lm_loss without group= counts the CP batch's labels over its CP group of {cp} "
                              f"ranks (sum(document_lengths) / this shard's {targets.numel()} labels), and this "
@@ -492,7 +495,7 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
             raise ValueError(fsdp_without_group_text("causal_lm_loss"))
     # The labels' check and the valid-token count: one all-reduce over the group (every rank
     # raises on any rank's bad labels) and one host read.
-    valid, learned = _checked_valid_count(targets, int(flat.shape[-1]), ignore_index, check_group)
+    valid, learned = _checked_valid_count(targets, int(flat.shape[-1]), ignore_index, check_group, ends)
     if legacy:
         expected = sum(values) - len(values)
         if learned != expected:
@@ -518,13 +521,22 @@ def _labels_cp_size(values: tuple[int, ...], rows: int, legacy: bool) -> int | N
     return sum(values) // rows
 
 
+def _ends_in_shard(values: tuple[int, ...], rows: int, cp_group: Any) -> torch.Tensor:
+    """This shard's rows that are a document's last token (int64, shard-local): their label must
+    be ``ignore_index`` (the token predicts nothing), which labels not shifted break."""
+    rank = dist.get_rank(cp_group) if cp_group is not None else 0
+    ends = np.cumsum(values, dtype=np.int64) - 1 - rank * rows
+    return torch.from_numpy(ends[(ends >= 0) & (ends < rows)])
+
+
 def _latest_cp_group() -> tuple[bool, Any]:
     """The latest group ``context_parallel`` was given, if any (the check of a loss given
     ``num_items_in_batch`` without ``group``)."""
     return (True, _CP_GROUPS[-1]) if _CP_GROUPS and dist.is_available() and dist.is_initialized() else (False, None)
 
 
-def _checked_valid_count(targets: torch.Tensor, vocab: int, ignore_index: int, group: Any) -> tuple[torch.Tensor, int]:
+def _checked_valid_count(targets: torch.Tensor, vocab: int, ignore_index: int, group: Any,
+                         ends: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
     """The labels that are learned (not ``ignore_index``), summed over ``group`` (None: this rank
     alone), as an int64 tensor on their device and as an int, after checking every rank's labels.
 
@@ -532,24 +544,34 @@ def _checked_valid_count(targets: torch.Tensor, vocab: int, ignore_index: int, g
     vocabulary) made ``cross_entropy`` raise on its rank only, and its peers wait in their next
     collective until the group times out. Here each rank adds its bad labels' count and first
     value in its own slots of the count's all-reduce, so every rank raises the same error, naming
-    each rank's count and a value."""
+    each rank's count and a value. ``ends`` (this shard's rows that end a document, where the
+    document lengths are known): a label learned there means the labels were not shifted (a
+    document's last token predicts nothing), counted in a third slot of the same all-reduce."""
     size, rank = group_shape(group, "loss group") if group is not None else (1, 0)
     valid = targets != ignore_index
     bad = valid & ((targets < 0) | (targets >= vocab))
-    verdict = torch.zeros(1 + 2 * size, dtype=torch.int64, device=targets.device)
+    verdict = torch.zeros(1 + 3 * size, dtype=torch.int64, device=targets.device)
     verdict[0] = valid.sum()
-    verdict[1 + 2 * rank] = bad.sum()
+    verdict[1 + 3 * rank] = bad.sum()
     if targets.numel():
-        verdict[2 + 2 * rank] = targets[bad.to(torch.uint8).argmax()]  # the first bad label (no host read)
+        verdict[2 + 3 * rank] = targets[bad.to(torch.uint8).argmax()]  # the first bad label (no host read)
+    if ends is not None and ends.numel():
+        verdict[3 + 3 * rank] = valid[ends.to(targets.device)].sum()
     if size > 1:
         dist.all_reduce(verdict, group=group)
     read = verdict.tolist()  # the one host read
-    offenders = [(r, n, v) for r, (n, v) in enumerate(zip(read[1::2], read[2::2])) if n]
+    who = (lambda r: f"rank {r} of the loss group") if size > 1 else (lambda r: "this rank")
+    offenders = [(r, n, v) for r, (n, v) in enumerate(zip(read[1::3], read[2::3])) if n]
     if offenders:
-        where = "; ".join(f"{'rank ' + str(r) + ' of the loss group' if size > 1 else 'this rank'} has {n} "
-                          f"(e.g. {v})" for r, n, v in offenders)
+        where = "; ".join(f"{who(r)} has {n} (e.g. {v})" for r, n, v in offenders)
         raise ValueError(f"causal_lm_loss: labels must be token ids in [0, {vocab}) or ignore_index ({ignore_index}) "
                          f"for tokens not learned: {where}; mask with ignore_index, as shard_labels keeps -100")
+    unshifted = [(r, n) for r, n in enumerate(read[3::3]) if n]
+    if unshifted:
+        where = "; ".join(f"{who(r)} has {n}" for r, n in unshifted)
+        raise ValueError(f"causal_lm_loss: labels learned at a document's last token, which predicts nothing (its "
+                         f"label must be ignore_index, {ignore_index}): {where}; are the labels not shifted (the "
+                         "input ids themselves)? make them with shard_labels, which shifts them within each document")
     return verdict[0], read[0]
 
 
