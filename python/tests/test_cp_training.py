@@ -20,6 +20,7 @@ import torch
 
 pytest.importorskip("transformers.models.deepseek_v4", reason="transformers (DeepseekV4) not installed")
 
+import model_tasks  # noqa: E402
 import training_tasks  # noqa: E402
 import v4_tasks  # noqa: E402
 from multirank import pool_of, results_or_raise  # noqa: E402
@@ -147,8 +148,9 @@ def test_the_indexer_learns_from_its_kl() -> None:
     ("pad_to_multiple a bool", "pad_to_multiple's multiple must be the CP size (a positive int) or the CP group (a "
                                "ProcessGroup or 1-D DeviceMesh), got True (bool)"),
 ])
-def test_bad_training_input_raises_on_every_rank(case: str, message: str) -> None:
-    errors = results_or_raise(pool_of(4).run(training_tasks.bad_training_input, case, timeout=120))
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
+def test_bad_training_input_raises_on_every_rank(case: str, message: str, kind: str) -> None:
+    errors = results_or_raise(pool_of(4).run(training_tasks.bad_training_input, case, kind, timeout=120))
     for rank, error in enumerate(errors):
         assert error.startswith("ValueError") and message in error, f"rank {rank}: {error!r}"
 
@@ -160,23 +162,25 @@ def test_bad_training_input_raises_on_every_rank(case: str, message: str) -> Non
     ("vocab on rank 0", "labels must be token ids in [0, 97) or ignore_index (-100) for tokens not learned: rank 0 "
                         "of the loss group has 2 (e.g. 97)"),
 ])
-def test_one_rank_s_bad_labels_raise_on_every_rank(case: str, message: str, form: str) -> None:
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
+def test_one_rank_s_bad_labels_raise_on_every_rank(case: str, message: str, form: str, kind: str) -> None:
     """Issue 43, item 3: a -1 or a label at or above the vocabulary on one rank raised IndexError
     in cross_entropy on that rank only, and its peer waited in the next collective until the
     group's timeout; the check now rides on the loss's all-reduce and every rank raises, naming
     the rank, the count and a value (in every form of the loss)."""
-    errors = results_or_raise(pool_of(2).run(training_tasks.rank_local_labels, case, form, timeout=60))
+    errors = results_or_raise(pool_of(2).run(training_tasks.rank_local_labels, case, form, kind, timeout=60))
     for rank, error in enumerate(errors):
         assert error.startswith("ValueError") and message in error, f"rank {rank}: {error!r}"
 
 
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
 @pytest.mark.parametrize("case", ["masks on both ranks", "masks on rank 0"])
-def test_the_legacy_loss_counts_its_masks_over_the_cp_group(case: str) -> None:
+def test_the_legacy_loss_counts_its_masks_over_the_cp_group(case: str, kind: str) -> None:
     """Issue 43, item 15: the legacy loss (no group=) refuses labels that mask more tokens than
     the documents' ends on every rank, counted over the CP group: masks spread over the shards
     (each within the old per-shard bound) gave a loss over S - documents (silently wrong), and a
     shard over it raised on that rank only while its peer waited in the next collective."""
-    errors = results_or_raise(pool_of(2).run(training_tasks.rank_local_labels, case, "legacy", timeout=60))
+    errors = results_or_raise(pool_of(2).run(training_tasks.rank_local_labels, case, "legacy", kind, timeout=60))
     for rank, error in enumerate(errors):
         assert error.startswith("ValueError"), f"rank {rank}: {error!r}"
         assert "labels learn 40 tokens of the CP batch, not S - documents = 44" in error, f"rank {rank}: {error!r}"

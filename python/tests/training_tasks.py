@@ -144,16 +144,16 @@ def fsdp_oracle(steps: int, lr: float, dp: int, kind: str = "v4") -> dict[str, A
     return oracle_steps(tasks.tiny_model(torch.float64), [batch_row(row, kind=kind) for row in range(dp)], steps, lr)
 
 
-def bad_training_input(rank: int, size: int, case: str) -> str:
-    """One bad input of the training API on every rank; this rank's error text ('' if none)."""
+def bad_training_input(rank: int, size: int, case: str, kind: str = "v4") -> str:
+    """One bad input of the training API on every rank, with ``kind``'s model (model_tasks'); this
+    rank's error text ('' if none)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from sparsecp.models import deepseek_v4 as cp_v4
-
+    tasks, cp_v4 = model_tasks.model_of(kind)
     mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "cp"))
-    model = v4_tasks.tiny_model(torch.float64)
-    input_ids, lengths, labels = batch_row(0)
+    model = tasks.tiny_model(torch.float64)
+    input_ids, lengths, labels = batch_row(0, kind=kind)
     try:
         if case == "labels shape":
             cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels[:, :-1])
@@ -175,11 +175,11 @@ def bad_training_input(rank: int, size: int, case: str) -> str:
             cp_v4.context_parallel(model, mesh["cp"], "spill")
             ids, positions = cp_v4.shard_batch(input_ids, lengths, mesh["cp"])
             shard = cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
-            logits = torch.zeros(1, shard.shape[1], v4_tasks.VOCAB)
+            logits = torch.zeros(1, shard.shape[1], tasks.VOCAB)
             cp_v4.causal_lm_loss(logits, shard, lengths)
         elif case.startswith("num_items_in_batch") or case == "float labels":
             shard = cp_v4.shard_labels(input_ids, lengths, mesh["cp"], labels=labels)
-            logits = torch.zeros(1, shard.shape[1], v4_tasks.VOCAB)
+            logits = torch.zeros(1, shard.shape[1], tasks.VOCAB)
             count = {"num_items_in_batch 0": 0, "num_items_in_batch -4 tensor": torch.tensor(-4),
                      "num_items_in_batch a string": "12"}.get(case)
             cp_v4.causal_lm_loss(logits, shard.double() if case == "float labels" else shard, lengths,
@@ -202,12 +202,12 @@ def bad_training_input(rank: int, size: int, case: str) -> str:
         elif case == "labels not shifted":  # the shard of the input ids as its labels
             cp_v4.context_parallel(model, mesh["cp"], "spill", calibrate=False)
             ids, positions = cp_v4.shard_batch(input_ids, lengths, mesh["cp"])
-            logits = torch.zeros(1, ids.shape[1], v4_tasks.VOCAB)
+            logits = torch.zeros(1, ids.shape[1], tasks.VOCAB)
             cp_v4.causal_lm_loss(logits, ids, lengths, group=mesh["dp", "cp"]._flatten())
         elif case == "flat mesh as the CP group":  # each dp row's ranks hold another batch
             flat = mesh["dp", "cp"]._flatten()
             cp_v4.context_parallel(model, flat, "spill", calibrate=False)
-            row_ids, row_lengths, _ = batch_row(dist.get_rank() // (size // 2))
+            row_ids, row_lengths, _ = batch_row(dist.get_rank() // (size // 2), kind=kind)
             ids, positions = cp_v4.shard_batch(row_ids, row_lengths, flat)
             model(input_ids=ids, position_ids=positions, document_lengths=row_lengths)
         elif case.startswith("pad_to_multiple"):
@@ -222,24 +222,23 @@ def bad_training_input(rank: int, size: int, case: str) -> str:
 LABEL_LENGTHS = (13, 17, 11, 7)  # 2 ranks of 24 rows: rank 0 holds 1 document end, rank 1 holds 3
 
 
-def rank_local_labels(rank: int, size: int, case: str, form: str) -> str:
+def rank_local_labels(rank: int, size: int, case: str, form: str, kind: str = "v4") -> str:
     """``causal_lm_loss`` on labels that are wrong on one rank only (or masked over both, each
     rank's own count within the old per-shard bound), then a collective as the next step's would
     be: this rank's error text ('' if the loss raised nowhere)."""
-    from sparsecp.models import deepseek_v4 as cp_v4
-
+    tasks, cp_v4 = model_tasks.model_of(kind)
     lengths = LABEL_LENGTHS
-    input_ids = v4_tasks.packed_ids(lengths)
+    input_ids = tasks.packed_ids(lengths)
     labels = cp_v4.shard_labels(input_ids, lengths).clone()
     if case == "-1 on rank 1" and rank == 1:
         labels[0, 5] = -1
     elif case == "vocab on rank 0" and rank == 0:
-        labels[0, 3], labels[0, 9] = v4_tasks.VOCAB, v4_tasks.VOCAB + 4
+        labels[0, 3], labels[0, 9] = tasks.VOCAB, tasks.VOCAB + 4
     elif case == "masks on both ranks":  # 4 more in all: 3 on rank 0, 1 on rank 1, each shard masking 4 <= 4 ends
         labels[0, 1:4 if rank == 0 else 2] = IGNORE
     elif case == "masks on rank 0" and rank == 0:  # 4 more on rank 0 only: its old per-shard check fired
         labels[0, 1:5] = IGNORE
-    logits = torch.zeros(1, labels.shape[1], v4_tasks.VOCAB, dtype=torch.float64, requires_grad=True)
+    logits = torch.zeros(1, labels.shape[1], tasks.VOCAB, dtype=torch.float64, requires_grad=True)
     kwargs: dict[str, Any] = {"legacy": {}, "group": {"group": dist.group.WORLD},
                               "num_items": {"num_items_in_batch": 40}}[form]
     try:
