@@ -1,15 +1,16 @@
 """Public modules name themselves as the home of what they export."""
 from __future__ import annotations
 
+import sys
 import typing
 from typing import Any
 
 
 def publish(module_name: str, namespace: dict[str, Any]) -> None:
     """Sets ``__module__`` of each function and class ``namespace`` exports (``__all__``) that is
-    defined in a private module of sparsecp (a ``_``-prefixed part, e.g. ``sparsecp.models._cp``)
-    to ``module_name``, so that ``help()``, reprs and tracebacks' type names point where users
-    import it from. Only objects whose ``__qualname__`` is their exported name, so that pickling
+    defined in a private Python module of sparsecp (a ``_``-prefixed part, e.g.
+    ``sparsecp.models._cp``; not the extension ``sparsecp._core``) to ``module_name``, so that
+    ``help()``, reprs and tracebacks' type names point where users import it from. Only objects whose ``__qualname__`` is their exported name, so that pickling
     by reference (``module_name.qualname``) finds them; the first public module to export an
     object is its home (``sparsecp.models`` before the per-model modules, which import it). A
     class whose annotations name types the public module does not define keeps its module, so
@@ -22,6 +23,8 @@ def publish(module_name: str, namespace: dict[str, Any]) -> None:
         parts = home.split(".")
         if parts[0] != "sparsecp" or not any(part.startswith("_") for part in parts[1:]):
             continue
+        if not str(getattr(sys.modules.get(home), "__file__", "")).endswith(".py"):
+            continue  # the extension's own (nanobind's stubs and pickles name them by their module)
         cls = obj if isinstance(obj, type) else None
         resolvable = cls is not None and _hints_resolve(cls)
         try:
