@@ -10,11 +10,12 @@ def publish(module_name: str, namespace: dict[str, Any]) -> None:
     """Sets ``__module__`` of each function and class ``namespace`` exports (``__all__``) that is
     defined in a private Python module of sparsecp (a ``_``-prefixed part, e.g.
     ``sparsecp.models._cp``; not the extension ``sparsecp._core``) to ``module_name``, so that
-    ``help()``, reprs and tracebacks' type names point where users import it from. Only objects whose ``__qualname__`` is their exported name, so that pickling
-    by reference (``module_name.qualname``) finds them; the first public module to export an
-    object is its home (``sparsecp.models`` before the per-model modules, which import it). A
-    class whose annotations name types the public module does not define keeps its module, so
-    that ``typing.get_type_hints`` still resolves them."""
+    ``help()``, reprs and tracebacks' type names point where users import it from. Only objects
+    whose ``__qualname__`` is their exported name, so that pickling by reference
+    (``module_name.qualname``) finds them; the first public module to export an object is its
+    home (``sparsecp.models`` before the per-model modules, which import it). A class whose
+    annotations name types the public module does not define keeps its module, so that
+    ``typing.get_type_hints`` still resolves them."""
     for name in namespace.get("__all__", ()):
         obj = namespace.get(name)
         home = getattr(obj, "__module__", None)
