@@ -126,6 +126,11 @@ def bad_input(rank: int, size: int, kind: str, case: str) -> str:
             kwargs["use_cache"] = True
         elif case in ("labels", "base labels"):
             kwargs["labels"] = ids
+        elif case == "shard labels, loss_function replaced":
+            model.loss_function = lambda *args, **kwargs: None  # e.g. a kernel library's patch
+            kwargs["labels"] = cp.shard_labels(input_ids, lengths, loss_group=torch.distributed.group.WORLD)
+        elif case == "shard labels without a group":
+            kwargs["labels"] = cp.shard_labels(input_ids, lengths).as_subclass(cp.ShardLabels)
         elif case == "shard_batch":
             cp.shard_batch(input_ids[:, :-1], lengths)
         elif case == "labels by position":

@@ -13,6 +13,7 @@ rounding of zero may move either way (the worst seen: 0.034 * lr, a hyper-connec
 """
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -262,7 +263,8 @@ def test_shard_labels_marks_survive_a_trainer_s_copies() -> None:
 
     labels = torch.arange(6).view(1, 6).as_subclass(ShardLabels)
     labels.loss_group, labels.ignore_index = "group", -1
-    for copied in (labels.to(torch.int32), labels.clone(), labels[:, 2:], torch.stack([labels[0], labels[0]])):
+    for copied in (labels.to(torch.int32), labels.clone(), labels[:, 2:], torch.stack([labels[0], labels[0]]),
+                   copy.deepcopy(labels)):
         assert isinstance(copied, ShardLabels) and (copied.loss_group, copied.ignore_index) == ("group", -1)
     for plain in (labels != -1, labels.float(),
                   torch.nn.functional.cross_entropy(torch.zeros(6, 7), labels[0].plain())):

@@ -40,6 +40,8 @@ BAD_INPUT = [
     ("shard_batch", "document_lengths sum to 48, but the sequence has 47 tokens", None),
     ("base labels", "shard_labels(input_ids, document_lengths, cp_group, loss_group=G)", None),
     ("labels by position", "shard_labels(input_ids, document_lengths, cp_group, loss_group=G)", None),
+    ("shard labels, loss_function replaced", "(replaced): it would shift the labels again", None),
+    ("shard labels without a group", "these ShardLabels carry no loss_group", None),
     ("output_attentions", "output_attentions=True is not supported", None),
     ("weights differ", "the CP ranks hold different weights", None),
     ("weights changed on one rank later", "check_weights: the CP ranks hold different weights", None),

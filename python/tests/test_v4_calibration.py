@@ -111,7 +111,8 @@ def test_a_later_process_reads_the_fit_from_the_disk_cache() -> None:
         assert r["first"]["source"] == "calibrated" and r["first"]["seconds"] > 0, (rank, r["first"])
         assert r["from_disk"]["source"] == "cached on disk" and r["from_disk"]["seconds"] == 0.0, (rank, r)
         assert r["from_disk"]["model"] == r["first"]["model"], (rank, "the disk's fit is another model")
-        assert r["after_damage"]["source"] == "calibrated", (rank, r["after_damage"])
+        for damage in ("{not json", "[]"):
+            assert r[f"after {damage}"]["source"] == "calibrated", (rank, damage, r[f"after {damage}"])
         assert r["rewritten"]["source"] == "cached on disk", (rank, r["rewritten"])
         assert r["off"]["source"] == "calibrated", (rank, r["off"])
     assert [r["files"] for r in results] == [1, 1] and [r["files_at_end"] for r in results] == [1, 1]

@@ -40,6 +40,7 @@ def calibrates_once(rank: int, size: int) -> dict[str, Any]:
     from sparsecp.models._cp import calibration as _cp_calibration
 
     _cp_calibration.clear_cache()
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     first = cp_v4.context_parallel(v4_tasks.tiny_model(torch.float32), None, "spill")
     before = _summary(first)
@@ -51,6 +52,7 @@ def calibrates_once(rank: int, size: int) -> dict[str, Any]:
     for seed in (4, 5, 6):
         _forward(first, (612 - 2 * seed, 2 * seed), seed)
     fused = cp_v4.context_parallel(v4_tasks.tiny_model(torch.float32), None, "spill", selector="fused")
+    torch.set_num_threads(threads)  # the pool's next tests run in this process
     return {"before": before, "first": after_first, "cached": cached, "later": _summary(first),
             "cache_size": len(_cp_calibration._CACHE), "fused_heap_term": _summary(fused)["heap_term"]}
 
@@ -98,15 +100,17 @@ def calibrates_from_disk(rank: int, size: int) -> dict[str, Any]:
         return _summary(model)
 
     _cp_calibration.clear_cache()
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # restored below: the pool's next tests run in this process
     folder = _cp_calibration.cache_folder()
     files = lambda: sorted(glob.glob(os.path.join(folder, "model-cost-*.json")))  # noqa: E731
     out: dict[str, Any] = {"first": fresh_model(), "files": len(files())}
     out["from_disk"] = fresh_model()
-    if rank == 0:
-        with open(files()[0], "w", encoding="utf-8") as damaged:
-            damaged.write("{not json")
-    out["after_damage"] = fresh_model()
+    for damage in ("{not json", "[]"):  # unreadable, and JSON of another shape
+        if rank == 0:
+            with open(files()[0], "w", encoding="utf-8") as damaged:
+                damaged.write(damage)
+        out[f"after {damage}"] = fresh_model()
     out["rewritten"] = fresh_model()
     saved = os.environ["SPARSECP_CACHE_DIR"]
     os.environ["SPARSECP_CACHE_DIR"] = "off"
@@ -115,4 +119,5 @@ def calibrates_from_disk(rank: int, size: int) -> dict[str, Any]:
     finally:
         os.environ["SPARSECP_CACHE_DIR"] = saved
     out["files_at_end"] = len(files())
+    torch.set_num_threads(threads)
     return out

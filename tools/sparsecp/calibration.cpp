@@ -54,7 +54,9 @@ std::string CalibrationSettings::cache_key() const {
 }
 
 std::string cost_model_cache_dir() {
-  if (const char* dir = std::getenv("SPARSECP_CACHE_DIR"); dir && *dir) return dir;
+  if (const char* dir = std::getenv("SPARSECP_CACHE_DIR"); dir && *dir) {
+    return std::string(dir) == "off" ? "" : dir;  // "off": no cache (as sparsecp.models reads it)
+  }
   if (const char* dir = std::getenv("XDG_CACHE_HOME"); dir && *dir) {
     return std::string(dir) + "/sparsecp";
   }

@@ -45,7 +45,8 @@ CpuCalibration calibrate_cpu(const CalibrationSettings& settings,
 std::string machine_name();
 
 // Where `sparsecp run` caches calibrated models: $SPARSECP_CACHE_DIR, else
-// $XDG_CACHE_HOME/sparsecp, else $HOME/.cache/sparsecp (empty when none is set).
+// $XDG_CACHE_HOME/sparsecp, else $HOME/.cache/sparsecp (empty when none is set, or when
+// SPARSECP_CACHE_DIR is "off": no cache).
 std::string cost_model_cache_dir();
 
 }  // namespace sparsecp::cli

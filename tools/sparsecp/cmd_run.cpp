@@ -1002,7 +1002,8 @@ const Registration registration("run", [](CLI::App& app) {
   sub->add_flag("!--no-cache", flags->cache,
                 "Calibrate at start-up even when the cache holds a model for this shape, and "
                 "save nothing (the cache folder: $SPARSECP_CACHE_DIR, else "
-                "$XDG_CACHE_HOME/sparsecp, else ~/.cache/sparsecp)");
+                "$XDG_CACHE_HOME/sparsecp, else ~/.cache/sparsecp; SPARSECP_CACHE_DIR=off "
+                "does the same for every run)");
   sub->add_option("--svg", flags->svg,
                   "Also write an SVG chart: every strategy's per-rank selection CPU time "
                   "(median over the rounds) and causal work, as bars in units of the mean");

@@ -34,7 +34,16 @@ from ._cp.report import BalanceReport
 from ._cp.select import BankView, select_or_replay
 from ._cp.selector import ChunkedTopKSelector, KernelSelector
 from ._cp.state import ContextParallelState, ContextParallelStats
-from ._cp.training import ShardLabels, all_reduce_gradients, causal_lm_loss, pack_rows, shard_batch, shard_labels
+from ._cp.training import (
+    ShardLabels,
+    all_reduce_gradients,
+    causal_lm_loss,
+    count_valid_tokens,
+    pack_rows,
+    pad_to_multiple,
+    shard_batch,
+    shard_labels,
+)
 
 __all__ = [
     "FORWARD_KWARG",
@@ -56,9 +65,11 @@ __all__ = [
     "causal_lm_loss",
     "context_parallel",
     "context_parallel_state",
+    "count_valid_tokens",
     "in_recompute",
     "indexer_kl_loss",
     "pack_rows",
+    "pad_to_multiple",
     "select_or_replay",
     "shard_batch",
     "shard_labels",

@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -128,12 +129,12 @@ def _read_disk(text: str) -> tuple[Any, float, float] | None:
     try:
         with open(path, encoding="utf-8") as file:
             saved = json.load(file)
-        if saved.get("key") != text:
+        if not isinstance(saved, dict) or saved.get("key") != text:
             return None
         import sparsecp
 
         return sparsecp.CostModel(**saved["model"]), float(saved["residual"]), float(saved["cpu_seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -145,13 +146,17 @@ def _write_disk(text: str, model: Any, residual: float, cpu: float) -> str:
         return "no cache folder"
     fields = {name: getattr(model, name) for name in ("a", "b", "c", "d", "topk", "candidates", "quantum", "unit",
                                                       "note")}
+    temporary = None
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as file:
+        # A unique name in the folder (processes of several nodes may share it), then renamed.
+        handle, temporary = tempfile.mkstemp(prefix=".model-cost-", suffix=".tmp", dir=os.path.dirname(path))
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
             json.dump({"key": text, "model": fields, "residual": residual, "cpu_seconds": cpu}, file, indent=1)
         os.replace(temporary, path)
     except OSError as error:
+        if temporary is not None and os.path.exists(temporary):
+            os.remove(temporary)
         return f"{type(error).__name__}: {error}"
     return ""
 

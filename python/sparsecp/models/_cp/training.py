@@ -201,8 +201,10 @@ def pack_rows(input_ids: torch.Tensor, lengths: Any = None, labels: torch.Tensor
     Args:
         input_ids: ``[B, S]``.
         lengths: Per row, the lengths of its documents (a sequence of B sequences, each summing to
-            S); None: each row is one document (a plain causal-LM batch).
-        labels: Labels aligned with ``input_ids`` ``[B, S]``, or None.
+            S); None: each row is one document (a plain causal-LM batch). Padding in a row must
+            be a document of its own (labels ``-100``): there is no attention mask.
+        labels: Labels aligned with ``input_ids`` ``[B, S]`` (not yet shifted: ``shard_labels``
+            shifts them; torchtitan's datasets yield shifted ones), or None.
 
     Returns:
         ``(input_ids [1, B * S], document lengths, labels [1, B * S] or None)``.
@@ -297,6 +299,14 @@ class ShardLabels(torch.Tensor):
     def plain(self) -> torch.Tensor:
         """The labels as a plain tensor (what the loss computes on)."""
         return self.as_subclass(torch.Tensor)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ShardLabels:
+        """A copy of the labels with the same group (a process group is not copied)."""
+        with torch._C.DisableTorchFunctionSubclass():
+            copied = self.as_subclass(torch.Tensor).clone().as_subclass(ShardLabels)
+        copied.loss_group, copied.ignore_index = self.loss_group, self.ignore_index
+        memo[id(self)] = copied
+        return copied
 
 
 def shard_labels(input_ids: torch.Tensor, lengths: Any, group: Any = None, labels: torch.Tensor | None = None,
@@ -456,7 +466,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
     collective). The check rides on the valid-token count's all-reduce (``group``, or in the
     legacy form the CP group); with ``num_items_in_batch`` it takes an all-reduce of its own
     over ``group`` (without ``group``, over the latest ``context_parallel`` group, if any). It
-    costs one host read of a ``1 + 2 * ranks`` element tensor per call.
+    costs one host read of a ``1 + 3 * ranks`` element tensor per call. Where ``lengths`` are
+    given, the same all-reduce also refuses labels that are not shifted (a label learned at a
+    document's last token, which predicts nothing), on every rank.
     """
     if labels.numel() != logits.numel() // max(int(logits.shape[-1]), 1) or logits.ndim < 2:
         raise ValueError(f"labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)}: one label per "
@@ -473,7 +485,14 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lengths: Any = No
     if group is not None:
         scale = group_shape(group, "loss group")[0]
     legacy = group is None and num_items_in_batch is None
-    values: tuple[int, ...] = document_lengths(lengths) if legacy or lengths is not None else ()
+    values: tuple[int, ...] = ()
+    if legacy:
+        values = document_lengths(lengths)  # the legacy count needs them (refused on every rank alike)
+    elif lengths is not None:
+        try:  # only for the not-shifted check: bad lengths on one rank must not raise before the collective
+            values = document_lengths(lengths)
+        except ValueError:
+            values = ()
     if num_items_in_batch is not None:
         count = _items_count(num_items_in_batch, flat.device)
     cp = _labels_cp_size(values, targets.numel(), legacy) if values else None

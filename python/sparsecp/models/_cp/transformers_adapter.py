@@ -68,20 +68,27 @@ class ProcessPatch:
 
 def _refusing_loss(original: Any) -> Any:
     @functools.wraps(original)
-    def causal_lm_loss_outside_cp(*args: Any, **kwargs: Any) -> Any:
+    def causal_lm_loss_outside_cp(*args: Any, **kwargs: Any) -> Any:  # CP_LOSS_MARK set below
         labels = kwargs.get("labels", args[1] if len(args) > 1 else None)
         cp_forward = kwargs.get("document_lengths") is not None
         if isinstance(labels, ShardLabels):
             if not cp_forward:
                 raise ValueError("labels made by shard_labels(..., loss_group=) are one CP rank's shifted labels, "
                                  "but this forward is not context-parallel (no document_lengths)")
+            if labels.loss_group is None:
+                raise ValueError("these ShardLabels carry no loss_group (made by hand, or copied in a way that "
+                                 "lost it): make them with shard_labels(..., loss_group=G)")
             logits = kwargs["logits"] if "logits" in kwargs else args[0]
             return causal_lm_loss(logits, labels, group=labels.loss_group, ignore_index=labels.ignore_index,
                                   num_items_in_batch=kwargs.get("num_items_in_batch"))
         if cp_forward:
             raise ValueError(labels_text("deepseek_v4 / deepseek_v32"))
         return original(*args, **kwargs)
+    setattr(causal_lm_loss_outside_cp, _CP_LOSS_MARK, True)
     return causal_lm_loss_outside_cp
+
+
+_CP_LOSS_MARK = "_sparsecp_takes_shard_labels"
 
 
 def _loss_mapping() -> Any:
@@ -172,3 +179,10 @@ def _refuse_labels(module_name: str, module: Any, args: tuple, kwargs: dict[str,
     labels = kwargs.get("labels", args[_LABELS_POSITION] if len(args) > _LABELS_POSITION else None)
     if labels is not None and not isinstance(labels, ShardLabels):
         raise ValueError(labels_text(module_name))
+    if labels is not None and not getattr(module.loss_function, _CP_LOSS_MARK, False):
+        # A model whose loss_function was replaced (a kernel library's patch, the user's) would
+        # shift the labels again: only sparsecp's wrapper takes them as they are.
+        found = getattr(module.loss_function, "__qualname__", module.loss_function)
+        raise ValueError(f"labels=ShardLabels need transformers' causal-LM loss as sparsecp wraps it, but this "
+                         f"model's loss_function is {found!r} (replaced): it would shift the labels again; compute "
+                         "causal_lm_loss on the logits instead")

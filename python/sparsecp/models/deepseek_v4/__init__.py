@@ -58,7 +58,9 @@ otherwise ``ImportError`` names the version and the modules that differ.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from torch import Tensor
 
 from ..._publish import publish as _publish
 from .._cp import engine as _engine
@@ -69,9 +71,6 @@ from .._cp.public import context_parallel_state, entry_point
 from .._cp.transformers_adapter import TRANSFORMERS_TESTED as TRANSFORMERS_NEEDED
 from ._adapter import UPSTREAM_FINGERPRINTS, WHOLE_ROW, V4Adapter
 from ._selector import FusedSelector, ModelSelector
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [*_public, "context_parallel", "V4Adapter", "router_aux_loss", "UPSTREAM_FINGERPRINTS",
            "TRANSFORMERS_NEEDED", "FusedSelector", "ModelSelector"]
@@ -108,7 +107,7 @@ Make a ``DeepseekV4ForCausalLM`` / ``DeepseekV4Model`` context-parallel over ``g
     """)
 
 
-def router_aux_loss(output: Any, model: Any) -> torch.Tensor:
+def router_aux_loss(output: Any, model: Any) -> Tensor:
     """The MoE load-balancing loss of the whole packed row (what the model's ``aux_loss`` is on
     one process), from ``model(..., output_router_logits=True)``'s output.
 
