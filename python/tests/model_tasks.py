@@ -168,16 +168,22 @@ def two_forwards_then_backward(rank: int, size: int, kind: str, checkpointing: b
     if checkpointing:
         model.activation_checkpointing_enable()
     cp.context_parallel(model, None, "spill")
-    lengths = (40, 24)
+    losses = _two_forwards(kind, model)
+    (losses[0] + losses[1]).backward()
+    cp.all_reduce_gradients(model)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def _two_forwards(kind: str, model: Any, lengths: tuple[int, ...] = (40, 24)) -> list[torch.Tensor]:
+    """The losses of two forwards of the same document lengths and other tokens (seeds 3, 4)."""
+    tasks, cp = model_of(kind)
     losses = []
     for seed in (3, 4):
         input_ids = tasks.packed_ids(lengths, seed)
         ids, positions = cp.shard_batch(input_ids, lengths)
         logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
         losses.append(cp.causal_lm_loss(logits, cp.shard_labels(input_ids, lengths), lengths))
-    (losses[0] + losses[1]).backward()
-    cp.all_reduce_gradients(model)
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
+    return losses
 
 
 def cp_run(rank: int, size: int, lengths: tuple[int, ...], mode: str, *, kind: str,
@@ -474,3 +480,22 @@ def packed_rows(rank: int, size: int, kind: str) -> dict[str, Any]:
         refused = str(error)
     return {"gap": float((logits.detach() - want).abs().max()), "scale": float(want.abs().max()),
             "loss": float(summed[0]) / size, "expected": float(expected), "refused": refused}
+
+
+def backwards_in_another_order(rank: int, size: int, kind: str, swapped: bool) -> str:
+    """Two forwards of equal lengths (other tokens), then their backwards: in the same order on
+    every rank, or (``swapped``) in the other order on rank 1, then a third forward; this rank's
+    error text from it ('' if none)."""
+    tasks, cp = model_of(kind)
+    model = tasks.tiny_model(torch.float64)
+    cp.context_parallel(model, None, "spill", calibrate=False)
+    lengths = (40, 24)  # the first document spans both ranks: every layer's row gather exchanges
+    losses = _two_forwards(kind, model, lengths)
+    for loss in (reversed(losses) if swapped and rank == 1 else losses):
+        loss.backward()
+    ids, positions = cp.shard_batch(tasks.packed_ids(lengths, 5), lengths)
+    try:
+        model(input_ids=ids, position_ids=positions, document_lengths=lengths)
+    except ValueError as error:
+        return str(error)
+    return ""

@@ -159,3 +159,15 @@ def test_a_micro_batch_of_rows_is_one_packed_row(kind: str) -> None:
         assert out["gap"] <= 1e-6 * out["scale"], (rank, out)  # the parity suites' bound (the models' float32 steps)
         assert out["loss"] == pytest.approx(out["expected"], rel=1e-9), (rank, out)  # sums in another order
         assert "pack_rows" in out["refused"] and "(3, 16)" in out["refused"], out["refused"]
+
+
+@pytest.mark.parametrize("kind", model_tasks.KINDS)
+def test_backwards_in_another_order_on_one_rank_are_named_at_the_next_forward(kind: str) -> None:
+    """Two forwards, then their backwards in the other order on rank 1 (gradients silently wrong:
+    each row gather's backward exchange met the peer's other forward): the next forward raises on
+    every rank; the same order on every rank raises nothing (issue 43 item 20)."""
+    same = results_or_raise(pool_of(2).run(model_tasks.backwards_in_another_order, kind, False, timeout=300))
+    assert same == ["", ""], same
+    swapped = results_or_raise(pool_of(2).run(model_tasks.backwards_in_another_order, kind, True, timeout=300))
+    for rank, error in enumerate(swapped):
+        assert "the backwards ran in a different order on the CP ranks" in error, (rank, error)

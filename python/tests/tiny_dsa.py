@@ -133,7 +133,7 @@ class TinyDSAAdapter:
         context = state.context(kwargs.get(FORWARD_KWARG))
         layout, rows = context.layout, x.shape[1]
         q, kv = attn.wq(x)[0].view(rows, attn.heads, attn.head_dim), attn.wkv(x)[0]
-        prefix = state.gather(kv, layout.prefix)  # each own row's document prefix, from its owners
+        prefix = state.gather(kv, layout.prefix, context)  # each own row's document prefix, from its owners
         no_rope = x.new_zeros(1, rows, 1)
 
         def inputs() -> tuple[torch.Tensor, ...]:

@@ -38,6 +38,9 @@ class BatchCheck:
     vocab: int
     positions: Callable[[tuple[int, ...]], np.ndarray]  # the expected positions of this rank's rows
     options: tuple[tuple[str, Any], ...]  # settings every rank must share (mode, KL, selector)
+    # the gradient exchanges since the last forward whose peer ran another forward's backward
+    # (rows.BackwardOrder.take: a device count, or None), read with the batch's checks
+    backward_order: Callable[[], torch.Tensor | None] = lambda: None
 
 
 _BATCH = "batch (shard_batch's digest of the whole batch)"
@@ -101,10 +104,18 @@ def _check_batch(check: BatchCheck, args: Sequence[Any], kwargs: dict[str, Any])
         raise ValueError(f"rank {check.rank}: position_ids must be [1, {local}] (this rank's shard), got "
                          f"{tuple(positions.shape)}")
     expected = torch.from_numpy(check.positions(lengths)).to(positions.device)
-    checks = [(positions[0].long() != expected).sum()]
+    mismatched = check.backward_order()
+    checks = [(positions[0].long() != expected).sum(),
+              mismatched if mismatched is not None else torch.zeros((), dtype=torch.int64)]
     if input_ids is not None:
         checks += [input_ids.min(), input_ids.max()]
     values = torch.stack([c.long().to(positions.device) for c in checks]).tolist()  # the one host read
+    if values[1]:
+        raise ValueError(f"rank {check.rank}: {values[1]} gradient exchange(s) of an earlier backward met a peer "
+                         "in another forward's backward: the backwards ran in a different order on the CP ranks, "
+                         "so those gradients were wrong; run forwards and backwards in the same order on every "
+                         "rank (DDP's and FSDP2's contract too)")
+    del values[1]
     if values[0]:
         raise ValueError(f"rank {check.rank}: position_ids must restart at 0 at each document start "
                          f"({values[0]} of {local} differ from shard_batch's)")

@@ -243,7 +243,8 @@ def _before_forward(state: ContextParallelState, module: Any, args: tuple,
     adapter = state.adapter
     check = BatchCheck(model=adapter.name, group=state.group, size=state.size, rank=state.rank,
                        vocab=adapter.vocab_size(module), positions=lambda lengths: state.batch(lengths).row_position,
-                       options=(*state.options.fingerprint(), *_forward_settings(state, module, kwargs)))
+                       options=(*state.options.fingerprint(), *_forward_settings(state, module, kwargs)),
+                       backward_order=state.backward_order.take)
     # The one all-gather also carries this rank's selector seconds of the last forward: spill's
     # cost-model refit (calibration) needs every rank's, with no collective of its own.
     times = None if state.calibration is None else state.calibration.local_times(state)

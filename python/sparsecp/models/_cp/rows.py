@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from ... import document_boundaries
 
-__all__ = ["DeviceRowGather", "OwnRows", "RowGather", "gather_rows", "merge_intervals", "own_rows", "plan_row_gather"]
+__all__ = ["BackwardOrder", "DeviceRowGather", "OwnRows", "RowGather", "gather_rows", "merge_intervals", "own_rows",
+           "plan_row_gather"]
 
 Interval = tuple[int, int]
 
@@ -208,12 +209,50 @@ def plan_row_gather(needs: Sequence[Sequence[Interval]], owners: Sequence[int], 
         keep_positions=output_rows(keep_rows) if len(keep_rows) else keep_rows, exchange=bool(exchange))
 
 
+class BackwardOrder:
+    """Counts gradient exchanges whose peer was in another forward's backward (on the device: no
+    host read in the backward). Each row gather's backward sends every peer one extra row, the
+    tag of the forward it belongs to; a peer running another forward's backward at that moment
+    (backwards run in a different order on the CP ranks, against DDP's and FSDP2's contract too)
+    sends another tag. The next forward's agreement reads the count and raises on every rank."""
+
+    TAGS = 200  # forward numbers modulo this, plus 1: exact in bfloat16 (integers up to 256)
+
+    def __init__(self) -> None:
+        self.count: torch.Tensor | None = None
+
+    def tag(self, forward: int) -> int:
+        return forward % self.TAGS + 1
+
+    def note(self, mismatched: torch.Tensor) -> None:
+        if self.count is None or self.count.device != mismatched.device:
+            self.count = torch.zeros((), dtype=torch.int64, device=mismatched.device)
+        self.count.add_(mismatched.to(torch.int64))
+
+    def take(self) -> torch.Tensor | None:
+        """The count so far (None: no tagged backward ran), reset for the next window."""
+        count, self.count = self.count, None
+        return count
+
+
+def _tagged(splits: tuple[int, ...], rank: int, device: torch.device) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """A peer-ordered exchange of ``splits`` rows with one tag row first in each peer's part:
+    (the tagged splits, where the data rows go, where the tag rows go)."""
+    tagged = [n + (q != rank) for q, n in enumerate(splits)]
+    starts = np.cumsum([0] + tagged[:-1])
+    tags = np.asarray([starts[q] for q in range(len(splits)) if q != rank], dtype=np.int64)
+    data = np.concatenate([starts[q] + (q != rank) + np.arange(n, dtype=np.int64) for q, n in enumerate(splits)])
+    return tagged, torch.from_numpy(data).to(device), torch.from_numpy(tags).to(device)
+
+
 class _GatherRows(torch.autograd.Function):
     """local [local_rows, ...] -> gathered [rows, ...]; backward: each reader's gradient summed
-    into the owner's rows (its own reads first, then the peers' in ascending rank)."""
+    into the owner's rows (its own reads first, then the peers' in ascending rank), every peer's
+    part tagged with the forward it belongs to (``BackwardOrder``)."""
 
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, table: DeviceRowGather, group: Any) -> torch.Tensor:
+    def forward(ctx: Any, local: torch.Tensor, table: DeviceRowGather, group: Any,
+                order: tuple[int, BackwardOrder] | None = None) -> torch.Tensor:
         plan = table.plan
         out = local.new_empty((plan.rows, *local.shape[1:]))
         out.index_copy_(0, table.keep_positions, local.index_select(0, table.keep_index))
@@ -222,31 +261,44 @@ class _GatherRows(torch.autograd.Function):
             received = local.new_empty((plan.received_rows, *local.shape[1:]))
             dist.all_to_all_single(received, send, list(plan.receive_splits), list(plan.send_splits), group=group)
             out.index_copy_(0, table.receive_positions, received)
-        ctx.table, ctx.group = table, group
+        ctx.table, ctx.group, ctx.order = table, group, order
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         table, plan = ctx.table, ctx.table.plan
         grad = grad.contiguous()
         local = grad.new_zeros((plan.local_rows, *grad.shape[1:]))
         local.index_add_(0, table.keep_index, grad.index_select(0, table.keep_positions))
-        if plan.exchange:
+        if plan.exchange and ctx.order is None:
             back = grad.index_select(0, table.receive_positions)
             returned = grad.new_empty((plan.sent_rows, *grad.shape[1:]))
             dist.all_to_all_single(returned, back, list(plan.send_splits), list(plan.receive_splits),
                                    group=ctx.group)
             local.index_add_(0, table.send_index, returned)
-        return local, None, None
+        elif plan.exchange:
+            tag, order = ctx.order
+            out_splits, out_data, out_tags = _tagged(plan.receive_splits, plan.rank, grad.device)
+            in_splits, in_data, in_tags = _tagged(plan.send_splits, plan.rank, grad.device)
+            back = grad.new_full((sum(out_splits), *grad.shape[1:]), float(tag))
+            back.index_copy_(0, out_data, grad.index_select(0, table.receive_positions))
+            returned = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+            dist.all_to_all_single(returned, back, in_splits, out_splits, group=ctx.group)
+            order.note((returned.index_select(0, in_tags).reshape(len(in_tags), -1)[:, 0] != tag).sum())
+            local.index_add_(0, table.send_index, returned.index_select(0, in_data))
+        return local, None, None, None
 
 
-def gather_rows(local: torch.Tensor, table: DeviceRowGather, group: Any) -> torch.Tensor:
+def gather_rows(local: torch.Tensor, table: DeviceRowGather, group: Any,
+                order: tuple[int, BackwardOrder] | None = None) -> torch.Tensor:
     """This rank's gathered rows (``table.plan``) of the array whose shard ``local`` is.
 
     Args:
         local: This rank's owned rows ``[plan.local_rows, ...]`` (along dim 0).
         table: The batch's plan for this rank, on ``local``'s device.
         group: The CP process group; every rank calls this with its own plan of the same batch.
+        order: ``(tag, BackwardOrder)``: the backward tags its exchange with the forward's tag
+            and counts peers that sent another (None: untagged).
 
     Returns:
         ``[plan.rows, ...]``; differentiable (backward: SUM into the owners).
@@ -255,4 +307,4 @@ def gather_rows(local: torch.Tensor, table: DeviceRowGather, group: Any) -> torc
         raise RuntimeError(f"row gather: this rank owns {table.plan.local_rows} rows, got {local.shape[0]}")
     if table.plan.size == 1:
         return local.index_select(0, table.keep_index) if table.plan.rows != local.shape[0] else local
-    return _GatherRows.apply(local, table, group)
+    return _GatherRows.apply(local, table, group, order)

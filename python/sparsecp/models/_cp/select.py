@@ -78,7 +78,7 @@ def select_or_replay(state: Any, context: ForwardContext, layer: int, tables: An
     bank = None
     if not recompute or state.kl_coeff is not None:  # the KL's student needs the keys in a recompute too
         with torch.set_grad_enabled(torch.is_grad_enabled() and state.kl_coeff is not None):
-            bank = state.gather(keys(), tables.index_bank)
+            bank = state.gather(keys(), tables.index_bank, context)
     if recompute:
         ids = context.replay(layer)
         state.stats.replays += 1

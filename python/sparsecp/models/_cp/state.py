@@ -13,7 +13,7 @@ from ...torch.attention import sparse_attention, sparse_attention_backend
 from .clock import SelectorClock
 from .forward import ForwardContext, KLLosses
 from .report import ReportMark
-from .rows import DeviceRowGather, gather_rows
+from .rows import BackwardOrder, DeviceRowGather, gather_rows
 from .training import fsdp_without_group_text, group_shape, resolve_group
 
 __all__ = ["LAYOUTS_KEPT", "ContextParallelState", "ContextParallelStats", "indexer_kl_share", "plan_key"]
@@ -135,6 +135,8 @@ class ContextParallelState:
     roots: tuple[Any, ...] = ()  # weak references to the model and its base (FSDP2 may wrap either)
     report_mark: ReportMark = field(default_factory=lambda: ReportMark(time.thread_time()))
     undo: list[Callable[[], None]] = field(default_factory=list)
+    # gradient exchanges whose peer ran another forward's backward, read by the next agreement
+    backward_order: BackwardOrder = field(default_factory=BackwardOrder)
 
     @property
     def model_name(self) -> str:
@@ -163,13 +165,16 @@ class ContextParallelState:
                                         plan_key(params.get("cost_model")))
         return self.begin_forward(layout, grad, padding_tokens)
 
-    def gather(self, rows: torch.Tensor, table: DeviceRowGather) -> torch.Tensor:
-        """``gather_rows`` over this state's group, counting the bytes this rank sends."""
+    def gather(self, rows: torch.Tensor, table: DeviceRowGather, context: ForwardContext | None = None
+               ) -> torch.Tensor:
+        """``gather_rows`` over this state's group, counting the bytes this rank sends; with the
+        forward's ``context``, its backward is tagged with that forward (``backward_order``)."""
         if self.size > 1 and rows.ndim and len(rows):
             sent = table.plan.sent_rows * rows[0].numel() * rows.element_size()
             self.stats.dispatch_bytes += sent
             self.moved_bytes += sent
-        return gather_rows(rows, table, self.group)
+        order = None if context is None else (self.backward_order.tag(context.number), self.backward_order)
+        return gather_rows(rows, table, self.group, order)
 
     def attend(self, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float, *,
                value_dim: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:

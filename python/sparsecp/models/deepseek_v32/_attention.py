@@ -105,7 +105,7 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     k_pass = attn.kv_a_layernorm(kv_pass)
     q_rot, k_rot = state.adapter.mla_rope(q_rot, k_rot.view(1, 1, local, rope_dim), cos, sin)
     latent = torch.cat([k_pass[0], k_rot[0, 0]], dim=-1)  # [own rows, kv_lora_rank + rope]
-    prefix = state.gather(latent, layout.prefix)           # [prefix rows, kv_lora_rank + rope]
+    prefix = state.gather(latent, layout.prefix, context)           # [prefix rows, kv_lora_rank + rope]
 
     # The absorbed query: W_kb_h^T q_nope_h next to q_rot_h ([heads, own rows, kv_lora_rank + rope]).
     kv_b = attn.kv_b_proj.weight.view(heads, nope + value_dim, latent_dim)

@@ -120,7 +120,7 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     q = rope(attn.q_b_norm(q), cos, sin)  # [1, heads, local, head_dim]
     kv = attn.kv_norm(attn.kv_proj(hidden_states)).view(1, local, -1, head_dim).transpose(1, 2)
     kv = rope(kv, cos, sin)[0, 0]  # [local, head_dim]
-    window = state.gather(kv, layout.window)
+    window = state.gather(kv, layout.window, context)
     keys = window
 
     tables = ids = None
@@ -128,9 +128,9 @@ def cp_attention_forward(attn: Any, state: ContextParallelState, hidden_states: 
     if attn.compressor is not None:
         compressor = attn.compressor
         tables = layout.compressions[(int(compressor.compress_rate), hasattr(compressor, "indexer"))]
-        block = state.gather(hidden_states[0], tables.compressor)
+        block = state.gather(hidden_states[0], tables.compressor, context)
         entries = owned_entries(compressor, block, tables, head_dim, rope)
-        bank_block = state.gather(entries, tables.bank)
+        bank_block = state.gather(entries, tables.bank, context)
         keys = torch.cat([window, bank_block])
         if tables.layout.overlap:
             ids, index_bank, index_rope = _select(attn, state, context, tables, hidden_states, block, q_residual,
