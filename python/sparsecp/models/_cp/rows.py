@@ -135,12 +135,33 @@ class RowGather:
         return self.offsets[i] + row - self.intervals[i][0]
 
     def on(self, device: torch.device) -> DeviceRowGather:
-        """The plan's index tables on ``device`` (one copy each; made once per batch)."""
+        """The plan's index tables on ``device`` (one copy each; made once per batch), with those of
+        the tagged backward exchange (``BackwardOrder``)."""
         def move(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array).to(device)
 
+        # The backward sends back what it received, each peer's part led by one tag row: its rows
+        # come from the gradient's receive_positions (a tag row from row 0, then overwritten), and
+        # what returns adds into send_index (a tag row into a spare row past the last).
+        out_splits, out_data, out_tags = _tagged(self.receive_splits, self.rank)
+        in_splits, in_data, in_tags = _tagged(self.send_splits, self.rank)
+        send_rows = np.zeros(sum(out_splits), dtype=np.int64)
+        send_rows[out_data] = self.receive_positions
+        returned_rows = np.full(sum(in_splits), self.local_rows, dtype=np.int64)
+        returned_rows[in_data] = self.send_index
         return DeviceRowGather(self, move(self.send_index), move(self.receive_positions), move(self.keep_index),
-                               move(self.keep_positions))
+                               move(self.keep_positions), tuple(out_splits), tuple(in_splits), move(send_rows),
+                               move(out_tags), move(returned_rows), move(in_tags))
+
+
+def _tagged(splits: tuple[int, ...], rank: int) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """A peer-ordered exchange of ``splits`` rows with one tag row first in each peer's part:
+    (the tagged splits, where the data rows go, where the tag rows go)."""
+    tagged = [n + (q != rank) for q, n in enumerate(splits)]
+    starts = np.cumsum([0] + tagged[:-1], dtype=np.int64)
+    tags = np.asarray([starts[q] for q in range(len(splits)) if q != rank], dtype=np.int64)
+    data = np.concatenate([starts[q] + (q != rank) + np.arange(n, dtype=np.int64) for q, n in enumerate(splits)])
+    return tagged, data, tags
 
 
 @dataclass(frozen=True)
@@ -152,6 +173,15 @@ class DeviceRowGather:
     receive_positions: torch.Tensor
     keep_index: torch.Tensor
     keep_positions: torch.Tensor
+    # the tagged backward exchange: its splits, the gradient row of each row it sends (row 0 for
+    # a tag row), where the tag rows go, the local row each returned row adds into (a spare row
+    # past the last for a tag row), and where the returned tag rows are
+    tagged_send_splits: tuple[int, ...]
+    tagged_receive_splits: tuple[int, ...]
+    tagged_send_rows: torch.Tensor
+    send_tags: torch.Tensor
+    tagged_returned_rows: torch.Tensor
+    returned_tags: torch.Tensor
 
 
 def plan_row_gather(needs: Sequence[Sequence[Interval]], owners: Sequence[int], rank: int) -> RowGather:
@@ -235,16 +265,6 @@ class BackwardOrder:
         return count
 
 
-def _tagged(splits: tuple[int, ...], rank: int, device: torch.device) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """A peer-ordered exchange of ``splits`` rows with one tag row first in each peer's part:
-    (the tagged splits, where the data rows go, where the tag rows go)."""
-    tagged = [n + (q != rank) for q, n in enumerate(splits)]
-    starts = np.cumsum([0] + tagged[:-1])
-    tags = np.asarray([starts[q] for q in range(len(splits)) if q != rank], dtype=np.int64)
-    data = np.concatenate([starts[q] + (q != rank) + np.arange(n, dtype=np.int64) for q, n in enumerate(splits)])
-    return tagged, torch.from_numpy(data).to(device), torch.from_numpy(tags).to(device)
-
-
 class _GatherRows(torch.autograd.Function):
     """local [local_rows, ...] -> gathered [rows, ...]; backward: each reader's gradient summed
     into the owner's rows (its own reads first, then the peers' in ascending rank), every peer's
@@ -268,9 +288,10 @@ class _GatherRows(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         table, plan = ctx.table, ctx.table.plan
         grad = grad.contiguous()
-        local = grad.new_zeros((plan.local_rows, *grad.shape[1:]))
+        tagged = plan.exchange and ctx.order is not None
+        local = grad.new_zeros((plan.local_rows + tagged, *grad.shape[1:]))  # tagged: a spare row for the tags
         local.index_add_(0, table.keep_index, grad.index_select(0, table.keep_positions))
-        if plan.exchange and ctx.order is None:
+        if plan.exchange and not tagged:
             back = grad.index_select(0, table.receive_positions)
             returned = grad.new_empty((plan.sent_rows, *grad.shape[1:]))
             dist.all_to_all_single(returned, back, list(plan.send_splits), list(plan.receive_splits),
@@ -278,14 +299,16 @@ class _GatherRows(torch.autograd.Function):
             local.index_add_(0, table.send_index, returned)
         elif plan.exchange:
             tag, order = ctx.order
-            out_splits, out_data, out_tags = _tagged(plan.receive_splits, plan.rank, grad.device)
-            in_splits, in_data, in_tags = _tagged(plan.send_splits, plan.rank, grad.device)
-            back = grad.new_full((sum(out_splits), *grad.shape[1:]), float(tag))
-            back.index_copy_(0, out_data, grad.index_select(0, table.receive_positions))
-            returned = grad.new_empty((sum(in_splits), *grad.shape[1:]))
-            dist.all_to_all_single(returned, back, in_splits, out_splits, group=ctx.group)
-            order.note((returned.index_select(0, in_tags).reshape(len(in_tags), -1)[:, 0] != tag).sum())
-            local.index_add_(0, table.send_index, returned.index_select(0, in_data))
+            if len(grad):
+                back = grad.index_select(0, table.tagged_send_rows).index_fill_(0, table.send_tags, float(tag))
+            else:  # nothing gathered here: only the tag rows go out
+                back = grad.new_full((len(table.send_tags), *grad.shape[1:]), float(tag))
+            returned = grad.new_empty((sum(table.tagged_receive_splits), *grad.shape[1:]))
+            dist.all_to_all_single(returned, back, list(table.tagged_receive_splits), list(table.tagged_send_splits),
+                                   group=ctx.group)
+            tags = returned.index_select(0, table.returned_tags).reshape(len(table.returned_tags), -1)[:, 0]
+            order.note((tags != tag).sum())
+            local = local.index_add_(0, table.tagged_returned_rows, returned)[:plan.local_rows]
         return local, None, None, None
 
 
