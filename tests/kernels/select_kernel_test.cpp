@@ -13,6 +13,7 @@
 // The selection's private thread helper (src/kernels/select/), tested directly: the
 // kernels only throw from worker threads when memory runs out.
 #include "../../src/kernels/select/select_internal.hpp"
+#include "../../src/kernels/select/top_candidates.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/kernels/select.hpp"
 #include "support/error_of.hpp"
@@ -67,6 +68,110 @@ int64_t expect_exact(SplitMix64& random, const Shape& shape, DType dtype) {
     }
   }
   return std::count_if(expected.begin(), expected.end(), [](int32_t id) { return id >= 0; });
+}
+
+// keep_largest against a full sort: the same set and its smallest value, on awkward sizes
+// and on values that share long leading bits (a row's scores share sign and exponent) or
+// differ only in their last bits (equal scores, different keys).
+TEST(TopCandidates, KeepLargestKeepsExactlyTheLargestSet) {
+  const uint64_t seed = testing::test_seed() + 21;
+  SplitMix64 random(seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  select_detail::CandidateScratch scratch;
+  for (const int64_t count : {0, 1, 2, 47, 48, 49, 97, 1024, 4099}) {
+    for (const uint64_t shared :
+         {uint64_t{0}, uint64_t{0xffffffffff000000}, uint64_t{0xffffffffffff0000}}) {
+      std::vector<uint64_t> values;
+      std::vector<uint64_t> seen;
+      while (static_cast<int64_t>(values.size()) < count) {
+        const uint64_t v = (random.next() & ~shared) | (0x4000000000000000ull & shared);
+        if (v != 0 && std::find(seen.begin(), seen.end(), v) == seen.end()) {
+          seen.push_back(v);
+          values.push_back(v);
+        }
+      }
+      std::vector<uint64_t> sorted = values;
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      for (const int64_t keep : {int64_t{0}, int64_t{1}, count / 2, count - 1, count}) {
+        if (keep < 0 || keep > count) continue;
+        std::vector<uint64_t> got = values;
+        const uint64_t smallest = select_detail::keep_largest(got.data(), count, keep, scratch);
+        std::vector<uint64_t> kept(got.begin(), got.begin() + keep);
+        std::sort(kept.begin(), kept.end(), std::greater<>());
+        SCOPED_TRACE(::testing::Message()
+                     << "count " << count << " keep " << keep << " shared " << std::hex << shared);
+        EXPECT_EQ(kept, std::vector<uint64_t>(sorted.begin(), sorted.begin() + keep));
+        EXPECT_EQ(smallest, keep == 0 ? 0 : sorted[static_cast<std::size_t>(keep - 1)]);
+      }
+    }
+  }
+}
+
+TEST(TopCandidates, KeysComeOutInIncreasingOrderAcrossBitmapWindows) {
+  const uint64_t seed = testing::test_seed() + 22;
+  SplitMix64 random(seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  select_detail::CandidateScratch scratch;
+  for (const int64_t span : {1, 63, 64, 65, 32768, 32769, 100003}) {
+    const int64_t first_key = 17;
+    std::vector<int32_t> ids;
+    for (int64_t k = 0; k < span; ++k) {
+      if (random.next() % 7 == 0 || k == span - 1)
+        ids.push_back(static_cast<int32_t>(first_key + k));
+    }
+    std::vector<uint64_t> candidates;
+    candidates.reserve(ids.size());
+    for (const int32_t id : ids) {
+      candidates.push_back(select_detail::candidate(static_cast<float>(random.next() % 5), id));
+    }
+    std::reverse(candidates.begin(), candidates.end());
+    std::vector<int32_t> out(ids.size(), -7);
+    select_detail::write_keys_in_order(candidates.data(), static_cast<int64_t>(candidates.size()),
+                                       first_key, span, out.data(), scratch);
+    SCOPED_TRACE(::testing::Message() << "span " << span);
+    EXPECT_EQ(out, ids);
+  }
+}
+
+// The avx512 helpers of the candidate buffers against score_order / candidate, on the
+// values whose order is special: -0, +-inf, NaN of either sign, subnormals.
+TEST(TopCandidates, VectorFiltersMatchTheScalarOrder) {
+  if (!kernel_isa_supported(KernelIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const uint64_t seed = testing::test_seed() + 23;
+  SplitMix64 random(seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const float specials[] = {0.0f, -0.0f, 1.0f,   -1.0f,   INFINITY, -INFINITY,
+                            NAN,  -NAN,  1e-42f, -1e-42f, 3.5f,     -3.5f};
+  for (const int64_t count : {0, 1, 15, 16, 17, 255, 256}) {
+    std::vector<float> scores(static_cast<std::size_t>(count));
+    for (auto& v : scores) {
+      v = random.next() % 3 == 0
+              ? specials[random.next() % std::size(specials)]
+              : static_cast<float>(static_cast<int64_t>(random.next() % 2001) - 1000) / 64.0f;
+    }
+    const int64_t key0 = 1000;
+    std::vector<uint64_t> got(static_cast<std::size_t>(count));
+    select_detail::candidates_avx512(scores.data(), count, key0, got.data());
+    for (int64_t i = 0; i < count; ++i) {
+      EXPECT_EQ(got[static_cast<std::size_t>(i)],
+                select_detail::candidate(scores[static_cast<std::size_t>(i)], key0 + i))
+          << "score " << scores[static_cast<std::size_t>(i)];
+    }
+    for (const float floor_score : {-INFINITY, -1.0f, 0.0f, 3.5f, INFINITY, NAN}) {
+      const uint32_t floor = select_detail::score_order(floor_score);
+      std::vector<int32_t> expected;
+      for (int64_t i = 0; i < count; ++i) {
+        if (select_detail::score_order(scores[static_cast<std::size_t>(i)]) >= floor) {
+          expected.push_back(static_cast<int32_t>(i));
+        }
+      }
+      std::vector<int32_t> passed(static_cast<std::size_t>(count) + 16, -1);
+      const int64_t n =
+          select_detail::scores_at_least_avx512(scores.data(), count, floor, passed.data());
+      passed.resize(static_cast<std::size_t>(n));
+      EXPECT_EQ(passed, expected) << "count " << count << " floor " << floor_score;
+    }
+  }
 }
 
 TEST(SelectKernel, MatchesReferenceExactlyOnSmallIntegers) {

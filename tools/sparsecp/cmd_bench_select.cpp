@@ -348,8 +348,7 @@ nlohmann::ordered_json per_isa_json(const BenchPaths& b, const PerIsa& r, double
     e["bf16_gflops"] = flops / t16 / 1e9;
     e["bf16_fraction_of_sgemm"] = flops / t16 / 1e9 / sgemm;
     e["bf16_score_gflops"] = e["bf16_gflops"];
-    e["bf16_dot_products"] =
-        r.isa == KernelIsa::kAvx512 && kernel_isa_bf16_dot_products() ? "vdpbf16ps" : "widened";
+    e["bf16_dot_products"] = select_bf16_products(r.isa);
   }
   if (b.run_fp32 && b.run_bf16) {
     e["bf16_speedup"] = b.path("fused fp32" + b.suffix(r)).median_seconds() /

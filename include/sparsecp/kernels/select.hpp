@@ -186,6 +186,12 @@ void select_worker_rows_reference(MatrixView qr, MatrixView weights, MatrixView 
                                   std::span<int32_t> out,
                                   WeightLayout layout = WeightLayout::kInOut);
 
+// What the fast path multiplies bf16 keys with under `isa` on this CPU: "onednn <version>"
+// (oneDNN's matmul, AMX or AVX512_BF16: a block's logits over a key tile as one product;
+// SPARSECP_SELECT_GEMM=native turns it off), "vdpbf16ps" (the avx512 kernel's own bf16 dot
+// products) or "widened" (bf16 widened to fp32 exactly). Throws like resolve_kernel_isa.
+const char* select_bf16_products(KernelIsa isa = KernelIsa::kAuto);
+
 // Upper bound of the fast path's scratch memory in bytes for `threads` threads
 // (0 = OpenMP default) under `config`: threads x (packed key tile + q block + score
 // tile + top-k candidates of one row block). Independent of rows and bank size.

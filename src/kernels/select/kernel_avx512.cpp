@@ -10,6 +10,8 @@
 // (8 heads or the remainder) it is in, so its score never depends on tile position.
 #include <immintrin.h>
 
+#include <algorithm>
+
 // GCC 12's intrinsics initialise pass-through operands with _mm512_undefined_*(),
 // which -Wmaybe-uninitialized reports as a false positive (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -153,24 +155,103 @@ void score_row(const ScoreRowArgs& args) {
   if (args.panels - panel == 1) group<1, Bf16>(args, panel);
 }
 
+__mmask16 first_lanes(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xffff)
+                    : static_cast<__mmask16>((1u << static_cast<unsigned>(left)) - 1u);
+}
+
 void reduce_heads_impl(const ReduceHeadsArgs& a) {
+  // 128 keys of a row at a time in 8 accumulators, heads in order inside: each logit is
+  // read once and the sums never leave registers. ReLU as max(0, l) keeps NaN (MAXPS
+  // returns its second operand when one is NaN) and -0, as `l < 0 ? 0 : l` does.
+  constexpr int64_t kWidth = 128;
+  const __m512 zero = _mm512_setzero_ps();
   for (int64_t r = 0; r < a.rows; ++r) {
     float* out = a.out + r * a.n;
-    for (int64_t k = 0; k < a.n; ++k) out[k] = 0.0f;
-    for (int64_t h = 0; h < a.heads; ++h) {
-      const float w = a.weights[r * a.heads + h];
-      const float* l = a.logits + (r * a.heads + h) * a.n;
-#pragma omp simd
-      for (int64_t k = 0; k < a.n; ++k) {
-        const float relu = l[k] < 0.0f ? 0.0f : l[k];  // NaN stays NaN
-        out[k] += w * relu;
+    const float* weights = a.weights + r * a.heads;
+    const float* logits = a.logits + r * a.heads * a.n;
+    for (int64_t k0 = 0; k0 < a.n; k0 += kWidth) {
+      const int64_t width = std::min(kWidth, a.n - k0);
+      if (width < kWidth) {  // a short tail: one vector at a time
+        for (int64_t k = k0; k < a.n; k += 16) {
+          const __mmask16 valid = first_lanes(a.n - k);
+          __m512 sum = zero;
+          for (int64_t h = 0; h < a.heads; ++h) {
+            const __m512 l = _mm512_maskz_loadu_ps(valid, logits + h * a.n + k);
+            sum = _mm512_fmadd_ps(_mm512_set1_ps(weights[h]), _mm512_max_ps(zero, l), sum);
+          }
+          _mm512_mask_storeu_ps(out + k, valid, sum);
+        }
+        break;
       }
+      __m512 sum[8];
+      for (auto& v : sum) v = zero;
+      for (int64_t h = 0; h < a.heads; ++h) {
+        const __m512 w = _mm512_set1_ps(weights[h]);
+        const float* l = logits + h * a.n + k0;
+        for (int64_t v = 0; v < 8; ++v) {
+          sum[v] = _mm512_fmadd_ps(w, _mm512_max_ps(zero, _mm512_loadu_ps(l + 16 * v)), sum[v]);
+        }
+      }
+      for (int64_t v = 0; v < 8; ++v) _mm512_storeu_ps(out + k0 + 16 * v, sum[v]);
     }
   }
 }
 }  // namespace
 
 void reduce_heads_avx512(const ReduceHeadsArgs& args) { reduce_heads_impl(args); }
+
+namespace {
+// score_order of 16 scores (select_internal.hpp): +0 for -0, every NaN above +inf,
+// negatives inverted.
+__m512i score_orders(__m512 score) {
+  const __m512i ones = _mm512_set1_epi32(-1);
+  score = _mm512_add_ps(score, _mm512_setzero_ps());
+  const __m512i bits = _mm512_castps_si512(score);
+  const __mmask16 negative = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
+  const __m512i order =
+      _mm512_mask_xor_epi32(_mm512_or_si512(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u))),
+                            negative, bits, ones);
+  return _mm512_mask_mov_epi32(order, _mm512_cmp_ps_mask(score, score, _CMP_UNORD_Q), ones);
+}
+}  // namespace
+
+void candidates_avx512(const float* scores, int64_t count, int64_t key0, uint64_t* out) {
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 valid = first_lanes(count - i);
+    const __m512i order = score_orders(_mm512_maskz_loadu_ps(valid, scores + i));
+    // The low half: 0xffffffff - key, as candidate() writes it.
+    const __m512i key = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(key0 + i)));
+    const __m512i low = _mm512_sub_epi32(_mm512_set1_epi32(-1), key);
+    const __m512i lo8 = _mm512_unpacklo_epi32(low, order);  // 64-bit (order << 32) | low
+    const __m512i hi8 = _mm512_unpackhi_epi32(low, order);
+    // unpack works per 128-bit lane: put the pairs back in key order.
+    const __m512i first =
+        _mm512_permutex2var_epi64(lo8, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi8);
+    const __m512i second =
+        _mm512_permutex2var_epi64(lo8, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi8);
+    const auto lo_mask = static_cast<__mmask8>(valid & 0xffu);
+    const auto hi_mask = static_cast<__mmask8>(valid >> 8);
+    _mm512_mask_storeu_epi64(out + i, lo_mask, first);
+    _mm512_mask_storeu_epi64(out + i + 8, hi_mask, second);
+  }
+}
+
+int64_t scores_at_least_avx512(const float* scores, int64_t count, uint32_t floor, int32_t* out) {
+  const __m512i floor_v = _mm512_set1_epi32(static_cast<int>(floor));
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t held = 0;
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 valid = first_lanes(count - i);
+    const __m512i order = score_orders(_mm512_maskz_loadu_ps(valid, scores + i));
+    const __mmask16 pass = _mm512_mask_cmpge_epu32_mask(valid, order, floor_v);
+    const __m512i index = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i)));
+    _mm512_mask_compressstoreu_epi32(out + held, pass, index);
+    held += __builtin_popcount(pass);
+  }
+  return held;
+}
 void score_row_f32_avx512(const ScoreRowArgs& args) { score_row<false>(args); }
 void score_row_bf16_avx512(const ScoreRowArgs& args) { score_row<true>(args); }
 

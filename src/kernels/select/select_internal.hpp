@@ -67,6 +67,14 @@ inline int32_t candidate_key(uint64_t value) {
   return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(value));
 }
 
+// Writes to out, in increasing order, the i < count with score_order(scores[i]) >= floor;
+// returns how many. The cheap first test of a row's scores against its top-k threshold
+// (whose score order is `floor`): most scores of a long row fail it.
+int64_t scores_at_least_avx512(const float* scores, int64_t count, uint32_t floor, int32_t* out);
+
+// out[i] = candidate(scores[i], key0 + i) for i < count (a row's buffer filling up).
+void candidates_avx512(const float* scores, int64_t count, int64_t key0, uint64_t* out);
+
 // --- tile kernels ------------------------------------------------------------------------
 //
 // Keys are packed per tile in panels of kPanelKeys keys. fp32 panel: [head_dim][16]
