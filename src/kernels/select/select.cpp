@@ -160,12 +160,16 @@ KernelIsa resolve_kernel_isa(KernelIsa isa) {
 
 namespace {
 
-constexpr int64_t kTileKeys = 256;  // keys per tile: 16 panels
+// Keys per tile: 8 panels. 128 ran 1.05x (bf16 through oneDNN) and 1.1-1.4x (fp32 avx512)
+// faster than 256 at the V4 indexer's shape on an AMX Xeon, AVX2 the same (bench select,
+// one thread, interleaved).
+constexpr int64_t kTileKeys = 128;
 constexpr int64_t kBlockRows = 32;  // rows per work item
 // The oneDNN path's rows per work item: a block's logits over a key tile ([16 * heads,
-// 256] fp32, 1 MiB at 64 heads) stay in a core's L2 between the product and reduce_heads.
-// At the V4 indexer's shape on an AMX Xeon, 16 rows ran 1.15x faster than 32 (2 MiB) and
-// as fast as 8 (bench select, bf16, one thread).
+// 128] fp32, 512 KiB at 64 heads) stay in a core's L2 between the product and reduce_heads.
+// At the V4 indexer's shape on an AMX Xeon, 16 rows x 128 keys ran 1.05x faster than 16 x
+// 256, 8 x 512 and 32 x 128, and 16 x 256 1.15x faster than 32 x 256 (bench select, bf16,
+// one thread).
 constexpr int64_t kOnednnBlockRows = 16;
 
 struct Kernel {
