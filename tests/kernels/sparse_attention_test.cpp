@@ -212,9 +212,19 @@ double tolerance(AttentionDType dtype) {
 
 std::vector<Shape> shapes() {
   return {
-      {0, 1, 1, 1, 0, 0, false},     {1, 1, 1, 1, 1, 1, false},    {1, 2, 5, 5, 0, 3, true},
-      {7, 3, 13, 5, 11, 4, false},   {17, 4, 33, 33, 29, 7, true}, {5, 64, 8, 8, 19, 3, true},
-      {23, 2, 16, 12, 64, 31, true}, {3, 1, 7, 7, 5, 0, true},
+      {0, 1, 1, 1, 0, 0, false},
+      {1, 1, 1, 1, 1, 1, false},
+      {1, 2, 5, 5, 0, 3, true},
+      {7, 3, 13, 5, 11, 4, false},
+      {17, 4, 33, 33, 29, 7, true},
+      {5, 64, 8, 8, 19, 3, true},
+      {23, 2, 16, 12, 64, 31, true},
+      {3, 1, 7, 7, 5, 0, true},
+      // Fewer than 16 heads that divide 16: the softmax passes walk whole 16-lane groups of
+      // columns, then a tail of columns (37 = 4 * 9 + 1 at 4 heads, 2 * 18 + 1 at 8).
+      {9, 4, 64, 64, 50, 37, true},
+      {6, 8, 16, 16, 40, 37, false},
+      {4, 4, 8, 8, 20, 4, false},
   };
 }
 
@@ -274,6 +284,38 @@ TEST(SparseAttention, RowsWithNoKeyGiveZerosAndMinusInfinity) {
   for (const double v : got.grad_q) EXPECT_EQ(v, 0.0);
   for (const double v : got.grad_kv) EXPECT_EQ(v, 0.0);
   for (const double v : got.grad_sinks) EXPECT_EQ(v, 0.0);
+}
+
+// A NaN key reaches the rows that list it and no other, on every ISA's softmax passes (with
+// 4 heads the passes walk 16-lane groups of columns, with 64 heads by column).
+TEST(SparseAttention, NaNInAListedKeyReachesOnlyTheRowsListingIt) {
+  for (const int64_t heads : {4, 64}) {
+    Case c = random_case({6, heads, 8, 8, 10, 5, true}, AttentionDType::kFloat32, 505);
+    for (int64_t d = 0; d < 8; ++d) c.kv[static_cast<std::size_t>(3 * 8 + d)] = std::nan("");
+    for (int64_t r = 0; r < 6; ++r) {
+      for (int64_t k = 0; k < 5; ++k) {  // row 0 lists key 3 once; no other row lists it
+        c.indices[static_cast<std::size_t>(r * 5 + k)] =
+            r == 0 && k == 2 ? 3 : static_cast<int32_t>((r + k) % 3 == 0 ? -1 : 4 + (r + k) % 6);
+      }
+    }
+    for (const KernelIsa isa : isas()) {
+      SparseAttentionConfig config;
+      config.isa = isa;
+      const Outputs got = run(c, AttentionDType::kFloat32, config);
+      SCOPED_TRACE(::testing::Message() << kernel_isa_name(isa) << " heads " << heads);
+      for (int64_t r = 0; r < 6; ++r) {
+        for (int64_t i = 0; i < heads * 8; ++i) {
+          const double out = got.out[static_cast<std::size_t>(r * heads * 8 + i)];
+          const double dq = got.grad_q[static_cast<std::size_t>(r * heads * 8 + i)];
+          EXPECT_EQ(std::isnan(out), r == 0) << "out, row " << r;
+          EXPECT_EQ(std::isnan(dq), r == 0) << "grad q, row " << r;
+        }
+        for (int64_t h = 0; h < heads; ++h) {
+          EXPECT_EQ(std::isnan(got.lse[static_cast<std::size_t>(r * heads + h)]), r == 0);
+        }
+      }
+    }
+  }
 }
 
 TEST(SparseAttention, KeyGradientIsBitIdenticalAcrossThreadsAndBlocks) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "row_ops.hpp"
 
@@ -12,7 +13,7 @@ namespace {
 }  // namespace
 
 RowOps row_ops_avx512() {
-  return {softmax, logit_gradient, accumulate, widen, narrow, dot_f32, dot_bf16};
+  return {softmax, logit_gradient, scatter_add, gather_words, widen, narrow, dot_f32, dot_bf16};
 }
 
 }  // namespace sparsecp::attention_detail

@@ -311,6 +311,16 @@ class Kernel {
 
   void gather(int64_t r0, int64_t n, W* dst) const {
     const T* kv = static_cast<const T*>(in_.kv);
+    if constexpr (std::is_same_v<T, W>) {
+      if ((sizeof(W) * static_cast<std::size_t>(D_)) % 4 == 0) {
+        const int64_t words = static_cast<int64_t>(sizeof(W)) * D_ / 4;
+        for (int64_t r = 0; r < n; ++r) {
+          ops_.gather_words(reinterpret_cast<const uint32_t*>(kv), ids(r0 + r), C_, words,
+                            reinterpret_cast<uint32_t*>(dst + r * C_ * D_));
+        }
+        return;
+      }
+    }
     for (int64_t r = 0; r < n; ++r) {
       const int32_t* row = ids(r0 + r);
       for (int64_t c = 0; c < C_; ++c) {
@@ -493,13 +503,13 @@ class Kernel {
     const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
     for (int64_t r = 0; r < n; ++r) {
       const int32_t* row = ids(r0 + r);
-      for (int64_t c = 0; c < C_; ++c) {
-        if (row[c] < 0) continue;
-        const A* from = dgathered + (r * C_ + c) * D_;
-        A* to = grad_kv + static_cast<int64_t>(row[c]) * D_;
-        if constexpr (std::is_same_v<A, float>) {
-          ops_.accumulate(from + lo, hi - lo, to + lo);
-        } else {
+      if constexpr (std::is_same_v<A, float>) {
+        ops_.scatter_add(dgathered + r * C_ * D_, row, C_, D_, lo, hi, grad_kv);
+      } else {
+        for (int64_t c = 0; c < C_; ++c) {
+          if (row[c] < 0) continue;
+          const A* from = dgathered + (r * C_ + c) * D_;
+          A* to = grad_kv + static_cast<int64_t>(row[c]) * D_;
           for (int64_t d = lo; d < hi; ++d) to[d] += from[d];
         }
       }
