@@ -64,6 +64,7 @@ __all__ = [
     "generate_batch",
     "kernel_isa",
     "attention_gemm",
+    "select_gemm",
     "calibrate_cost_model",
     "cost_sample",
     "fit_cost_model",
@@ -307,5 +308,13 @@ def attention_gemm(dtype: str = "bfloat16") -> str:
     has them) or ``"blas"`` (float64 always; bf16 widened where oneDNN has only its reference
     loops). ``SPARSECP_ATTENTION_GEMM=blas`` forces the BLAS."""
     return str(_core.sparse_attention_gemm(dtype))
+
+def select_gemm() -> str:
+    """What the CPU selection multiplies bfloat16 Index K with on this CPU (``isa="auto"``):
+    ``"onednn <version>"`` (a block's logits over a key tile as one oneDNN product: AMX or
+    AVX512_BF16 as the CPU has them), ``"vdpbf16ps"`` (the avx512 kernel's own bf16 dot products;
+    ``SPARSECP_SELECT_GEMM=native`` picks it over oneDNN) or ``"widened"`` (bf16 widened to
+    float32 exactly, as float32 Index K is always multiplied)."""
+    return str(_core.select_bf16_products())
 
 _publish(__name__, globals())  # help() names this module, not the private one defining it

@@ -636,6 +636,11 @@ def kernel_isa() -> str:
     The ISA the selection and KL kernels run with isa='auto': SPARSECP_ISA if set, else the best this CPU supports.
     """
 
+def select_bf16_products(isa: str = 'auto') -> str:
+    """
+    What the selection multiplies bf16 keys with under `isa`: 'onednn <version>', 'vdpbf16ps' or 'widened'.
+    """
+
 def kernel_isa_supported(name: str) -> bool: ...
 
 def array_address(array: Annotated[NDArray, dict(device='cpu', writable=False)]) -> int:

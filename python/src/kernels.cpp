@@ -172,6 +172,12 @@ void bind_kernels(nb::module_& m) {
       "The ISA the selection and KL kernels run with isa='auto': SPARSECP_ISA if set, else "
       "the best this CPU supports.");
   m.def(
+      "select_bf16_products",
+      [](std::string_view isa) { return std::string(select_bf16_products(parse_isa(isa))); },
+      nb::arg("isa") = "auto",
+      "What the selection multiplies bf16 keys with under `isa`: 'onednn <version>', 'vdpbf16ps' "
+      "or 'widened'.");
+  m.def(
       "kernel_isa_supported",
       [](std::string_view name) { return kernel_isa_supported(parse_isa(name)); }, nb::arg("name"));
   m.def(

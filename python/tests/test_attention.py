@@ -208,6 +208,17 @@ def test_errors_name_the_argument(backend: str) -> None:
         sparse_attention(q, kv, ids, 1.0, backend="cuda")
 
 
+def test_select_gemm_names_the_selections_bf16_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sparsecp
+
+    name = sparsecp.select_gemm()
+    assert name in ("vdpbf16ps", "widened") or name.startswith("onednn "), name
+    monkeypatch.setenv("SPARSECP_SELECT_GEMM", "native")  # read at each call
+    assert not sparsecp.select_gemm().startswith("onednn")
+    monkeypatch.setenv("SPARSECP_ISA", "portable")
+    assert sparsecp.select_gemm() == "widened"
+
+
 def test_the_library_is_named_beside_the_kernel_isa() -> None:
     import sparsecp
 

@@ -32,10 +32,11 @@ struct RowOps {
   // scatter of one query row's kv-row gradients: one call a row, not one a column);
   void (*scatter_add)(const float* rows, const int32_t* ids, int64_t columns, int64_t dim,
                       int64_t lo, int64_t hi, float* table);
-  // rows[c] = table[ids[c]] (zeros for -1), rows of `words` 32-bit words (the gather of a
-  // query row's kv rows: inline copies where a memcpy call a column cost as much as the copy);
-  void (*gather_words)(const uint32_t* table, const int32_t* ids, int64_t columns, int64_t words,
-                       uint32_t* rows);
+  // rows[c] = table[ids[c]] (zeros for -1), rows of `row_bytes` bytes, any element type (the
+  // gather of a query row's kv rows: inline copies where a memcpy call a column cost as much
+  // as the copy at 64 x 4 bytes a row);
+  void (*gather_bytes)(const unsigned char* table, const int32_t* ids, int64_t columns,
+                       int64_t row_bytes, unsigned char* rows);
   // bf16 -> float32 (exact) and float32 -> bf16 (nearest even, NaN kept: bf16.hpp's rules);
   void (*widen)(const uint16_t* from, int64_t n, float* to);
   void (*narrow)(const float* from, int64_t n, uint16_t* to);

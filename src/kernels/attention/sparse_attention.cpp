@@ -311,27 +311,22 @@ class Kernel {
 
   void gather(int64_t r0, int64_t n, W* dst) const {
     const T* kv = static_cast<const T*>(in_.kv);
-    if constexpr (std::is_same_v<T, W>) {
-      if ((sizeof(W) * static_cast<std::size_t>(D_)) % 4 == 0) {
-        const int64_t words = static_cast<int64_t>(sizeof(W)) * D_ / 4;
-        for (int64_t r = 0; r < n; ++r) {
-          ops_.gather_words(reinterpret_cast<const uint32_t*>(kv), ids(r0 + r), C_, words,
-                            reinterpret_cast<uint32_t*>(dst + r * C_ * D_));
-        }
-        return;
+    if constexpr (std::is_same_v<T, W>) {  // rows as they are (zero bytes are 0 in W)
+      const auto row_bytes = static_cast<int64_t>(sizeof(W)) * D_;
+      for (int64_t r = 0; r < n; ++r) {
+        ops_.gather_bytes(reinterpret_cast<const unsigned char*>(kv), ids(r0 + r), C_, row_bytes,
+                          reinterpret_cast<unsigned char*>(dst + r * C_ * D_));
       }
-    }
-    for (int64_t r = 0; r < n; ++r) {
-      const int32_t* row = ids(r0 + r);
-      for (int64_t c = 0; c < C_; ++c) {
-        W* to = dst + (r * C_ + c) * D_;
-        if (row[c] < 0) {
-          std::fill(to, to + D_, W(0));
-        } else if constexpr (std::is_same_v<T, W>) {
-          std::memcpy(to, kv + static_cast<int64_t>(row[c]) * D_,
-                      sizeof(W) * static_cast<std::size_t>(D_));
-        } else {
-          convert(kv + static_cast<int64_t>(row[c]) * D_, D_, to);
+    } else {  // bf16 rows widened for the BLAS
+      for (int64_t r = 0; r < n; ++r) {
+        const int32_t* row = ids(r0 + r);
+        for (int64_t c = 0; c < C_; ++c) {
+          W* to = dst + (r * C_ + c) * D_;
+          if (row[c] < 0) {
+            std::fill(to, to + D_, W(0));
+          } else {
+            convert(kv + static_cast<int64_t>(row[c]) * D_, D_, to);
+          }
         }
       }
     }
