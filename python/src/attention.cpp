@@ -141,7 +141,7 @@ void bind_attention(nb::module_& m) {
       "None "
       "(float32; float64 for float64 calls); writes out [rows, heads, value_dim] and lse [rows, "
       "heads]. "
-      "scratch_bytes: per-thread budget that sets the rows of a block (0: the default, 16 MiB).");
+      "scratch_bytes: per-thread budget that sets the rows of a block (0: the default, 1 MiB).");
   m.def(
       "sparse_attention_backward",
       [](const CpuInput& q, const CpuInput& kv, const CpuInput& indices,

@@ -79,8 +79,12 @@ struct SparseAttentionConfig {
   int threads = 0;  // 0 = OpenMP's default. Never changes results.
   KernelIsa isa = KernelIsa::kAuto;
   AttentionGemm gemm = AttentionGemm::kAuto;
-  // Per-thread scratch budget in bytes; sets the rows of a block (at least one row).
-  std::size_t scratch_bytes = std::size_t{16} << 20;
+  // Per-thread scratch budget in bytes; sets the rows of a block (at least one row, at most
+  // 16). The default keeps a block's working set near a core's L2: on an AMX Xeon (2 MiB L2),
+  // one thread, V4-Flash's shape (a row's scratch 2.9 MB: one row a block) ran 1.15-1.18x
+  // faster than with 16 MiB (5 rows), and 4 heads of 64 over 256 columns (6 rows) 1.07-1.1x
+  // faster than 16 rows and 1.25x faster than one.
+  std::size_t scratch_bytes = std::size_t{1} << 20;
 };
 
 // Throws Error naming the bad value unless: heads, qk_dim >= 1; 1 <= value_dim <= qk_dim;

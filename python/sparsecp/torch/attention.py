@@ -407,7 +407,8 @@ def sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, s
         backend: ``"cpu"``, ``"flashmla"``, ``"cudnn"``, ``"triton"``, ``"torch"`` or None (the
             first that takes the input, ``PICK_ORDER``).
         chunk_bytes: Scratch budget that sets how many rows go together: per thread for the C++
-            kernel (default 16 MiB), per row chunk for the torch path (default 64 MiB). Never
+            kernel (default 1 MiB: about a core's L2), per row chunk for the torch path (default
+            64 MiB). Never
             changes results beyond the last bits of the torch path's sums.
 
     Returns:

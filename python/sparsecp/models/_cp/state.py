@@ -110,8 +110,9 @@ class ContextParallelState:
     selector: str
     kl_coeff: float | None
     # scratch budget of one attention row block: per thread for the C++ kernel, per row chunk for
-    # the torch path (sparse_attention's chunk_bytes)
-    attention_chunk_bytes: int = 64 << 20
+    # the torch path (sparse_attention's chunk_bytes); None: each backend's own default (1 MiB per
+    # thread for the C++ kernel, 64 MiB per chunk for the torch path)
+    attention_chunk_bytes: int | None = None
     # sparse_attention's backend: None picks per input ('cpu' kernel on CPU tensors, then 'triton',
     # then 'torch'); a name forces it. attention_path: what the last layer call ran.
     attention_backend: str | None = None
