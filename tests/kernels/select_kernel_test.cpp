@@ -232,7 +232,7 @@ TEST(SelectKernel, TiesGoToTheLowerKeyAndOutputIsSorted) {
   config.head_dim = 16;
   config.topk = 4;
   config.ratio = 1;
-  const int64_t bank = 300;  // crosses a 256-key tile
+  const int64_t bank = 300;  // crosses 128-key tiles
   std::vector<float> keys(static_cast<size_t>(bank * 16), 0.0f);
   for (int64_t s = 0; s < bank; ++s) keys[static_cast<size_t>(s * 16)] = s % 3 == 0 ? 2.0f : 1.0f;
   keys[static_cast<size_t>(290 * 16)] = 5.0f;

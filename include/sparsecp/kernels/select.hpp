@@ -194,7 +194,9 @@ const char* select_bf16_products(KernelIsa isa = KernelIsa::kAuto);
 
 // Upper bound of the fast path's scratch memory in bytes for `threads` threads
 // (0 = OpenMP default) under `config`: threads x (packed key tile + q block + score
-// tile + top-k candidates of one row block). Independent of rows and bank size.
+// tile + top-k candidates of one row block + the top-k's radix and bitmap buffers + the
+// threshold test's survivors; on the oneDNN path also a tile's key rows, logits and
+// reduced scores). Independent of rows and bank size.
 std::size_t select_scratch_bytes(const SelectConfig& config, DType key_dtype, int threads = 0);
 
 // Score FLOPs of a call: 2 * heads * head_dim per visible (row, key) pair. Throws like

@@ -10,8 +10,6 @@
 // (8 heads or the remainder) it is in, so its score never depends on tile position.
 #include <immintrin.h>
 
-#include <algorithm>
-
 // GCC 12's intrinsics initialise pass-through operands with _mm512_undefined_*(),
 // which -Wmaybe-uninitialized reports as a false positive (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -171,7 +169,7 @@ void reduce_heads_impl(const ReduceHeadsArgs& a) {
     const float* weights = a.weights + r * a.heads;
     const float* logits = a.logits + r * a.heads * a.n;
     for (int64_t k0 = 0; k0 < a.n; k0 += kWidth) {
-      const int64_t width = std::min(kWidth, a.n - k0);
+      const int64_t width = a.n - k0 < kWidth ? a.n - k0 : kWidth;  // no std templates here
       if (width < kWidth) {  // a short tail: one vector at a time
         for (int64_t k = k0; k < a.n; k += 16) {
           const __mmask16 valid = first_lanes(a.n - k);

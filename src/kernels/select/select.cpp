@@ -390,6 +390,7 @@ void offer(const float* scores, int64_t count, int64_t key0, int64_t r, int64_t 
   if (avx512 && threshold != 0) {
     // Only scores at least the threshold's can enter; the threshold only rises, so the
     // exact test below still sees every candidate that would have entered.
+    scratch.survivors.reserve(static_cast<std::size_t>(kTileKeys));  // exactly: no doubling
     scratch.survivors.resize(static_cast<std::size_t>(count - first));
     const int64_t survivors = sd::scores_at_least_avx512(scores + first, count - first,
                                                          static_cast<uint32_t>(threshold >> 32),
@@ -457,6 +458,7 @@ void run_block(const Call& call, const Block& block, ThreadScratch& scratch) {
   const int64_t capacity = std::min(2 * topk, last_visible);
   const bool avx512 = call.kernel.avx512_pack || call.kernel.onednn;  // the avx512 ISA
 
+  scratch.candidates.reserve(static_cast<std::size_t>(rows * capacity));  // exactly: no doubling
   scratch.candidates.resize(static_cast<std::size_t>(rows * capacity));
   scratch.counts.assign(static_cast<std::size_t>(rows), 0);
   scratch.thresholds.assign(static_cast<std::size_t>(rows), 0);
@@ -773,7 +775,7 @@ std::size_t select_scratch_bytes(const SelectConfig& config, DType key_dtype, in
   const int64_t tile = kTileKeys * depth * 4;  // fp32 floats or bf16 pairs
   const int64_t block_rows = kernel.onednn ? kOnednnBlockRows : kBlockRows;
   const int64_t query = block_rows * config.heads * config.head_dim * 4;  // worst case
-  const int64_t scores = kTileKeys * 4;
+  const int64_t scores = kTileKeys * 4 * 2;  // one row's scores, and offer's survivors
   // Per row: the candidate buffer (2 top-k), its count and threshold, widened weights; per
   // block, the ties of a radix pass (at most one row's buffer) and the fixed histogram.
   const int64_t candidates = block_rows * (2 * config.topk * 8 + 16 + config.heads * 4) +

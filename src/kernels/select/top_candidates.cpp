@@ -55,6 +55,7 @@ uint64_t keep_largest(uint64_t* values, int64_t count, int64_t keep, CandidateSc
       while (above + scratch.histogram[boundary] < need) above += scratch.histogram[boundary--];
       // Branch-free: the digits fall either way at random.
       if (scratch.ties.size() < static_cast<std::size_t>(end - done)) {
+        scratch.ties.reserve(static_cast<std::size_t>(end - done));  // exactly: no doubling
         scratch.ties.resize(static_cast<std::size_t>(end - done));
       }
       uint64_t* ties = scratch.ties.data();
