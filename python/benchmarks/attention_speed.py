@@ -6,7 +6,9 @@ Shapes (per query row, as the models run them):
   v4      DeepSeek-V4-Flash: 64 heads, K=V 512 (qk_dim = value_dim = 512), 640 columns (window 128
           + top-k 512), sinks, 8,192 kv rows;
   v32     DeepSeek-V3.2: 64 heads, absorbed MLA 576 / 512, 2,048 columns, no sinks, 8,192 kv rows;
-  v32h128 the same with 128 heads.
+  v32h128 the same with 128 heads;
+  small   the example model's (python/examples/train_deepseek_v4.py): 4 heads, K=V 64, 256 columns
+          (window 128 + top-k 128), sinks, 8,192 kv rows (16x --rows query rows: each is cheap).
 Ids are distinct random kv rows per query row (int32), one row in 16 with its last 10% of
 columns -1 (rows near a document start).
 
@@ -17,7 +19,9 @@ median of --repeats timed calls after one warm-up; "matmul" is torch's ``a @ b``
 in the same dtype and threads, timed in the same process before, between and after the kernel's
 forward and forward + backward measurements (the median of the three);
 "ratio" is the kernel's forward + backward rate over it. "chunked" is the torch path
-(``backend="torch"``, the pre-kernel model path) on --chunked-rows rows.
+(``backend="torch"``, the pre-kernel model path) on --chunked-rows rows. ``--chunk-bytes`` runs
+the kernel once per per-thread scratch budget given (``sparse_attention``'s ``chunk_bytes``: the
+rows of a block), side by side in the same process.
 
 The fused select kernel (``--select``, on by default), at the shape of ``sparsecp bench select``
 (one 8,192-token document, its last --select-rows rows, 2,048 compressed keys, 64 heads x 128,
@@ -47,6 +51,7 @@ SHAPES = {
     "v4": {"heads": 64, "qk_dim": 512, "value_dim": 512, "columns": 640, "keys": 8192, "sinks": True},
     "v32": {"heads": 64, "qk_dim": 576, "value_dim": 512, "columns": 2048, "keys": 8192, "sinks": False},
     "v32h128": {"heads": 128, "qk_dim": 576, "value_dim": 512, "columns": 2048, "keys": 8192, "sinks": False},
+    "small": {"heads": 4, "qk_dim": 64, "value_dim": 64, "columns": 256, "keys": 8192, "sinks": True},
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -97,7 +102,7 @@ def matmul_rate(dtype: torch.dtype, repeats: int) -> float:
 
 
 def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int,
-                    between: Callable[[], None] | None = None) -> dict[str, float]:
+                    between: Callable[[], None] | None = None, chunk_bytes: int | None = None) -> dict[str, float]:
     scale = x["q"].shape[2] ** -0.5
     q = x["q"].clone().requires_grad_()
     kv = x["kv"].clone().requires_grad_()
@@ -106,10 +111,12 @@ def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: in
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
-            return sparse_attention(q, kv, x["indices"], scale, value_dim=value_dim, sinks=sinks, backend=backend)
+            return sparse_attention(q, kv, x["indices"], scale, value_dim=value_dim, sinks=sinks, backend=backend,
+                                    chunk_bytes=chunk_bytes)
 
     def both() -> None:
-        out = sparse_attention(q, kv, x["indices"], scale, value_dim=value_dim, sinks=sinks, backend=backend)
+        out = sparse_attention(q, kv, x["indices"], scale, value_dim=value_dim, sinks=sinks, backend=backend,
+                               chunk_bytes=chunk_bytes)
         torch.autograd.grad(out, inputs, x["grad"])
 
     fwd = median_seconds(forward, repeats)
@@ -204,20 +211,24 @@ def main() -> None:
     parser.add_argument("--chunked-rows", type=int, default=16,
                         help="query rows of a chunked torch path call (0: skip it; default 16)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--chunk-bytes", default="",
+                        help="comma-separated per-thread scratch budgets of the kernel, each timed side by side "
+                             "(default: the kernel's own)")
     parser.add_argument("--select", choices=("on", "off"), default="on", help="also time the bf16 select kernel")
     parser.add_argument("--select-rows", type=int, default=2048, help="select rows (default 2048)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--svg", help="write a bar chart of the results here")
     args = parser.parse_args()
     threads_list = sorted({int(t) for t in args.threads.split(",")})
+    budgets: list[int | None] = [int(b) for b in args.chunk_bytes.split(",") if b] or [None]
     results = []
     for threads in threads_list:
         torch.set_num_threads(threads)
         for dtype_name in args.dtypes.split(","):
             dtype = DTYPES[dtype_name]
-            for shape_name in args.shapes.split(","):
+            for shape_name, budget in ((name, b) for name in args.shapes.split(",") for b in budgets):
                 shape = SHAPES[shape_name]
-                rows = args.rows if shape_name == "v4" else max(1, args.rows // 4)
+                rows = {"v4": args.rows, "small": 16 * args.rows}.get(shape_name, max(1, args.rows // 4))
                 x = make_inputs(shape, rows, dtype)
                 work = flops(shape, rows)
                 # torch's matmul timed before, between and after the kernel's calls (the median of
@@ -225,11 +236,12 @@ def main() -> None:
                 matmuls = [matmul_rate(dtype, args.repeats)]
                 times = attention_times(
                     x, shape["value_dim"], "cpu", args.repeats,
-                    between=lambda rates=matmuls, kind=dtype: rates.append(matmul_rate(kind, args.repeats)))
+                    between=lambda rates=matmuls, kind=dtype: rates.append(matmul_rate(kind, args.repeats)),
+                    chunk_bytes=budget)
                 matmuls.append(matmul_rate(dtype, args.repeats))
                 matmul = statistics.median(matmuls)
                 row: dict[str, Any] = {
-                    "shape": shape_name, "dtype": dtype_name, "threads": threads, "rows": rows,
+                    "shape": shape_name, "dtype": dtype_name, "threads": threads, "rows": rows, "chunk_bytes": budget,
                     **{f"{k}_gflops": work[k] / times[k] / 1e9 for k in ("forward", "backward", "total")},
                     "matmul_gflops": matmul}
                 row["ratio"] = row["total_gflops"] / matmul
@@ -242,8 +254,10 @@ def main() -> None:
                 if not args.json:
                     chunked = (f"  chunked {row['chunked_total_gflops']:7.1f} (x{row['speedup_over_chunked']:.1f})"
                                if args.chunked_rows else "")
-                    print(f"{shape_name:8s} {dtype_name:8s} threads {threads}  fwd {row['forward_gflops']:7.1f}  "
-                          f"bwd {row['backward_gflops']:7.1f}  fwd+bwd {row['total_gflops']:7.1f} GFLOP/s  "
+                    scratch = f"  scratch {budget >> 10} KiB" if budget else ""
+                    print(f"{shape_name:8s} {dtype_name:8s} threads {threads}{scratch}  "
+                          f"fwd {row['forward_gflops']:7.1f}  bwd {row['backward_gflops']:7.1f}  "
+                          f"fwd+bwd {row['total_gflops']:7.1f} GFLOP/s  "
                           f"matmul {matmul:7.1f}  ratio {row['ratio']:.2f}{chunked}", flush=True)
     selects = []
     if args.select == "on":

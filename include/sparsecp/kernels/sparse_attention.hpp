@@ -80,10 +80,10 @@ struct SparseAttentionConfig {
   KernelIsa isa = KernelIsa::kAuto;
   AttentionGemm gemm = AttentionGemm::kAuto;
   // Per-thread scratch budget in bytes; sets the rows of a block (at least one row, at most
-  // 16). The default keeps a block's working set near a core's L2: on an AMX Xeon (2 MiB L2),
-  // one thread, V4-Flash's shape (a row's scratch 2.9 MB: one row a block) ran 1.15-1.18x
-  // faster than with 16 MiB (5 rows), and 4 heads of 64 over 256 columns (6 rows) 1.07-1.1x
-  // faster than 16 rows and 1.25x faster than one.
+  // 16). The default keeps a block's working set near a core's L2: on an AMX Xeon it ran at
+  // 0.91-1.23x (median about 1.03) the rate of 16 MiB at V4-Flash's shape and at 4 heads of 64
+  // (python/benchmarks/attention_speed.py --chunk-bytes 1048576,16777216), with a sixteenth
+  // of the scratch.
   std::size_t scratch_bytes = std::size_t{1} << 20;
 };
 

@@ -260,7 +260,7 @@ void pack_panel_u32_avx512(const void* src, int64_t stride, int64_t rows, int64_
   const auto* bytes = static_cast<const char*>(src);
   for (int64_t c0 = 0; c0 < cols; c0 += 16) {
     const int64_t width = cols - c0 < 16 ? cols - c0 : 16;
-    const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+    const __mmask16 mask = first_lanes(width);
     __m512i r[16];
     for (int i = 0; i < 16; ++i) {
       r[i] = i < rows ? _mm512_maskz_loadu_epi32(mask, bytes + (i * stride + c0) * 4)
