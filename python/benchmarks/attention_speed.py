@@ -8,7 +8,9 @@ Shapes (per query row, as the models run them):
   v32     DeepSeek-V3.2: 64 heads, absorbed MLA 576 / 512, 2,048 columns, no sinks, 8,192 kv rows;
   v32h128 the same with 128 heads;
   small   the example model's (python/examples/train_deepseek_v4.py): 4 heads, K=V 64, 256 columns
-          (window 128 + top-k 128), sinks, 8,192 kv rows (16x --rows query rows: each is cheap).
+          (window 128 + top-k 128), sinks, 8,192 kv rows (16x --rows query rows: each is cheap);
+  head512 one head, K=V 512, 640 columns, sinks, 8,192 kv rows (4x --rows): the attention of
+          step_at_length.py's V4-Flash proportions (--scale 64), where a rank holds one head.
 Ids are distinct random kv rows per query row (int32), one row in 16 with its last 10% of
 columns -1 (rows near a document start).
 
@@ -21,7 +23,9 @@ forward and forward + backward measurements (the median of the three);
 "ratio" is the kernel's forward + backward rate over it. "chunked" is the torch path
 (``backend="torch"``, the pre-kernel model path) on --chunked-rows rows. ``--chunk-bytes`` runs
 the kernel once per per-thread scratch budget given (``sparse_attention``'s ``chunk_bytes``: the
-rows of a block), side by side in the same process.
+rows of a block), side by side in the same process; ``--gemm auto,onednn`` likewise once per
+choice of products (``SPARSECP_ATTENTION_GEMM``: ``auto`` takes the kernel's direct loops for
+float32 with 1, 2, 4 or 8 heads, ``onednn`` / ``blas`` that library's products everywhere).
 
 The fused select kernel (``--select``, on by default), at the shape of ``sparsecp bench select``
 (one 8,192-token document, its last --select-rows rows, 2,048 compressed keys, 64 heads x 128,
@@ -52,7 +56,9 @@ SHAPES = {
     "v32": {"heads": 64, "qk_dim": 576, "value_dim": 512, "columns": 2048, "keys": 8192, "sinks": False},
     "v32h128": {"heads": 128, "qk_dim": 576, "value_dim": 512, "columns": 2048, "keys": 8192, "sinks": False},
     "small": {"heads": 4, "qk_dim": 64, "value_dim": 64, "columns": 256, "keys": 8192, "sinks": True},
+    "head512": {"heads": 1, "qk_dim": 512, "value_dim": 512, "columns": 640, "keys": 8192, "sinks": True},
 }
+GEMMS = ("auto", "onednn", "blas")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -102,7 +108,22 @@ def matmul_rate(dtype: torch.dtype, repeats: int) -> float:
 
 
 def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int,
-                    between: Callable[[], None] | None = None, chunk_bytes: int | None = None) -> dict[str, float]:
+                    between: Callable[[], None] | None = None, chunk_bytes: int | None = None,
+                    gemm: str = "auto") -> dict[str, float]:
+    import os
+
+    if gemm == "auto":
+        os.environ.pop("SPARSECP_ATTENTION_GEMM", None)
+    else:
+        os.environ["SPARSECP_ATTENTION_GEMM"] = gemm
+    try:
+        return _attention_times(x, value_dim, backend, repeats, between, chunk_bytes)
+    finally:
+        os.environ.pop("SPARSECP_ATTENTION_GEMM", None)
+
+
+def _attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int,
+                     between: Callable[[], None] | None, chunk_bytes: int | None) -> dict[str, float]:
     scale = x["q"].shape[2] ** -0.5
     q = x["q"].clone().requires_grad_()
     kv = x["kv"].clone().requires_grad_()
@@ -161,7 +182,8 @@ def svg(report: dict[str, Any]) -> str:
                              f'height="{top + height - y(r[key]):.1f}" fill="{colors[key]}"/>')
         parts.append(f'<text x="{x0 + 1.5 * bar}" y="{y(r["total_gflops"]) - 4:.1f}" text-anchor="middle">'
                      f'{r["ratio"]:.2f}</text>')
-        label = f'{r["shape"]} {"f32" if r["dtype"] == "float32" else "bf16"} {r["threads"]}t'
+        label = f'{r["shape"]} {"f32" if r["dtype"] == "float32" else "bf16"} {r["threads"]}t ' \
+            f'{r.get("gemm", "").split(" ")[0]}'
         parts.append(f'<text x="{x0 + 1.5 * bar}" y="{top + height + 14}" text-anchor="middle">{label}</text>')
     legend = top + height + 40
     for j, (key, name) in enumerate((("matmul_gflops", "torch matmul 2048^3"),
@@ -214,6 +236,9 @@ def main() -> None:
     parser.add_argument("--chunk-bytes", default="",
                         help="comma-separated per-thread scratch budgets of the kernel, each timed side by side "
                              "(default: the kernel's own)")
+    parser.add_argument("--gemm", default="auto",
+                        help="comma-separated products of the kernel, each timed side by side: auto (the "
+                             "kernel's choice), onednn, blas (default auto)")
     parser.add_argument("--select", choices=("on", "off"), default="on", help="also time the bf16 select kernel")
     parser.add_argument("--select-rows", type=int, default=2048, help="select rows (default 2048)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -221,14 +246,20 @@ def main() -> None:
     args = parser.parse_args()
     threads_list = sorted({int(t) for t in args.threads.split(",")})
     budgets: list[int | None] = [int(b) for b in args.chunk_bytes.split(",") if b] or [None]
+    gemms = [g for g in args.gemm.split(",") if g]
+    for gemm in gemms:
+        if gemm not in GEMMS:
+            parser.error(f"--gemm takes {', '.join(GEMMS)}; got {gemm!r}")
+    variants = [(b, g) for b in budgets for g in gemms]
     results = []
     for threads in threads_list:
         torch.set_num_threads(threads)
         for dtype_name in args.dtypes.split(","):
             dtype = DTYPES[dtype_name]
-            for shape_name, budget in ((name, b) for name in args.shapes.split(",") for b in budgets):
+            for shape_name, (budget, gemm) in ((name, v) for name in args.shapes.split(",") for v in variants):
                 shape = SHAPES[shape_name]
-                rows = {"v4": args.rows, "small": 16 * args.rows}.get(shape_name, max(1, args.rows // 4))
+                rows = {"v4": args.rows, "small": 16 * args.rows, "head512": 4 * args.rows}.get(
+                    shape_name, max(1, args.rows // 4))
                 x = make_inputs(shape, rows, dtype)
                 work = flops(shape, rows)
                 # torch's matmul timed before, between and after the kernel's calls (the median of
@@ -237,11 +268,12 @@ def main() -> None:
                 times = attention_times(
                     x, shape["value_dim"], "cpu", args.repeats,
                     between=lambda rates=matmuls, kind=dtype: rates.append(matmul_rate(kind, args.repeats)),
-                    chunk_bytes=budget)
+                    chunk_bytes=budget, gemm=gemm)
                 matmuls.append(matmul_rate(dtype, args.repeats))
                 matmul = statistics.median(matmuls)
                 row: dict[str, Any] = {
                     "shape": shape_name, "dtype": dtype_name, "threads": threads, "rows": rows, "chunk_bytes": budget,
+                    "gemm": gemm if gemm != "auto" else sparse_attention_gemm(dtype, shape["heads"]),
                     **{f"{k}_gflops": work[k] / times[k] / 1e9 for k in ("forward", "backward", "total")},
                     "matmul_gflops": matmul}
                 row["ratio"] = row["total_gflops"] / matmul
@@ -255,7 +287,7 @@ def main() -> None:
                     chunked = (f"  chunked {row['chunked_total_gflops']:7.1f} (x{row['speedup_over_chunked']:.1f})"
                                if args.chunked_rows else "")
                     scratch = f"  scratch {budget >> 10} KiB" if budget else ""
-                    print(f"{shape_name:8s} {dtype_name:8s} threads {threads}{scratch}  "
+                    print(f"{shape_name:8s} {dtype_name:8s} threads {threads}{scratch}  {row['gemm'].split()[0]:6s}  "
                           f"fwd {row['forward_gflops']:7.1f}  bwd {row['backward_gflops']:7.1f}  "
                           f"fwd+bwd {row['total_gflops']:7.1f} GFLOP/s  "
                           f"matmul {matmul:7.1f}  ratio {row['ratio']:.2f}{chunked}", flush=True)

@@ -668,7 +668,7 @@ def sparse_attention_backward(q: Annotated[NDArray, dict(device='cpu', writable=
     Sparse attention backward: from the forward's out and lse and grad_out, writes grad_q (the call's dtype), grad_kv [keys, qk_dim] and grad_sinks [heads] (float32; float64 for float64 calls). grad_kv is summed in row order whatever the thread count.
     """
 
-def sparse_attention_gemm(dtype: str = 'bfloat16', gemm: str = 'auto') -> str:
+def sparse_attention_gemm(dtype: str = 'bfloat16', gemm: str = 'auto', heads: int = 0) -> str:
     """
-    The library that multiplies a sparse attention call of this dtype: 'onednn <version>' or 'blas'.
+    What multiplies a sparse attention call of this dtype and head count (0: more than 8): 'onednn <version>', 'blas' or 'direct' (float32 with 1, 2, 4 or 8 heads: the kernel's own loops, reading each row's kv rows in place).
     """

@@ -99,8 +99,10 @@ SparseAttentionConfig config_of(int threads, std::string_view isa, std::string_v
     config.gemm = AttentionGemm::kOneDnn;
   } else if (gemm == "blas") {
     config.gemm = AttentionGemm::kBlas;
+  } else if (gemm == "direct") {
+    config.gemm = AttentionGemm::kDirect;
   } else {
-    throw nb::value_error(("sparse attention gemm must be 'auto', 'onednn' or 'blas', got '" +
+    throw nb::value_error(("sparse attention gemm must be 'auto', 'onednn', 'blas' or 'direct', got '" +
                            std::string(gemm) + "'")
                               .c_str());
   }
@@ -178,13 +180,15 @@ void bind_attention(nb::module_& m) {
       "in row order whatever the thread count.");
   m.def(
       "sparse_attention_gemm",
-      [](std::string_view dtype, std::string_view gemm) {
-        return std::string(
-            sparse_attention_gemm_name(parse_dtype(dtype), config_of(0, "auto", gemm).gemm));
+      [](std::string_view dtype, std::string_view gemm, int64_t heads) {
+        SPARSECP_CHECK(heads >= 0, "sparse attention heads must be non-negative, got ", heads);
+        return std::string(sparse_attention_gemm_name(parse_dtype(dtype),
+                                                      config_of(0, "auto", gemm).gemm, heads));
       },
-      nb::arg("dtype") = "bfloat16", nb::arg("gemm") = "auto",
-      "The library that multiplies a sparse attention call of this dtype: 'onednn <version>' or "
-      "'blas'.");
+      nb::arg("dtype") = "bfloat16", nb::arg("gemm") = "auto", nb::arg("heads") = 0,
+      "What multiplies a sparse attention call of this dtype and head count (0: more than 8): "
+      "'onednn <version>', 'blas' or 'direct' (float32 with 1, 2, 4 or 8 heads: the kernel's own "
+      "loops, reading each row's kv rows in place).");
 }
 
 }  // namespace sparsecp::python

@@ -177,6 +177,13 @@ def test_backends_say_why_they_cannot_take_an_input() -> None:
     assert sparse_attention_backend(half, x["kv"].half(), x["indices"]) == "torch"  # the kernel takes no fp16
     assert sparse_attention_gemm(torch.float64) == "blas"
     assert sparse_attention_gemm(torch.bfloat16).split()[0] in ("onednn", "blas")
+    # float32 with 1, 2, 4 or 8 heads: the kernel's direct loops; other head counts a library
+    assert [sparse_attention_gemm(torch.float32, heads) for heads in (1, 2, 4, 8)] == ["direct"] * 4
+    assert sparse_attention_gemm(torch.float32, 3) == sparse_attention_gemm(torch.float32, 64) == \
+        sparse_attention_gemm(torch.float32)
+    assert sparse_attention_gemm(torch.bfloat16, 4) == sparse_attention_gemm(torch.bfloat16)
+    with pytest.raises(ValueError, match="heads must be a positive int or None, got 0"):
+        sparse_attention_gemm(torch.float32, 0)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
@@ -226,6 +233,7 @@ def test_the_library_is_named_beside_the_kernel_isa() -> None:
     for dtype in ("float32", "bfloat16"):
         assert sparsecp.attention_gemm(dtype).split()[0] in ("onednn", "blas")
     assert sparsecp.attention_gemm("bfloat16") == sparse_attention_gemm(torch.bfloat16)
+    assert sparsecp.attention_gemm("float32", heads=4) == "direct"
     with pytest.raises(ValueError, match="dtype must be 'float32', 'bfloat16' or 'float64', got 'half'"):
         sparsecp.attention_gemm("half")
 

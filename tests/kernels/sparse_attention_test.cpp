@@ -225,6 +225,10 @@ std::vector<Shape> shapes() {
       {9, 4, 64, 64, 50, 37, true},
       {6, 8, 16, 16, 40, 37, false},
       {4, 4, 8, 8, 20, 4, false},
+      // The direct products' slices (1 head: 4 vectors of 16 a slice, then 1; 8 heads: 2,
+      // then 1) and their tails past the last whole vector of qk_dim and value_dim.
+      {5, 1, 130, 98, 40, 21, true},
+      {4, 8, 48, 40, 30, 19, false},
   };
 }
 
@@ -236,9 +240,14 @@ std::vector<KernelIsa> isas() {
   return v;
 }
 
-std::vector<AttentionGemm> gemms() {
+// The products a call of this dtype and head count can take: each library, and the direct
+// loops where they apply (float32 with 1, 2, 4 or 8 heads).
+std::vector<AttentionGemm> gemms(AttentionDType dtype, int64_t heads) {
   std::vector<AttentionGemm> v{AttentionGemm::kBlas};
   if (sparse_attention_has_onednn()) v.push_back(AttentionGemm::kOneDnn);
+  if (dtype == AttentionDType::kFloat32 && (heads == 1 || heads == 2 || heads == 4 || heads == 8)) {
+    v.push_back(AttentionGemm::kDirect);
+  }
   return v;
 }
 
@@ -250,7 +259,7 @@ TEST(SparseAttention, MatchesTheReferenceOnEveryDtypeIsaAndLibrary) {
       const Case c = random_case(s, dtype, ++salt);
       const Outputs want = reference(c, dtype);
       for (const KernelIsa isa : isas()) {
-        for (const AttentionGemm gemm : gemms()) {
+        for (const AttentionGemm gemm : gemms(dtype, s.heads)) {
           SparseAttentionConfig config;
           config.isa = isa;
           config.gemm = gemm;
@@ -258,7 +267,7 @@ TEST(SparseAttention, MatchesTheReferenceOnEveryDtypeIsaAndLibrary) {
           const Outputs got = run(c, dtype, config);
           const std::string where =
               std::string(attention_dtype_name(dtype)) + " " + kernel_isa_name(isa) + " " +
-              sparse_attention_gemm_name(dtype, gemm) + " rows " + std::to_string(s.rows) +
+              sparse_attention_gemm_name(dtype, gemm, s.heads) + " rows " + std::to_string(s.rows) +
               " heads " + std::to_string(s.heads) + " columns " + std::to_string(s.columns);
           const double tol = tolerance(dtype);
           EXPECT_LE(relative_error(got.out, want.out), tol) << "out, " << where;
@@ -404,6 +413,30 @@ TEST(SparseAttention, ErrorsNameTheBadValue) {
   SparseAttentionConfig config;
   config.threads = -1;
   EXPECT_NE(error_of(in, config).find("threads must be in [0, 4096], got -1"), std::string::npos);
+  config.threads = 0;
+  config.gemm = AttentionGemm::kDirect;
+  in.heads = 3;
+  EXPECT_EQ(
+      error_of(in, config),
+      "sparse attention gemm 'direct' takes float32 with 1, 2, 4 or 8 heads, got float32 with "
+      "3 heads");
+}
+
+// The choice of products and its name: direct for float32 with 1, 2, 4 or 8 heads (kAuto), a
+// library otherwise or when one is named.
+TEST(SparseAttention, NamesTheProductsACallTakes) {
+  EXPECT_STREQ(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kAuto, 4),
+               "direct");
+  EXPECT_STREQ(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kDirect),
+               "direct");
+  EXPECT_STREQ(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kBlas, 4),
+               "blas");
+  EXPECT_STRNE(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kAuto, 3),
+               "direct");
+  EXPECT_STRNE(sparse_attention_gemm_name(AttentionDType::kBFloat16, AttentionGemm::kAuto, 4),
+               "direct");
+  EXPECT_STRNE(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kAuto, 64),
+               "direct");
 }
 
 }  // namespace

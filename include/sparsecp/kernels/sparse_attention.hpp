@@ -68,12 +68,17 @@ struct SparseAttentionInputs {
   double scale = 1.0;
 };
 
-// Which library multiplies: kAuto is oneDNN where built and where it has an optimised
-// implementation of the dtype on this CPU (not its reference loops: bf16 on some AVX2-only
-// CPUs has none), unless the environment variable SPARSECP_ATTENTION_GEMM is "blas"; else the
-// BLAS (bf16 widened to float32 exactly). Never changes the contract; results may differ
-// between libraries in the last bits of real values.
-enum class AttentionGemm { kAuto, kOneDnn, kBlas };
+// Which products: kAuto takes the direct loops (kDirect) for float32 with 1, 2, 4 or 8 heads
+// and otherwise a library: oneDNN where built and where it has an optimised implementation of
+// the dtype on this CPU (not its reference loops: bf16 on some AVX2-only CPUs has none), unless
+// the environment variable SPARSECP_ATTENTION_GEMM is "blas"; else the BLAS (bf16 widened to
+// float32 exactly). SPARSECP_ATTENTION_GEMM "blas" or "onednn" also puts that library in place
+// of kAuto's direct loops. kDirect: each query row's kv rows read where they lie in kv (no gathered
+// copy) by the ISA's vector loops; float32 with 1, 2, 4 or 8 heads only, where a row's products
+// are matrix-vector shapes and a library call a row cost more than its arithmetic (measured:
+// docs/RESULTS.md, "Sparse attention"). Never changes the contract; results may differ between
+// choices in the last bits of real values, never between thread counts.
+enum class AttentionGemm { kAuto, kOneDnn, kBlas, kDirect };
 
 struct SparseAttentionConfig {
   int threads = 0;  // 0 = OpenMP's default. Never changes results.
@@ -90,7 +95,8 @@ struct SparseAttentionConfig {
 // Throws Error naming the bad value unless: heads, qk_dim >= 1; 1 <= value_dim <= qk_dim;
 // rows, keys, columns >= 0; scale finite; every index in [-1, keys); pointers non-null
 // where their arrays are non-empty; config's ISA runs on this CPU; threads in
-// [0, kMaxAttentionThreads]; the gemm asked for is built.
+// [0, kMaxAttentionThreads]; the gemm asked for is built (kDirect: float32 with 1, 2, 4 or 8
+// heads).
 void validate_sparse_attention(const SparseAttentionInputs& inputs,
                                const SparseAttentionConfig& config);
 
@@ -124,10 +130,11 @@ int64_t sparse_attention_block_rows(const SparseAttentionInputs& inputs,
 std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& inputs,
                                            const SparseAttentionConfig& config);
 
-// Whether this build has oneDNN, and what `gemm` resolves to for `dtype`:
-// "onednn <version>" or "blas".
+// Whether this build has oneDNN, and what `gemm` resolves to for `dtype` with `heads` (0: a
+// call with more than 8 heads): "onednn <version>", "blas" or "direct".
 bool sparse_attention_has_onednn();
 const char* sparse_attention_gemm_name(AttentionDType dtype,
-                                       AttentionGemm gemm = AttentionGemm::kAuto);
+                                       AttentionGemm gemm = AttentionGemm::kAuto,
+                                       int64_t heads = 0);
 
 }  // namespace sparsecp

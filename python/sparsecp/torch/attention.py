@@ -37,7 +37,7 @@ On CPU tensors the order is ``cpu``, ``torch``; on a CUDA device ``flashmla``, `
 process (logger ``sparsecp.attention``, INFO) with what the backends before it said.
 
 ``sparse_attention_backends(q, kv, indices, sinks)`` lists what each backend says of an input;
-``sparse_attention_gemm(dtype)`` names the library the C++ kernel multiplies with.
+``sparse_attention_gemm(dtype, heads)`` names what the C++ kernel multiplies with.
 """
 from __future__ import annotations
 
@@ -439,9 +439,14 @@ def sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, s
     return (out, lse) if return_lse else out
 
 
-def sparse_attention_gemm(dtype: torch.dtype = torch.bfloat16) -> str:
-    """The library the C++ kernel multiplies ``dtype`` with: ``"onednn <version>"`` or ``"blas"``."""
+def sparse_attention_gemm(dtype: torch.dtype = torch.bfloat16, heads: int | None = None) -> str:
+    """What multiplies a C++ kernel call of ``dtype`` with ``heads`` query heads (None: more than
+    8): ``"onednn <version>"`` or ``"blas"`` (a library's products), or ``"direct"`` (float32
+    with 1, 2, 4 or 8 heads: the kernel's own vector loops read each row's kv rows where they
+    lie, where a library call per row costs more than its matrix-vector arithmetic)."""
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
     if dtype not in names:
         raise ValueError(f"sparse_attention_gemm dtype must be float32, bfloat16 or float64, got {dtype}")
-    return str(_core.sparse_attention_gemm(names[dtype]))
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise ValueError(f"sparse_attention_gemm heads must be a positive int or None, got {heads!r}")
+    return str(_core.sparse_attention_gemm(names[dtype], heads=heads or 0))

@@ -18,6 +18,20 @@ struct RowScores {
   float scale = 1.0f;
 };
 
+// One query row's kv rows where they lie, for the direct products (float32, 1, 2, 4 or 8
+// heads: direct_heads): row c is kv + ids[c] * qk_dim, none where ids[c] is -1.
+struct DirectRow {
+  const float* kv = nullptr;  // [keys, qk_dim]
+  const int32_t* ids = nullptr;
+  int64_t columns = 0;
+  int64_t heads = 0;
+  int64_t qk_dim = 0;
+};
+
+inline bool direct_heads(int64_t heads) {
+  return heads == 1 || heads == 2 || heads == 4 || heads == 8;
+}
+
 struct RowOps {
   // Forward: probs[c, h] = exp(scale * l - L_h) on valid columns (0 elsewhere), with
   // L_h = log(sum_c exp(scale * l) + exp(sinks[h])) (sinks may be null); lse[h] = the log
@@ -43,6 +57,18 @@ struct RowOps {
   // sum_i a[i] * b[i] in float32, a and b float32 or bf16 (Delta = rowsum(d out * out)).
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   float (*dot_bf16)(const uint16_t* a, const uint16_t* b, int64_t n);
+  // The direct products of one row (direct_rows.inc), a [heads, dim] row-major:
+  // out[c, h] = kv row c [0, dim) . a[h] (0 for a column with no key): logits (a = q, dim =
+  // qk_dim) and d probs (a = d out, dim = value_dim);
+  void (*direct_dots)(const DirectRow& row, const float* a, int64_t dim, float* out);
+  // out[h][0, dim) = sum over listed columns, in order, of weights[c, h] * kv row c [0, dim):
+  // the output (weights = probs, dim = value_dim) and d q (weights = the logit gradient);
+  void (*direct_weighted_sum)(const DirectRow& row, const float* weights, int64_t dim, float* out);
+  // each listed column's kv-row gradient, sum over heads in order of grad[c, h] * q[h] +
+  // probs[c, h] * dout[h] (q, dout [heads, qk_dim], dout zero beyond value_dim), added into
+  // to[ids[c]] (into_table: the table, in column order) or stored as to[c] (a block's slot).
+  void (*direct_key_gradient)(const DirectRow& row, const float* grad, const float* probs,
+                              const float* q, const float* dout, float* to, bool into_table);
 };
 
 RowOps row_ops_portable();

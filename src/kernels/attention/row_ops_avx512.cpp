@@ -2,6 +2,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -10,10 +11,13 @@
 namespace sparsecp::attention_detail {
 namespace {
 #include "row_ops.inc"
+// after row_ops.inc, whose helpers it uses
+#include "direct_rows.inc"
 }  // namespace
 
 RowOps row_ops_avx512() {
-  return {softmax, logit_gradient, scatter_add, gather_bytes, widen, narrow, dot_f32, dot_bf16};
+  return {softmax,  logit_gradient, scatter_add,         gather_bytes,       widen, narrow, dot_f32,
+          dot_bf16, direct_dots,    direct_weighted_sum, direct_key_gradient};
 }
 
 }  // namespace sparsecp::attention_detail

@@ -40,15 +40,36 @@ const char* attention_dtype_name(AttentionDType dtype) {
 
 namespace {
 
+// SPARSECP_ATTENTION_GEMM, read at each call: "blas" or "onednn" puts that library where kAuto
+// would take another library or the direct loops (benchmarks compare them side by side).
+std::string_view gemm_from_environment() {
+  const char* env = std::getenv("SPARSECP_ATTENTION_GEMM");
+  return env == nullptr ? std::string_view() : std::string_view(env);
+}
+
 bool use_onednn(AttentionDType dtype, AttentionGemm gemm) {
   if (dtype == AttentionDType::kFloat64) return false;  // oneDNN has no float64 products
   if (gemm == AttentionGemm::kBlas) return false;
   if (gemm == AttentionGemm::kOneDnn) return true;
+  if (gemm_from_environment() == "onednn" && ad::onednn_built()) return true;
   const ad::Element element =
       dtype == AttentionDType::kBFloat16 ? ad::Element::kBFloat16 : ad::Element::kFloat32;
   if (!ad::onednn_fast(element)) return false;  // not built, or only its reference loops here
-  const char* env = std::getenv("SPARSECP_ATTENTION_GEMM");
-  return env == nullptr || std::string_view(env) != "blas";
+  return gemm_from_environment() != "blas";
+}
+
+// Whether a call takes the direct products (row_ops.hpp's DirectRow) instead of a library's:
+// float32 with 1, 2, 4 or 8 heads, where a row's products are matrix-vector shapes, unless a
+// library is asked for by name.
+bool use_direct(AttentionDType dtype, int64_t heads, AttentionGemm gemm) {
+  if (gemm == AttentionGemm::kDirect) return true;
+  const std::string_view env = gemm_from_environment();
+  return gemm == AttentionGemm::kAuto && dtype == AttentionDType::kFloat32 &&
+         ad::direct_heads(heads) && env != "blas" && env != "onednn";
+}
+
+bool use_direct(const SparseAttentionInputs& in, AttentionGemm gemm) {
+  return use_direct(in.dtype, in.heads, gemm);
 }
 
 int resolve_threads(int threads) {
@@ -111,6 +132,18 @@ std::size_t row_bytes(const SparseAttentionInputs& in, std::size_t w, std::size_
          + H * (D + V) * (w + a)  // q, d out as operands; out / d q before rounding
          + 2 * H * (C + D) * w    // [grad | probs] and [q ; d out]
          + H * 4 * a;             // per-head lse, delta, sink terms
+}
+
+// The direct products' scratch: a block row's kv-row gradients (the slot of a wave, with more
+// than one thread) per block row, and one row's [columns, heads] passes, d out padded to
+// qk_dim and the per-head terms per thread.
+std::size_t direct_block_row_bytes(const SparseAttentionInputs& in) {
+  return static_cast<std::size_t>(in.columns * in.qk_dim) * sizeof(float);
+}
+
+std::size_t direct_fixed_bytes(const SparseAttentionInputs& in) {
+  return static_cast<std::size_t>(4 * in.heads * in.columns + in.heads * in.qk_dim + 4 * in.heads) *
+         sizeof(float);
 }
 
 std::pair<std::size_t, std::size_t> element_sizes(AttentionDType dtype, bool onednn) {
@@ -189,6 +222,7 @@ class Kernel {
   Kernel(const SparseAttentionInputs& in, const SparseAttentionConfig& config, bool onednn)
       : in_(in),
         onednn_(onednn),
+        direct_(use_direct(in, config.gemm)),
         ops_(row_ops(config.isa)),
         threads_(resolve_threads(config.threads)),
         block_(sparse_attention_block_rows(in, config)),
@@ -204,7 +238,11 @@ class Kernel {
     kd::parallel_blocks(blocks_, threads, kContext, [&](int64_t b, int thread) {
       auto& mine = scratch[static_cast<std::size_t>(thread)];
       if (!mine) mine = std::make_unique<Scratch>(*this);
-      forward_block(b, *mine, out, lse);
+      if (direct_) {
+        forward_block_direct(b, *mine, out, lse);
+      } else {
+        forward_block(b, *mine, out, lse);
+      }
     });
   }
 
@@ -217,7 +255,10 @@ class Kernel {
     // block, row, column order: the sum's order is the same whatever the thread count.
     const int threads =
         static_cast<int>(std::min<int64_t>(threads_, std::max<int64_t>(blocks_, 1)));
-    const std::size_t slot_size = static_cast<std::size_t>(block_ * C_ * D_);
+    // One thread with the direct products adds each row's kv-row gradients into grad_kv as it
+    // goes: the same sums in the same order as a slot added afterwards.
+    const bool in_place = direct_ && threads == 1;
+    const std::size_t slot_size = in_place ? 0 : static_cast<std::size_t>(block_ * C_ * D_);
     std::vector<std::vector<A>> slots(static_cast<std::size_t>(threads));
     kd::WorkerError error;
 #pragma omp parallel num_threads(threads)
@@ -240,13 +281,18 @@ class Kernel {
         const int64_t b = wave + t;
         if (b < blocks_ && !error.failed()) {
           try {
-            backward_block(b, *s, out, lse, grad_out, grad_q, sink_rows.data(), slot.data());
+            if (direct_) {
+              backward_block_direct(b, *s, out, lse, grad_out, grad_q, sink_rows.data(),
+                                    in_place ? grad_kv : slot.data(), in_place);
+            } else {
+              backward_block(b, *s, out, lse, grad_out, grad_q, sink_rows.data(), slot.data());
+            }
           } catch (...) {
             error.record();
           }
         }
 #pragma omp barrier
-        if (!error.failed()) {
+        if (!error.failed() && !in_place) {
           const int64_t lo = D_ * t / nt, hi = D_ * (t + 1) / nt;
           for (int64_t done = 0; done < nt && wave + done < blocks_; ++done) {
             scatter(wave + done, slots[static_cast<std::size_t>(done)].data(), lo, hi, grad_kv);
@@ -283,6 +329,15 @@ class Kernel {
       const auto R = static_cast<std::size_t>(k.block_), H = static_cast<std::size_t>(k.H_);
       const auto C = static_cast<std::size_t>(k.C_), D = static_cast<std::size_t>(k.D_);
       const auto V = static_cast<std::size_t>(k.V_);
+      rows.resize(H * 4);
+      if (k.direct_) {  // one row at a time (direct_fixed_bytes)
+        logits.resize(H * C);
+        probs.resize(H * C);
+        dprobs.resize(H * C);
+        grad.resize(H * C);
+        stack.resize(H * D);  // d out padded to qk_dim
+        return;
+      }
       gathered.resize(R * C * D);
       logits.resize(R * H * C);
       probs.resize(R * H * C);
@@ -298,7 +353,6 @@ class Kernel {
       pair.resize(R * C * 2 * H);  // [grad | probs] per column and [q ; d out] per row
       stack.resize(R * 2 * H * D);
       result.resize(R * H * std::max(D, V));
-      rows.resize(H * 4);
     }
     Buffer<W> gathered, probs_w, q_w, dout_w, pair, stack;
     Buffer<A> logits, probs, dprobs, grad, result, rows;
@@ -423,7 +477,6 @@ class Kernel {
   void backward_block(int64_t b, Scratch& s, const T* out, const A* lse, const T* grad_out,
                       T* grad_q, A* sink_rows, A* dgathered) const {
     const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
-    constexpr A kInf = std::numeric_limits<A>::infinity();
     gather(r0, n, s.gathered.data());
     const W* q = operand(static_cast<const T*>(in_.q), r0, n, D_, s.q_w);
     const W* dout = operand(grad_out, r0, n, V_, s.dout_w);
@@ -435,25 +488,7 @@ class Kernel {
       const int64_t row = r0 + r;
       A* full = s.rows.data();
       A* delta = s.rows.data() + H_;
-      for (int64_t h = 0; h < H_; ++h) {
-        const A keys = lse[row * H_ + h];
-        full[h] = in_.sinks != nullptr ? log_add_exp(keys, sink(h)) : keys;
-        const T* o = out + (row * H_ + h) * V_;
-        const T* d = grad_out + (row * H_ + h) * V_;
-        A sum = 0;
-        if constexpr (std::is_same_v<T, uint16_t>) {
-          sum = ops_.dot_bf16(o, d, V_);
-        } else if constexpr (std::is_same_v<T, float>) {
-          sum = ops_.dot_f32(o, d, V_);
-        } else {
-          for (int64_t v = 0; v < V_; ++v) sum += o[v] * d[v];
-        }
-        delta[h] = sum;
-        if (in_.sinks != nullptr) {  // the sink's value is zero: d sink = -p_sink * delta
-          const A p_sink = full[h] > -kInf ? std::exp(sink(h) - full[h]) : A(0);
-          sink_rows[row * H_ + h] = -p_sink * sum;
-        }
-      }
+      row_terms(row, out, lse, grad_out, full, delta, sink_rows);
       const int64_t at = r * C_ * H_;
       if constexpr (std::is_same_v<A, float>) {
         ops_.logit_gradient({s.logits.data() + at, H_, C_, ids(row), static_cast<float>(in_.scale)},
@@ -493,6 +528,93 @@ class Kernel {
          dgathered, C_ * D_, D_);
   }
 
+  // A row's backward terms: full[h] the log of the softmax's whole denominator (the sink's term
+  // included), delta[h] = d out . out, and the row's share of d sinks.
+  void row_terms(int64_t row, const T* out, const A* lse, const T* grad_out, A* full, A* delta,
+                 A* sink_rows) const {
+    constexpr A kInf = std::numeric_limits<A>::infinity();
+    for (int64_t h = 0; h < H_; ++h) {
+      const A keys = lse[row * H_ + h];
+      full[h] = in_.sinks != nullptr ? log_add_exp(keys, sink(h)) : keys;
+      const T* o = out + (row * H_ + h) * V_;
+      const T* d = grad_out + (row * H_ + h) * V_;
+      A sum = 0;
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        sum = ops_.dot_bf16(o, d, V_);
+      } else if constexpr (std::is_same_v<T, float>) {
+        sum = ops_.dot_f32(o, d, V_);
+      } else {
+        for (int64_t v = 0; v < V_; ++v) sum += o[v] * d[v];
+      }
+      delta[h] = sum;
+      if (in_.sinks != nullptr) {  // the sink's value is zero: d sink = -p_sink * delta
+        const A p_sink = full[h] > -kInf ? std::exp(sink(h) - full[h]) : A(0);
+        sink_rows[row * H_ + h] = -p_sink * sum;
+      }
+    }
+  }
+
+  // The direct products (float32, use_direct): one row at a time, its kv rows read in the table.
+  ad::DirectRow direct_row(int64_t row) const {
+    ad::DirectRow d;
+    d.kv = static_cast<const float*>(in_.kv);
+    d.ids = ids(row);
+    d.columns = C_;
+    d.heads = H_;
+    d.qk_dim = D_;
+    return d;
+  }
+
+  void forward_block_direct(int64_t b, Scratch& s, T* out, A* lse) const {
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<A, float>) {
+      const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
+      const auto* q = static_cast<const float*>(in_.q);
+      for (int64_t row = r0; row < r0 + n; ++row) {
+        const ad::DirectRow dr = direct_row(row);
+        ops_.direct_dots(dr, q + row * H_ * D_, D_, s.logits.data());
+        ops_.softmax({s.logits.data(), H_, C_, dr.ids, static_cast<float>(in_.scale)},
+                     static_cast<const float*>(in_.sinks), s.probs.data(), lse + row * H_,
+                     s.rows.data());
+        ops_.direct_weighted_sum(dr, s.probs.data(), V_, out + row * H_ * V_);
+      }
+    } else {
+      SPARSECP_CHECK(false, "sparse attention: the direct products take float32 only");
+    }
+  }
+
+  // kv-row gradients added into grad_kv (in_place) or stored in the block's slot.
+  void backward_block_direct(int64_t b, Scratch& s, const T* out, const A* lse, const T* grad_out,
+                             T* grad_q, A* sink_rows, A* to, bool in_place) const {
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<A, float>) {
+      const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
+      const auto* q_all = static_cast<const float*>(in_.q);
+      float* dout_padded = s.stack.data();
+      A* full = s.rows.data();
+      A* delta = s.rows.data() + H_;
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t row = r0 + r;
+        const ad::DirectRow dr = direct_row(row);
+        const float* q = q_all + row * H_ * D_;
+        const float* dout = grad_out + row * H_ * V_;
+        ops_.direct_dots(dr, q, D_, s.logits.data());
+        ops_.direct_dots(dr, dout, V_, s.dprobs.data());
+        row_terms(row, out, lse, grad_out, full, delta, sink_rows);
+        ops_.logit_gradient({s.logits.data(), H_, C_, dr.ids, static_cast<float>(in_.scale)}, full,
+                            s.dprobs.data(), delta, s.probs.data(), s.grad.data());
+        ops_.direct_weighted_sum(dr, s.grad.data(), D_, grad_q + row * H_ * D_);
+        for (int64_t h = 0; h < H_; ++h) {
+          std::memcpy(dout_padded + h * D_, dout + h * V_,
+                      sizeof(float) * static_cast<std::size_t>(V_));
+          std::fill(dout_padded + h * D_ + V_, dout_padded + (h + 1) * D_, 0.0f);
+        }
+        ops_.direct_key_gradient(dr, s.grad.data(), s.probs.data(), q, dout_padded,
+                                 in_place ? to : to + r * C_ * D_, in_place);
+      }
+    } else {
+      SPARSECP_CHECK(false, "sparse attention: the direct products take float32 only");
+    }
+  }
+
   // grad_kv[id][lo, hi) += block b's gradient rows, in row then column order.
   void scatter(int64_t b, const A* dgathered, int64_t lo, int64_t hi, A* grad_kv) const {
     const int64_t r0 = b * block_, n = std::min(block_, in_.rows - r0);
@@ -513,6 +635,7 @@ class Kernel {
 
   const SparseAttentionInputs& in_;
   bool onednn_;
+  bool direct_;  // float32 only (use_direct)
   ad::RowOps ops_;
   int threads_;
   int64_t block_;
@@ -543,7 +666,10 @@ void dispatch(const SparseAttentionInputs& in, bool onednn, const Visit& visit) 
 
 bool sparse_attention_has_onednn() { return ad::onednn_built(); }
 
-const char* sparse_attention_gemm_name(AttentionDType dtype, AttentionGemm gemm) {
+const char* sparse_attention_gemm_name(AttentionDType dtype, AttentionGemm gemm, int64_t heads) {
+  if (gemm == AttentionGemm::kDirect || (heads > 0 && use_direct(dtype, heads, gemm))) {
+    return "direct";
+  }
   return ad::gemm_library_name(use_onednn(dtype, gemm));
 }
 
@@ -566,6 +692,10 @@ void validate_sparse_attention(const SparseAttentionInputs& in,
                  config.threads);
   SPARSECP_CHECK(config.gemm != AttentionGemm::kOneDnn || ad::onednn_built(),
                  "sparse attention gemm 'onednn' was asked for, but this build has no oneDNN");
+  SPARSECP_CHECK(config.gemm != AttentionGemm::kDirect ||
+                     (in.dtype == AttentionDType::kFloat32 && ad::direct_heads(in.heads)),
+                 "sparse attention gemm 'direct' takes float32 with 1, 2, 4 or 8 heads, got ",
+                 attention_dtype_name(in.dtype), " with ", in.heads, " heads");
   (void)resolve_kernel_isa(config.isa);  // throws naming an ISA this CPU cannot run
   const bool empty = in.rows == 0;
   SPARSECP_CHECK(empty || in.q != nullptr, "sparse attention q is null");
@@ -584,15 +714,27 @@ void validate_sparse_attention(const SparseAttentionInputs& in,
 
 int64_t sparse_attention_block_rows(const SparseAttentionInputs& in,
                                     const SparseAttentionConfig& config) {
-  const auto [w, a] = element_sizes(in.dtype, use_onednn(in.dtype, config.gemm));
-  const std::size_t per_row = std::max<std::size_t>(row_bytes(in, w, a), 1);
-  return static_cast<int64_t>(std::clamp<std::size_t>(config.scratch_bytes / per_row, 1, 16));
+  std::size_t budget = config.scratch_bytes, per_row = 0;
+  if (use_direct(in, config.gemm)) {
+    const std::size_t fixed = direct_fixed_bytes(in);
+    budget = budget > fixed ? budget - fixed : 0;
+    per_row = direct_block_row_bytes(in);
+  } else {
+    const auto [w, a] = element_sizes(in.dtype, use_onednn(in.dtype, config.gemm));
+    per_row = row_bytes(in, w, a);
+  }
+  return static_cast<int64_t>(
+      std::clamp<std::size_t>(budget / std::max<std::size_t>(per_row, 1), 1, 16));
 }
 
 std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& in,
                                            const SparseAttentionConfig& config) {
+  const auto rows = static_cast<std::size_t>(sparse_attention_block_rows(in, config));
+  if (use_direct(in, config.gemm)) {
+    return rows * direct_block_row_bytes(in) + direct_fixed_bytes(in);
+  }
   const auto [w, a] = element_sizes(in.dtype, use_onednn(in.dtype, config.gemm));
-  return static_cast<std::size_t>(sparse_attention_block_rows(in, config)) * row_bytes(in, w, a);
+  return rows * row_bytes(in, w, a);
 }
 
 void sparse_attention_forward(const SparseAttentionInputs& in, const SparseAttentionConfig& config,

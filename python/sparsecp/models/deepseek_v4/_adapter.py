@@ -14,6 +14,7 @@ from .._cp.transformers_adapter import ProcessPatch, TransformersAdapter
 from ._attention import cp_attention_forward
 from ._calibration import v4_calibration
 from ._layout import BatchLayout
+from ._rope import InterleavedRope
 
 __all__ = ["UPSTREAM_FINGERPRINTS", "V4Adapter", "WHOLE_ROW"]
 
@@ -53,7 +54,7 @@ class V4Adapter(TransformersAdapter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.rope = self.modeling.apply_rotary_pos_emb
+        self.rope = InterleavedRope(self.modeling.apply_rotary_pos_emb)  # the model's, in fewer passes
         self.window = self.rope_dim = 0
         self.ratio = 4
         self.compressions: tuple[tuple[int, bool], ...] = ()  # (ratio, CSA?) of the compressed layers
