@@ -64,6 +64,7 @@ __all__ = [
     "generate_batch",
     "kernel_isa",
     "attention_gemm",
+    "blas_core",
     "select_gemm",
     "calibrate_cost_model",
     "cost_sample",
@@ -291,6 +292,18 @@ def route(plan_or_mode: Plan | str, lengths: Sequence[int], cp: int, rank: int, 
             raise ValueError(f"route: the plan was made for other inputs: {difference}")
         return _core.route_from_plan(made, rank)
     return _core.route_strategy(plan_or_mode, lengths, cp, rank, ratio, strategy_params(**strategy_params_))
+
+
+def blas_core() -> str:
+    """The OpenBLAS kernel family sparsecp's BLAS calls run on ("SkylakeX", "Haswell", ...).
+
+    OpenBLAS picks it by CPU model when it loads; on a CPU newer than it knows (Debian 12's
+    OpenBLAS 0.3.21 on recent Xeons) it falls back to its SSE3 kernels ("Prescott"), several
+    times slower. Importing sparsecp then asks OpenBLAS to choose again with
+    ``OPENBLAS_CORETYPE`` set to the newest family the CPU runs ("SkylakeX" with AVX-512,
+    "Haswell" with AVX2), as the ``sparsecp`` tool does by restarting itself. Your own
+    ``OPENBLAS_CORETYPE``, or ``SPARSECP_BLAS_AS_IS=1``, is left alone."""
+    return str(_core.blas_core())
 
 
 def kernel_isa() -> str:

@@ -672,3 +672,8 @@ def sparse_attention_gemm(dtype: str = 'bfloat16', gemm: str = 'auto', heads: in
     """
     What multiplies a sparse attention call of this dtype and head count (0: more than 8): 'onednn <version>', 'blas' or 'direct' (float32 with 1, 2, 4 or 8 heads: the kernel's own loops, reading each row's kv rows in place).
     """
+
+def blas_core() -> str:
+    """
+    The OpenBLAS kernel family sparsecp's BLAS calls run ('SkylakeX', 'Haswell', ...).
+    """

@@ -4,9 +4,13 @@
 //   kInvalidInput -> ValueError, kMisuse -> RuntimeError, kTransport -> RuntimeError,
 //   kResource -> MemoryError.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
 
 #include "bindings.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/kernels/blas_core.hpp"
 
 namespace nb = nanobind;
 
@@ -39,4 +43,11 @@ NB_MODULE(_core, m) {
   sparsecp::python::bind_kernels(m);
   sparsecp::python::bind_indexer_kl(m);
   sparsecp::python::bind_attention(m);
+  // OpenBLAS fell back to its SSE3 kernels on a CPU newer than it knows: onto the CPU's own
+  // family now, before any sparsecp call reaches it (blas_core.hpp; SPARSECP_BLAS_AS_IS=1 or a
+  // user's OPENBLAS_CORETYPE leaves it alone).
+  sparsecp::use_cpu_blas_core();
+  m.def(
+      "blas_core", [] { return sparsecp::blas_core_name(); },
+      "The OpenBLAS kernel family sparsecp's BLAS calls run ('SkylakeX', 'Haswell', ...).");
 }

@@ -1,5 +1,4 @@
 // sparsecp: command-line tool. Subcommands register themselves (see command.hpp).
-#include <cblas.h>
 #include <malloc.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 
 #include "command.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/kernels/blas_core.hpp"
 
 namespace sparsecp::cli {
 std::vector<std::pair<const char*, RegisterCommand>>& command_registry() {
@@ -33,20 +33,7 @@ namespace {
 // left alone. Results never change: the kernels give the same sums (fp32 accumulation,
 // exact on the tool's seeded inputs), only faster.
 void use_the_cpus_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr ||
-      std::getenv("SPARSECP_BLAS_AS_IS") != nullptr) {
-    return;
-  }
-  const std::string core = openblas_get_corename();
-  const bool generic = core == "Prescott" || core == "prescott" || core == "Core2" ||
-                       core == "core2" || core == "Penryn" || core == "Nehalem" ||
-                       core == "nehalem" || core == "Dunnington" || core == "Atom" ||
-                       core == "Unknown" || core == "unknown";
-  if (!generic) return;
-  __builtin_cpu_init();
-  const char* wanted = __builtin_cpu_supports("avx512f") ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2")  ? "Haswell"
-                                                         : nullptr;
+  const char* wanted = sparsecp::blas_core_for_this_cpu();
   if (wanted == nullptr) return;
   setenv("OPENBLAS_CORETYPE", wanted, 1);
   setenv("SPARSECP_BLAS_AS_IS", "1", 1);  // never loop

@@ -1,0 +1,50 @@
+// OpenBLAS's kernel family (blas_core.hpp).
+#include "sparsecp/kernels/blas_core.hpp"
+
+#include <cblas.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <string_view>
+
+namespace sparsecp {
+
+std::string blas_core_name() { return openblas_get_corename(); }
+
+const char* blas_core_for_this_cpu() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr ||
+      std::getenv("SPARSECP_BLAS_AS_IS") != nullptr) {
+    return nullptr;
+  }
+  const std::string core = blas_core_name();
+  const std::string_view generic[] = {"Prescott", "prescott", "Core2",   "core2",
+                                      "Penryn",   "Nehalem",  "nehalem", "Dunnington",
+                                      "Atom",     "Unknown",  "unknown"};
+  bool fallback = false;
+  for (const std::string_view name : generic) fallback = fallback || core == name;
+  if (!fallback) return nullptr;
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return "SkylakeX";
+  if (__builtin_cpu_supports("avx2")) return "Haswell";
+#endif
+  return nullptr;
+}
+
+std::string use_cpu_blas_core() {
+  const char* wanted = blas_core_for_this_cpu();
+  if (wanted == nullptr) return blas_core_name();
+  // Not in cblas.h: the entry points of OpenBLAS's DYNAMIC_ARCH builds that its own load-time
+  // constructor and unload-time destructor call; "quit" forgets the choice, "init" makes it
+  // again, reading OPENBLAS_CORETYPE.
+  using Entry = void (*)();
+  auto* quit = reinterpret_cast<Entry>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
+  auto* init = reinterpret_cast<Entry>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
+  if (quit == nullptr || init == nullptr) return blas_core_name();
+  setenv("OPENBLAS_CORETYPE", wanted, 1);
+  quit();
+  init();
+  return blas_core_name();
+}
+
+}  // namespace sparsecp
