@@ -585,6 +585,11 @@ def check_agreement(fingerprint: PlanningFingerprint, rank: int, size: int, all_
     Collective: raises ValueError on every rank unless all fingerprints are equal, naming what differs. all_reduce(values: list[int], op: str) -> list[int] reduces over the group.
     """
 
+def interleaved_rope(x: Annotated[NDArray, dict(device='cpu', writable=False)], cos: Annotated[NDArray, dict(device='cpu', writable=False)], sin: Annotated[NDArray, dict(device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], inverse: bool = False, threads: int = 0) -> None:
+    """
+    DeepSeek-V4's interleaved RoPE of x's trailing 2 * cos.shape[-1] channels into out (x, out: float32 [batch, heads, rows, dim], any strides but the last; cos, sin: [1 or batch, rows, rope_dim / 2]); inverse: the transpose (the gradient). The model's roundings.
+    """
+
 def select_topk(q: Annotated[NDArray, dict(device='cpu', writable=False)], weights: Annotated[NDArray, dict(device='cpu', writable=False)], keys: Annotated[NDArray, dict(device='cpu', writable=False)], segments: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], heads: int, head_dim: int, ratio: int, topk: int, threads: int = 0, isa: str = 'auto') -> None:
     """
     Fused scoring + top-k (kernels/select.hpp select_topk) into `out` [rows, topk] int32. q [rows, heads * head_dim] (any trailing shape), weights [rows, heads], keys [bank, head_dim]; fp32 or bf16; C-contiguous CPU arrays, read in place.

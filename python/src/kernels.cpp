@@ -18,6 +18,7 @@
 
 #include "bindings.hpp"
 #include "sparsecp/error.hpp"
+#include "sparsecp/kernels/rope.hpp"
 #include "sparsecp/kernels/select.hpp"
 #include "sparsecp/kernels/tnd_plan.hpp"
 
@@ -67,6 +68,64 @@ WeightLayout layout_of(bool out_in) { return out_in ? WeightLayout::kOutIn : Wei
 KernelIsa parse_isa(std::string_view name) { return parse_kernel_isa(name, "isa"); }
 
 void bind_kernels(nb::module_& m) {
+  m.def(
+      "interleaved_rope",
+      [](const CpuInput& x, const CpuInput& cos, const CpuInput& sin, const CpuArray& out,
+         bool inverse, int threads) {
+        SPARSECP_CHECK(x.dtype() == nb::dtype<float>() && cos.dtype() == nb::dtype<float>() &&
+                           sin.dtype() == nb::dtype<float>() && out.dtype() == nb::dtype<float>(),
+                       "interleaved rope takes float32 x, cos, sin and out");
+        SPARSECP_CHECK(x.ndim() == 4 && out.ndim() == 4,
+                       "interleaved rope x and out must be [batch, heads, rows, dim], got ",
+                       shape_text(x), " and ", shape_text(out));
+        for (size_t i = 0; i < 4; ++i) {
+          SPARSECP_CHECK(out.shape(i) == x.shape(i), "interleaved rope out ", shape_text(out),
+                         " must have x's shape ", shape_text(x));
+        }
+        SPARSECP_CHECK(cos.ndim() == 3 && sin.ndim() == 3,
+                       "interleaved rope cos and sin must be [batch, rows, rope_dim / 2], got ",
+                       shape_text(cos), " and ", shape_text(sin));
+        const auto batch = static_cast<int64_t>(x.shape(0));
+        for (const CpuInput* table : {&cos, &sin}) {
+          SPARSECP_CHECK((table->shape(0) == 1 || static_cast<int64_t>(table->shape(0)) == batch) &&
+                             table->shape(1) == x.shape(2) && table->shape(2) == cos.shape(2) &&
+                             (table->shape(2) <= 1 || table->stride(2) == 1),
+                         "interleaved rope cos / sin ", shape_text(*table), " must be [1 or batch ",
+                         batch, ", rows ", x.shape(2),
+                         ", rope_dim / 2] with its last dimension contiguous");
+        }
+        SPARSECP_CHECK(cos.stride(0) == sin.stride(0) && cos.stride(1) == sin.stride(1),
+                       "interleaved rope cos and sin must share their strides");
+        SPARSECP_CHECK(
+            (x.shape(3) <= 1 || x.stride(3) == 1) && (out.shape(3) <= 1 || out.stride(3) == 1),
+            "interleaved rope x and out must have their last dimension contiguous");
+        InterleavedRopeArgs a;
+        a.x = static_cast<const float*>(x.data());
+        a.out = static_cast<float*>(out.data());
+        a.cos = static_cast<const float*>(cos.data());
+        a.sin = static_cast<const float*>(sin.data());
+        for (size_t i = 0; i < 3; ++i) {
+          a.x_strides[i] = x.stride(i);
+          a.out_strides[i] = out.stride(i);
+        }
+        a.table_strides[0] = cos.shape(0) == 1 ? 0 : cos.stride(0);
+        a.table_strides[1] = cos.stride(1);
+        a.batch = batch;
+        a.heads = static_cast<int64_t>(x.shape(1));
+        a.rows = static_cast<int64_t>(x.shape(2));
+        a.dim = static_cast<int64_t>(x.shape(3));
+        a.rope_dim = 2 * static_cast<int64_t>(cos.shape(2));
+        a.inverse = inverse;
+        a.threads = threads;
+        nb::gil_scoped_release release;
+        interleaved_rope(a);
+      },
+      nb::arg("x"), nb::arg("cos"), nb::arg("sin"), nb::arg("out"), nb::arg("inverse") = false,
+      nb::arg("threads") = 0,
+      "DeepSeek-V4's interleaved RoPE of x's trailing 2 * cos.shape[-1] channels into out "
+      "(x, out: float32 [batch, heads, rows, dim], any strides but the last; cos, sin: [1 or "
+      "batch, rows, rope_dim / 2]); inverse: the transpose (the gradient). The model's roundings.");
+
   m.def(
       "select_topk",
       [](const CpuInput& q, const CpuInput& weights, const CpuInput& keys,

@@ -24,6 +24,9 @@ from typing import Any
 
 import torch
 
+from ... import _core
+from ...torch.select import kernel_arg
+
 __all__ = ["InterleavedRope"]
 
 
@@ -33,12 +36,27 @@ def _pairs(t: torch.Tensor, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return pairs[..., 0], pairs[..., 1]
 
 
+def _kernel_takes(x: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether sparsecp's C++ pass takes this call: CPU, [batch, heads, rows, dim] with a
+    contiguous last dimension, tables [1 or batch, 1, rows, pairs]."""
+    return (x.device.type == "cpu" and x.dim() == 4 and cos.dim() == 4 and cos.shape[1] == 1
+            and cos.shape[0] in (1, x.shape[0]) and cos.shape[2] == x.shape[2] and x.stride(-1) == 1)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
     """``out`` of the docstring (``sign`` 1) or ``d x`` from ``g = x`` (``sign`` -1: the inverse
     rotation), in a fresh tensor laid out like ``x`` (dense: a transposed view stays transposed,
-    so that undoing the transpose gives a contiguous tensor)."""
+    so that undoing the transpose gives a contiguous tensor): sparsecp's one-pass C++ kernel on
+    CPU (``sparsecp/kernels/rope.hpp``), torch's operations on the channel pairs elsewhere."""
     rope_dim = 2 * cos.shape[-1]
     out = torch.empty_like(x, memory_format=torch.preserve_format)
+    if _kernel_takes(x, cos) and out.stride(-1) == 1:
+        tables = [t[:, 0] if t[:, 0].stride(-1) == 1 else t[:, 0].contiguous() for t in (cos, sin)]
+        if tables[0].stride() != tables[1].stride():
+            tables = [t.contiguous() for t in tables]
+        _core.interleaved_rope(kernel_arg(x.detach()), kernel_arg(tables[0]), kernel_arg(tables[1]), kernel_arg(out),
+                               inverse=sign < 0)
+        return out
     if x.shape[-1] > rope_dim:
         out[..., :x.shape[-1] - rope_dim] = x[..., :x.shape[-1] - rope_dim]
     even, odd = _pairs(x, rope_dim)
