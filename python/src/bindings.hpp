@@ -9,6 +9,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -49,6 +50,50 @@ bool c_contiguous(const Array& array) {
     expected *= static_cast<int64_t>(array.shape(i));
   }
   return true;
+}
+
+// True when no two of `array`'s elements share memory: its dimensions of extent above 1, by
+// increasing stride, each step over everything inside the one before (no zero stride, no
+// interleaving, as torch's expand or as_strided can make).
+template <typename Array>
+bool distinct_elements(const Array& array) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // |stride|, extent
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    const auto extent = static_cast<int64_t>(array.shape(i));
+    if (extent == 0) return true;
+    const int64_t stride = array.stride(i);
+    if (extent > 1) dims.emplace_back(stride < 0 ? -stride : stride, extent);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements covered by the dimensions so far
+  for (const auto& [stride, extent] : dims) {
+    if (stride < span) return false;
+    span = stride * extent;
+  }
+  return true;
+}
+
+// The bytes [first, last) `array`'s elements lie in (empty for an array without elements).
+template <typename Array>
+std::pair<uintptr_t, uintptr_t> byte_span(const Array& array) {
+  const auto base = reinterpret_cast<uintptr_t>(array.data());
+  if (array.size() == 0) return {base, base};
+  int64_t low = 0, high = 0;
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    const int64_t reach = array.stride(i) * (static_cast<int64_t>(array.shape(i)) - 1);
+    (reach < 0 ? low : high) += reach;
+  }
+  const auto item = static_cast<int64_t>(array.itemsize());
+  return {static_cast<uintptr_t>(static_cast<int64_t>(base) + low * item),
+          static_cast<uintptr_t>(static_cast<int64_t>(base) + (high + 1) * item)};
+}
+
+// True when `a` and `b` share no byte (arrays without elements share none).
+template <typename A, typename B>
+bool disjoint(const A& a, const B& b) {
+  const auto [a_first, a_last] = byte_span(a);
+  const auto [b_first, b_last] = byte_span(b);
+  return a_first == a_last || b_first == b_last || a_last <= b_first || b_last <= a_first;
 }
 
 // The element type of a float32 or bfloat16 array; nullopt for any other dtype.

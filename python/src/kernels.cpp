@@ -94,11 +94,20 @@ void bind_kernels(nb::module_& m) {
                          batch, ", rows ", x.shape(2),
                          ", rope_dim / 2] with its last dimension contiguous");
         }
+        SPARSECP_CHECK(cos.shape(0) == sin.shape(0),
+                       "interleaved rope cos and sin must have the same shape, got ",
+                       shape_text(cos), " and ", shape_text(sin));
         SPARSECP_CHECK(cos.stride(0) == sin.stride(0) && cos.stride(1) == sin.stride(1),
                        "interleaved rope cos and sin must share their strides");
         SPARSECP_CHECK(
             (x.shape(3) <= 1 || x.stride(3) == 1) && (out.shape(3) <= 1 || out.stride(3) == 1),
             "interleaved rope x and out must have their last dimension contiguous");
+        bool in_place = out.data() == x.data();
+        for (size_t i = 0; i < 4; ++i) in_place = in_place && out.stride(i) == x.stride(i);
+        SPARSECP_CHECK(distinct_elements(out) && disjoint(out, cos) && disjoint(out, sin) &&
+                           (in_place || disjoint(out, x)),
+                       "interleaved rope out must not overlap itself, cos, sin or x (out may be "
+                       "x itself, with x's strides)");
         InterleavedRopeArgs a;
         a.x = static_cast<const float*>(x.data());
         a.out = static_cast<float*>(out.data());

@@ -81,3 +81,52 @@ def test_other_inputs_take_the_models_function() -> None:
     assert len(calls) == 3  # float32 with plain tables: the fast path
     with pytest.raises(RuntimeError):  # a shape the model rejects is rejected by the model's function
         fast(torch.randn(1, 2, 5, 4), cos.detach(), sin)
+
+
+@pytest.mark.parametrize("batches", [(1, 3), (3, 1)])
+def test_tables_of_different_batches_equal_the_models_rope(batches: tuple[int, int]) -> None:
+    """cos with one batch and sin with every batch (or the reverse) broadcast as the model's
+    function broadcasts them: no table is read past its end or in place of the other's batch."""
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(3, 2, 5, 8, generator=g)
+    cos, sin = torch.randn(batches[0], 5, 4, generator=g), torch.randn(batches[1], 5, 4, generator=g)
+    want = modeling.apply_rotary_pos_emb(x, cos, sin)
+    assert torch.equal(InterleavedRope(modeling.apply_rotary_pos_emb)(x, cos, sin), want)
+
+
+def test_the_kernel_rejects_tables_of_different_shapes() -> None:
+    from sparsecp import _core
+
+    x, out = torch.randn(3, 2, 5, 8), torch.empty(3, 2, 5, 8)
+    with pytest.raises(ValueError, match=r"cos and sin must have the same shape, got \[1, 5, 4\] and \[3, 5, 4\]"):
+        _core.interleaved_rope(x, torch.randn(1, 5, 4), torch.randn(3, 5, 4), out)
+
+
+def test_the_kernel_rejects_an_out_that_overlaps_and_takes_one_in_place() -> None:
+    from sparsecp import _core
+
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(1, 4, 5, 8, generator=g)
+    cos, sin = torch.randn(1, 5, 4, generator=g), torch.randn(1, 5, 4, generator=g)
+    message = "interleaved rope out must not overlap itself, cos, sin or x"
+    with pytest.raises(ValueError, match=message):  # every head written to the same memory
+        _core.interleaved_rope(x, cos, sin, torch.empty(1, 1, 5, 8).expand(1, 4, 5, 8))
+    buffer = torch.randn(240, generator=g)
+    with pytest.raises(ValueError, match=message):  # out half over x
+        _core.interleaved_rope(buffer[:160].view(1, 4, 5, 8), cos, sin, buffer[80:].view(1, 4, 5, 8))
+    with pytest.raises(ValueError, match=message):  # out over cos
+        _core.interleaved_rope(x, buffer[100:120].view(1, 5, 4), sin, buffer[:160].view(1, 4, 5, 8))
+    want = modeling.apply_rotary_pos_emb(x, cos, sin)
+    y = x.clone()
+    _core.interleaved_rope(y, cos, sin, y)  # in place, with x's own strides
+    assert torch.equal(y, want)
+
+
+def test_a_second_derivative_raises_instead_of_dropping_the_rope() -> None:
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(1, 2, 5, 8, generator=g, requires_grad=True)
+    cos, sin = torch.randn(1, 5, 4, generator=g), torch.randn(1, 5, 4, generator=g)
+    y = InterleavedRope(modeling.apply_rotary_pos_emb)(x, cos, sin)
+    (grad,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()

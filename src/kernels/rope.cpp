@@ -18,7 +18,8 @@ void interleaved_rope(const InterleavedRopeArgs& a) {
   SPARSECP_CHECK(a.rope_dim >= 0 && a.rope_dim % 2 == 0 && a.rope_dim <= a.dim,
                  "interleaved rope rope_dim must be even and in [0, dim ", a.dim, "], got ",
                  a.rope_dim);
-  SPARSECP_CHECK(a.threads >= 0, "interleaved rope threads must be non-negative, got ", a.threads);
+  SPARSECP_CHECK(a.threads >= 0 && a.threads <= kMaxRopeThreads,
+                 "interleaved rope threads must be in [0, ", kMaxRopeThreads, "], got ", a.threads);
   const int64_t units = a.batch * a.heads * a.rows;
   if (units == 0 || a.dim == 0) return;
   SPARSECP_CHECK(a.x != nullptr && a.out != nullptr, "interleaved rope x or out is null");

@@ -144,6 +144,10 @@ TEST(InterleavedRope, ErrorsNameTheBadValue) {
   EXPECT_EQ(error_of(a), "interleaved rope x or out is null");
   a.rows = 0;
   EXPECT_EQ(error_of(a), "");  // nothing to do: no pointer needed
+  a.threads = kMaxRopeThreads + 1;
+  EXPECT_EQ(error_of(a), "interleaved rope threads must be in [0, 4096], got 4097");
+  a.threads = -1;
+  EXPECT_EQ(error_of(a), "interleaved rope threads must be in [0, 4096], got -1");
 }
 
 }  // namespace

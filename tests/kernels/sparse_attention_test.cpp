@@ -244,7 +244,7 @@ std::vector<KernelIsa> isas() {
 // loops where they apply (float32 with 1, 2, 4 or 8 heads).
 std::vector<AttentionGemm> gemms(AttentionDType dtype, int64_t heads) {
   std::vector<AttentionGemm> v{AttentionGemm::kBlas};
-  if (sparse_attention_has_onednn()) v.push_back(AttentionGemm::kOneDnn);
+  if (sparse_attention_has_onednn(dtype)) v.push_back(AttentionGemm::kOneDnn);
   if (dtype == AttentionDType::kFloat32 && (heads == 1 || heads == 2 || heads == 4 || heads == 8)) {
     v.push_back(AttentionGemm::kDirect);
   }
@@ -437,6 +437,30 @@ TEST(SparseAttention, NamesTheProductsACallTakes) {
                "direct");
   EXPECT_STRNE(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kAuto, 64),
                "direct");
+  // The direct loops by name where a call could not take them: the call's error, not a name.
+  EXPECT_THROW(sparse_attention_gemm_name(AttentionDType::kBFloat16, AttentionGemm::kDirect, 4),
+               InvalidInputError);
+  EXPECT_THROW(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kDirect, 3),
+               InvalidInputError);
+  SparseAttentionInputs in;
+  in.heads = 3;
+  SparseAttentionConfig config;
+  config.gemm = AttentionGemm::kDirect;
+  EXPECT_THROW(sparse_attention_block_rows(in, config), InvalidInputError);
+  // oneDNN by name: its name where it multiplies the dtype on this CPU, the call's error where
+  // it has no such products (bf16 in oneDNN 2.6 without AVX-512).
+  for (const AttentionDType dtype : {AttentionDType::kFloat32, AttentionDType::kBFloat16}) {
+    if (sparse_attention_has_onednn(dtype)) {
+      EXPECT_EQ(std::string(sparse_attention_gemm_name(dtype, AttentionGemm::kOneDnn))
+                    .rfind("onednn ", 0),
+                0u);
+    } else {
+      EXPECT_THROW(sparse_attention_gemm_name(dtype, AttentionGemm::kOneDnn), InvalidInputError);
+    }
+  }
+  EXPECT_FALSE(sparse_attention_has_onednn(AttentionDType::kFloat64));
+  EXPECT_STREQ(sparse_attention_gemm_name(AttentionDType::kFloat64, AttentionGemm::kOneDnn),
+               "blas");
 }
 
 }  // namespace

@@ -17,14 +17,16 @@ namespace sparsecp {
 std::string blas_core_name();
 
 // The family to ask for when OpenBLAS runs a generic one (Prescott, Core2, Nehalem, ... or
-// "unknown") on a CPU with AVX-512 ("SkylakeX") or AVX2 ("Haswell"); nullptr when its choice
+// "unknown") on a CPU with AVX-512 F, BW, DQ and VL ("SkylakeX") or AVX2 with FMA ("Haswell");
+// nullptr when its choice
 // stands, or when OPENBLAS_CORETYPE or SPARSECP_BLAS_AS_IS (a user's choice) is set.
 const char* blas_core_for_this_cpu();
 
 // Where blas_core_for_this_cpu() names a family: sets OPENBLAS_CORETYPE to it and re-runs
 // OpenBLAS's dynamic-architecture selection in this process (its gotoblas_dynamic_quit and
 // gotoblas_dynamic_init, found at run time). Call it before any BLAS call is in flight (at
-// load). Returns the family in use afterwards; unchanged where the build has no such entry
+// load: between OpenBLAS's two steps it has no kernels, and setenv races other threads' getenv).
+// Returns the family in use afterwards; unchanged where the build has no such entry
 // points. Results never change beyond the last bits of sums: only the kernels do.
 std::string use_cpu_blas_core();
 

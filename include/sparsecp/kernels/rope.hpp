@@ -22,7 +22,8 @@ namespace sparsecp {
 // x and out are [batch, heads, rows, dim] with element strides for the first three dimensions
 // (dim contiguous; any layout, e.g. a [batch, rows, heads, dim] tensor seen transposed); cos and
 // sin are [batch, rows, rope_dim / 2] with strides for the first two (the last contiguous; a
-// batch stride of 0 shares one table). out must not overlap x.
+// batch stride of 0 shares one table). out's elements are distinct and overlap neither cos, sin
+// nor x, except out == x with x's strides (in place: each pair is read before it is written).
 struct InterleavedRopeArgs {
   const float* x = nullptr;
   int64_t x_strides[3] = {0, 0, 0};
@@ -37,11 +38,13 @@ struct InterleavedRopeArgs {
   int64_t dim = 0;
   int64_t rope_dim = 0;  // even, at most dim: the trailing channels rotated
   bool inverse = false;
-  int threads = 0;  // 0 = OpenMP's default
+  int threads = 0;  // 0 = OpenMP's default; at most kMaxRopeThreads
 };
 
+inline constexpr int kMaxRopeThreads = 4096;
+
 // Throws Error naming the bad value: negative extents, rope_dim odd or above dim, null pointers
-// with elements, threads negative.
+// with elements, threads outside [0, kMaxRopeThreads].
 void interleaved_rope(const InterleavedRopeArgs& args);
 
 }  // namespace sparsecp

@@ -95,8 +95,9 @@ struct SparseAttentionConfig {
 // Throws Error naming the bad value unless: heads, qk_dim >= 1; 1 <= value_dim <= qk_dim;
 // rows, keys, columns >= 0; scale finite; every index in [-1, keys); pointers non-null
 // where their arrays are non-empty; config's ISA runs on this CPU; threads in
-// [0, kMaxAttentionThreads]; the gemm asked for is built (kDirect: float32 with 1, 2, 4 or 8
-// heads).
+// [0, kMaxAttentionThreads]; the gemm asked for is built and multiplies the dtype on this CPU
+// (kOneDnn: not bfloat16 where oneDNN has no bf16 products, as oneDNN 2.6 without AVX-512;
+// kDirect: float32 with 1, 2, 4 or 8 heads).
 void validate_sparse_attention(const SparseAttentionInputs& inputs,
                                const SparseAttentionConfig& config);
 
@@ -130,9 +131,12 @@ int64_t sparse_attention_block_rows(const SparseAttentionInputs& inputs,
 std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& inputs,
                                            const SparseAttentionConfig& config);
 
-// Whether this build has oneDNN, and what `gemm` resolves to for `dtype` with `heads` (0: a
-// call with more than 8 heads): "onednn <version>", "blas" or "direct".
-bool sparse_attention_has_onednn();
+// Whether this build's oneDNN multiplies `dtype` on this CPU (never float64; bfloat16 not in
+// oneDNN 2.6 without AVX-512), and what `gemm` resolves to for `dtype` with `heads` (0: not
+// given, which kAuto reads as more than 8 heads): "onednn <version>", "blas" or "direct".
+// Throws InvalidInputError, as a call would, for kDirect with a dtype or head count it cannot
+// take (sparse_attention_block_rows and _scratch_bytes too).
+bool sparse_attention_has_onednn(AttentionDType dtype);
 const char* sparse_attention_gemm_name(AttentionDType dtype,
                                        AttentionGemm gemm = AttentionGemm::kAuto,
                                        int64_t heads = 0);

@@ -156,9 +156,16 @@ void run_onednn(const BatchedGemm& g) {
 
 }  // namespace
 
-bool onednn_fast(Element in) {
+namespace {
+
+// What oneDNN has for `in`'s products on this CPU, probed once per element type on one shape:
+// nothing (no primitive: bf16 on CPUs without AVX-512 in oneDNN 2.6), its reference loops, or
+// an optimised implementation.
+enum class OneDnnSupport { kNone, kReference, kFast };
+
+OneDnnSupport onednn_support(Element in) {
 #ifdef SPARSECP_HAVE_ONEDNN
-  if (in == Element::kFloat64) return false;
+  if (in == Element::kFloat64) return OneDnnSupport::kNone;
   auto probe = [](Element element) {
     try {
       using dt = dnnl::memory::data_type;
@@ -167,19 +174,26 @@ bool onednn_fast(Element in) {
       const dnnl::memory::desc b({1, 128, 64}, type, dnnl::memory::dims{64 * 128, 1, 128});
       const dnnl::memory::desc c({1, 64, 64}, dt::f32, dnnl::memory::dims{64 * 64, 64, 1});
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), cpu_engine());
-      return std::string_view(pd.impl_info_str()).rfind("ref", 0) != 0;
+      return std::string_view(pd.impl_info_str()).rfind("ref", 0) == 0 ? OneDnnSupport::kReference
+                                                                       : OneDnnSupport::kFast;
     } catch (const dnnl::error&) {
-      return false;
+      return OneDnnSupport::kNone;
     }
   };
-  static const bool f32 = probe(Element::kFloat32);
-  static const bool bf16 = probe(Element::kBFloat16);
+  static const OneDnnSupport f32 = probe(Element::kFloat32);
+  static const OneDnnSupport bf16 = probe(Element::kBFloat16);
   return in == Element::kBFloat16 ? bf16 : f32;
 #else
   (void)in;
-  return false;
+  return OneDnnSupport::kNone;
 #endif
 }
+
+}  // namespace
+
+bool onednn_runs(Element in) { return onednn_support(in) != OneDnnSupport::kNone; }
+
+bool onednn_fast(Element in) { return onednn_support(in) == OneDnnSupport::kFast; }
 
 bool onednn_built() {
 #ifdef SPARSECP_HAVE_ONEDNN

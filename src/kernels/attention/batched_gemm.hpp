@@ -40,6 +40,9 @@ struct BatchedGemm {
 void run_gemm(const BatchedGemm& gemm, bool onednn);
 
 bool onednn_built();
+// Whether oneDNN multiplies `in` at all on this CPU (oneDNN 2.6 has no bf16 products without
+// AVX-512). False without oneDNN.
+bool onednn_runs(Element in);
 // Whether oneDNN multiplies `in` with an optimised implementation on this CPU (not its
 // reference loops, which it falls back to where it has none, e.g. bf16 on some AVX2-only
 // CPUs): checked once per element type on a probe shape. False without oneDNN.

@@ -47,13 +47,24 @@ std::string_view gemm_from_environment() {
   return env == nullptr ? std::string_view() : std::string_view(env);
 }
 
+ad::Element element_of(AttentionDType dtype) {
+  switch (dtype) {
+    case AttentionDType::kFloat32:
+      return ad::Element::kFloat32;
+    case AttentionDType::kBFloat16:
+      return ad::Element::kBFloat16;
+    case AttentionDType::kFloat64:
+      return ad::Element::kFloat64;
+  }
+  return ad::Element::kFloat32;
+}
+
 bool use_onednn(AttentionDType dtype, AttentionGemm gemm) {
   if (dtype == AttentionDType::kFloat64) return false;  // oneDNN has no float64 products
   if (gemm == AttentionGemm::kBlas) return false;
   if (gemm == AttentionGemm::kOneDnn) return true;
-  if (gemm_from_environment() == "onednn" && ad::onednn_built()) return true;
-  const ad::Element element =
-      dtype == AttentionDType::kBFloat16 ? ad::Element::kBFloat16 : ad::Element::kFloat32;
+  const ad::Element element = element_of(dtype);
+  if (gemm_from_environment() == "onednn" && ad::onednn_runs(element)) return true;
   if (!ad::onednn_fast(element)) return false;  // not built, or only its reference loops here
   return gemm_from_environment() != "blas";
 }
@@ -66,6 +77,23 @@ bool use_direct(AttentionDType dtype, int64_t heads, AttentionGemm gemm) {
   const std::string_view env = gemm_from_environment();
   return gemm == AttentionGemm::kAuto && dtype == AttentionDType::kFloat32 &&
          ad::direct_heads(heads) && env != "blas" && env != "onednn";
+}
+
+// A library or the direct loops asked for by name: one this build has that multiplies `dtype`
+// here (float64 takes the BLAS whatever is asked: oneDNN has no float64 products anywhere);
+// kDirect float32 with 1, 2, 4 or 8 heads (heads 0: not known yet).
+void check_gemm(AttentionDType dtype, int64_t heads, AttentionGemm gemm) {
+  SPARSECP_CHECK(gemm != AttentionGemm::kOneDnn || ad::onednn_built(),
+                 "sparse attention gemm 'onednn' was asked for, but this build has no oneDNN");
+  SPARSECP_CHECK(gemm != AttentionGemm::kOneDnn || dtype == AttentionDType::kFloat64 ||
+                     ad::onednn_runs(element_of(dtype)),
+                 "sparse attention gemm 'onednn' has no ", attention_dtype_name(dtype),
+                 " products on this CPU (", ad::gemm_library_name(true),
+                 "); take 'auto' or 'blas'");
+  SPARSECP_CHECK(gemm != AttentionGemm::kDirect ||
+                     (dtype == AttentionDType::kFloat32 && (heads == 0 || ad::direct_heads(heads))),
+                 "sparse attention gemm 'direct' takes float32 with 1, 2, 4 or 8 heads, got ",
+                 attention_dtype_name(dtype), " with ", heads, " heads");
 }
 
 bool use_direct(const SparseAttentionInputs& in, AttentionGemm gemm) {
@@ -664,9 +692,12 @@ void dispatch(const SparseAttentionInputs& in, bool onednn, const Visit& visit) 
 
 }  // namespace
 
-bool sparse_attention_has_onednn() { return ad::onednn_built(); }
+bool sparse_attention_has_onednn(AttentionDType dtype) {
+  return ad::onednn_runs(element_of(dtype));
+}
 
 const char* sparse_attention_gemm_name(AttentionDType dtype, AttentionGemm gemm, int64_t heads) {
+  check_gemm(dtype, heads, gemm);
   if (gemm == AttentionGemm::kDirect || (heads > 0 && use_direct(dtype, heads, gemm))) {
     return "direct";
   }
@@ -690,12 +721,7 @@ void validate_sparse_attention(const SparseAttentionInputs& in,
   SPARSECP_CHECK(config.threads >= 0 && config.threads <= kMaxAttentionThreads,
                  "sparse attention threads must be in [0, ", kMaxAttentionThreads, "], got ",
                  config.threads);
-  SPARSECP_CHECK(config.gemm != AttentionGemm::kOneDnn || ad::onednn_built(),
-                 "sparse attention gemm 'onednn' was asked for, but this build has no oneDNN");
-  SPARSECP_CHECK(config.gemm != AttentionGemm::kDirect ||
-                     (in.dtype == AttentionDType::kFloat32 && ad::direct_heads(in.heads)),
-                 "sparse attention gemm 'direct' takes float32 with 1, 2, 4 or 8 heads, got ",
-                 attention_dtype_name(in.dtype), " with ", in.heads, " heads");
+  check_gemm(in.dtype, in.heads, config.gemm);
   (void)resolve_kernel_isa(config.isa);  // throws naming an ISA this CPU cannot run
   const bool empty = in.rows == 0;
   SPARSECP_CHECK(empty || in.q != nullptr, "sparse attention q is null");
@@ -714,6 +740,7 @@ void validate_sparse_attention(const SparseAttentionInputs& in,
 
 int64_t sparse_attention_block_rows(const SparseAttentionInputs& in,
                                     const SparseAttentionConfig& config) {
+  check_gemm(in.dtype, in.heads, config.gemm);
   std::size_t budget = config.scratch_bytes, per_row = 0;
   if (use_direct(in, config.gemm)) {
     const std::size_t fixed = direct_fixed_bytes(in);

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ... import _core
 from ...torch.select import kernel_arg
@@ -36,11 +37,12 @@ def _pairs(t: torch.Tensor, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return pairs[..., 0], pairs[..., 1]
 
 
-def _kernel_takes(x: torch.Tensor, cos: torch.Tensor) -> bool:
+def _kernel_takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether sparsecp's C++ pass takes this call: CPU, [batch, heads, rows, dim] with a
-    contiguous last dimension, tables [1 or batch, 1, rows, pairs]."""
-    return (x.device.type == "cpu" and x.dim() == 4 and cos.dim() == 4 and cos.shape[1] == 1
-            and cos.shape[0] in (1, x.shape[0]) and cos.shape[2] == x.shape[2] and x.stride(-1) == 1)
+    contiguous last dimension, tables of one shape [1 or batch, 1, rows, pairs]."""
+    return (x.device.type == "cpu" and x.dim() == 4 and cos.dim() == 4 and cos.shape == sin.shape
+            and cos.shape[1] == 1 and cos.shape[0] in (1, x.shape[0]) and cos.shape[2] == x.shape[2]
+            and x.stride(-1) == 1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
@@ -50,7 +52,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
     CPU (``sparsecp/kernels/rope.hpp``), torch's operations on the channel pairs elsewhere."""
     rope_dim = 2 * cos.shape[-1]
     out = torch.empty_like(x, memory_format=torch.preserve_format)
-    if _kernel_takes(x, cos) and out.stride(-1) == 1:
+    if _kernel_takes(x, cos, sin) and out.stride(-1) == 1:
         tables = [t[:, 0] if t[:, 0].stride(-1) == 1 else t[:, 0].contiguous() for t in (cos, sin)]
         if tables[0].stride() != tables[1].stride():
             tables = [t.contiguous() for t in tables]
@@ -77,6 +79,7 @@ class _Rope(torch.autograd.Function):
         return _rotate(x, cos, sin, 1.0)
 
     @staticmethod
+    @once_differentiable  # the C++ pass records no graph: a double backward raises, never drops a term
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         cos, sin = ctx.saved_tensors
         return _rotate(grad, cos, sin, -1.0), None, None
