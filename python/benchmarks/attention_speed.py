@@ -18,9 +18,12 @@ Work: ``2 * rows * heads * columns * (qk_dim + value_dim)`` flops forward and
 ``2 * rows * heads * columns * (3 * qk_dim + 2 * value_dim)`` backward (the recomputed scores,
 d probs, d q, d k, d v), ``... * (4 * qk_dim + 3 * value_dim)`` together. Each figure is the
 median of --repeats timed calls after one warm-up; "matmul" is torch's ``a @ b`` on 2048 x 2048
-in the same dtype and threads, timed in the same process before, between and after the kernel's
+(smaller where one product would take over half a second: torch's bf16 matmul on CPUs without
+AVX-512 runs reference loops, under 1 GFLOP/s; the size is printed then) in the same dtype and
+threads, timed in the same process before, between and after the kernel's
 forward and forward + backward measurements (the median of the three);
-"ratio" is the kernel's forward + backward rate over it. "chunked" is the torch path
+"ratio" is the kernel's forward + backward rate over it (bf16 rows also give the ratio to
+torch's float32 matmul: the machine's limit where its bf16 matmul has no fast kernel). "chunked" is the torch path
 (``backend="torch"``, the pre-kernel model path) on --chunked-rows rows. ``--chunk-bytes`` runs
 the kernel once per per-thread scratch budget given (``sparse_attention``'s ``chunk_bytes``: the
 rows of a block), side by side in the same process; ``--gemm auto,onednn`` likewise once per
@@ -102,9 +105,23 @@ def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
+def matmul_size(dtype: torch.dtype, budget_seconds: float = 0.5) -> int:
+    """The square size torch's matmul is timed at: 2048, or the largest power of two down to 256
+    whose product takes under ``budget_seconds``. Where torch has no fast kernel for the dtype
+    (bf16 on CPUs without AVX-512: its reference loops, well under 1 GFLOP/s) a 2048 product
+    takes minutes; its rate is then the same at any size."""
+    a, b = torch.randn(256, 256).to(dtype), torch.randn(256, 256).to(dtype)
+    seconds = median_seconds(lambda: a @ b, 1)
+    size = 2048
+    while size > 256 and seconds * (size / 256) ** 3 > budget_seconds:
+        size //= 2
+    return size
+
+
 def matmul_rate(dtype: torch.dtype, repeats: int) -> float:
-    a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
-    return 2.0 * 2048**3 / median_seconds(lambda: a @ b, repeats) / 1e9
+    size = matmul_size(dtype)
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    return 2.0 * size**3 / median_seconds(lambda: a @ b, repeats) / 1e9
 
 
 def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int,
@@ -220,6 +237,7 @@ def select_rates(rows: int, threads: int, repeats: int) -> dict[str, float]:
             os.environ.pop("SPARSECP_SELECT_GEMM", None)
         rates[f"select_{path}_gflops"] = work / seconds / 1e9
     rates["matmul_gflops"] = matmul_rate(torch.bfloat16, repeats)
+    rates["float32_matmul_gflops"] = matmul_rate(torch.float32, repeats)
     return rates
 
 
@@ -277,6 +295,12 @@ def main() -> None:
                     **{f"{k}_gflops": work[k] / times[k] / 1e9 for k in ("forward", "backward", "total")},
                     "matmul_gflops": matmul}
                 row["ratio"] = row["total_gflops"] / matmul
+                row["matmul_size"] = matmul_size(dtype)
+                if dtype != torch.float32:
+                    # where torch's bf16 matmul has no fast kernel (its rate below float32's), the
+                    # float32 matmul is the machine's real limit: the kernel's ratio to it too
+                    row["float32_matmul_gflops"] = matmul_rate(torch.float32, args.repeats)
+                    row["ratio_to_float32_matmul"] = row["total_gflops"] / row["float32_matmul_gflops"]
                 if args.chunked_rows:
                     small = make_inputs(shape, args.chunked_rows, dtype)
                     t = attention_times(small, shape["value_dim"], "torch", max(1, args.repeats // 2))
@@ -287,21 +311,27 @@ def main() -> None:
                     chunked = (f"  chunked {row['chunked_total_gflops']:7.1f} (x{row['speedup_over_chunked']:.1f})"
                                if args.chunked_rows else "")
                     scratch = f"  scratch {budget >> 10} KiB" if budget else ""
+                    size = f" ({row['matmul_size']}^3)" if row["matmul_size"] != 2048 else ""
+                    f32 = (f"  f32 matmul {row['float32_matmul_gflops']:7.1f} "
+                           f"ratio {row['ratio_to_float32_matmul']:.2f}" if "float32_matmul_gflops" in row else "")
                     print(f"{shape_name:8s} {dtype_name:8s} threads {threads}{scratch}  {row['gemm'].split()[0]:6s}  "
                           f"fwd {row['forward_gflops']:7.1f}  bwd {row['backward_gflops']:7.1f}  "
                           f"fwd+bwd {row['total_gflops']:7.1f} GFLOP/s  "
-                          f"matmul {matmul:7.1f}  ratio {row['ratio']:.2f}{chunked}", flush=True)
+                          f"matmul {matmul:7.1f}{size}  ratio {row['ratio']:.2f}{f32}{chunked}", flush=True)
     selects = []
     if args.select == "on":
         for threads in threads_list:
             torch.set_num_threads(threads)
             rates = {"threads": threads, **select_rates(args.select_rows, threads, args.repeats)}
             rates["ratio"] = rates["select_onednn_gflops"] / rates["matmul_gflops"]
+            rates["ratio_to_float32_matmul"] = rates["select_onednn_gflops"] / rates["float32_matmul_gflops"]
             selects.append(rates)
             if not args.json:
-                print(f"select   bfloat16 threads {threads}  onednn {rates['select_onednn_gflops']:7.1f}  native "
+                print(f"select   bfloat16 threads {threads}  {sparsecp.select_gemm().split()[0]} "
+                      f"{rates['select_onednn_gflops']:7.1f}  native "
                       f"{rates['select_native_gflops']:7.1f} GFLOP/s  matmul {rates['matmul_gflops']:7.1f}  "
-                      f"ratio {rates['ratio']:.2f}", flush=True)
+                      f"ratio {rates['ratio']:.2f}  f32 matmul {rates['float32_matmul_gflops']:7.1f} "
+                      f"ratio {rates['ratio_to_float32_matmul']:.2f}", flush=True)
     header = {"cpu": cpu_model(), "isa": sparsecp.kernel_isa(), "gemm_float32": sparse_attention_gemm(torch.float32),
               "gemm_bfloat16": sparse_attention_gemm(torch.bfloat16), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d")}
