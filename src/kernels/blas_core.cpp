@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
 
 namespace sparsecp {
@@ -49,6 +50,27 @@ std::string use_cpu_blas_core() {
   quit();
   init();
   return blas_core_name();
+}
+
+namespace {
+
+std::mutex blas_threads_mutex;
+int blas_guards = 0;         // guards alive
+int blas_threads_saved = 1;  // OpenBLAS's thread count before the first of them
+
+}  // namespace
+
+BlasSingleThreaded::BlasSingleThreaded() {
+  const std::lock_guard<std::mutex> lock(blas_threads_mutex);
+  if (blas_guards++ == 0) {
+    blas_threads_saved = openblas_get_num_threads();
+    if (blas_threads_saved != 1) openblas_set_num_threads(1);
+  }
+}
+
+BlasSingleThreaded::~BlasSingleThreaded() {
+  const std::lock_guard<std::mutex> lock(blas_threads_mutex);
+  if (--blas_guards == 0 && blas_threads_saved != 1) openblas_set_num_threads(blas_threads_saved);
 }
 
 }  // namespace sparsecp

@@ -30,4 +30,19 @@ const char* blas_core_for_this_cpu();
 // points. Results never change beyond the last bits of sums: only the kernels do.
 std::string use_cpu_blas_core();
 
+// While one lives, OpenBLAS runs each call on its calling thread only. The kernels' OpenMP
+// workers call the BLAS for their own blocks; an OpenMP-threaded OpenBLAS sees them "in
+// parallel" and stays on one thread, but Debian's default build is pthread-threaded and would
+// fan every worker's product out over its own pool: with 2 workers on 2 cores the bf16
+// attention ran at 0.4x its one-thread rate (AMD EPYC, AVX2), and a "one thread" call used
+// every core. OpenBLAS's thread count is process-wide: the first guard alive sets it to 1, the
+// last one gone restores it (a count under a mutex, so concurrent kernel calls nest).
+class BlasSingleThreaded {
+ public:
+  BlasSingleThreaded();
+  ~BlasSingleThreaded();
+  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
+  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
+};
+
 }  // namespace sparsecp

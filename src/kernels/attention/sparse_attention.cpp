@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "row_ops.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/kernels/bf16.hpp"
+#include "sparsecp/kernels/blas_core.hpp"
 
 namespace sparsecp {
 
@@ -769,6 +771,8 @@ void sparse_attention_forward(const SparseAttentionInputs& in, const SparseAtten
   validate_sparse_attention(in, config);
   if (in.rows == 0) return;
   const bool onednn = use_onednn(in.dtype, config.gemm);
+  std::optional<BlasSingleThreaded> one_thread_blas;  // each worker's products on the worker
+  if (!onednn) one_thread_blas.emplace();
   dispatch(in, onednn, [&](auto types) {
     using K = Kernel<decltype(types)>;
     K(in, config, onednn)
@@ -783,6 +787,8 @@ void sparse_attention_backward(const SparseAttentionInputs& in, const SparseAtte
   SPARSECP_CHECK(in.sinks == nullptr || grad_sinks != nullptr,
                  "sparse attention grad_sinks is null with sinks");
   const bool onednn = use_onednn(in.dtype, config.gemm);
+  std::optional<BlasSingleThreaded> one_thread_blas;  // each worker's products on the worker
+  if (!onednn) one_thread_blas.emplace();
   dispatch(in, onednn, [&](auto types) {
     using K = Kernel<decltype(types)>;
     using A = typename K::A;
