@@ -28,7 +28,7 @@ torch's float32 matmul: the machine's limit where its bf16 matmul has no fast ke
 the kernel once per per-thread scratch budget given (``sparse_attention``'s ``chunk_bytes``: the
 rows of a block), side by side in the same process; ``--gemm auto,onednn`` likewise once per
 choice of products (``SPARSECP_ATTENTION_GEMM``: ``auto`` takes the kernel's direct loops for
-float32 with 1, 2, 4 or 8 heads, ``onednn`` / ``blas`` that library's products everywhere).
+float32 with 1, 2, 4 or 8 heads on AVX-512 CPUs, ``onednn`` / ``blas`` that library's products everywhere).
 
 The fused select kernel (``--select``, on by default), at the shape of ``sparsecp bench select``
 (one 8,192-token document, its last --select-rows rows, 2,048 compressed keys, 64 heads x 128,
@@ -43,6 +43,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -105,7 +106,8 @@ def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def matmul_size(dtype: torch.dtype, budget_seconds: float = 0.5) -> int:
+@functools.cache
+def _matmul_size(dtype: torch.dtype, threads: int, budget_seconds: float) -> int:
     """The square size torch's matmul is timed at: 2048, or the largest power of two down to 256
     whose product takes under ``budget_seconds``. Where torch has no fast kernel for the dtype
     (bf16 on CPUs without AVX-512: its reference loops, well under 1 GFLOP/s) a 2048 product
@@ -116,6 +118,11 @@ def matmul_size(dtype: torch.dtype, budget_seconds: float = 0.5) -> int:
     while size > 256 and seconds * (size / 256) ** 3 > budget_seconds:
         size //= 2
     return size
+
+
+def matmul_size(dtype: torch.dtype, budget_seconds: float = 0.5) -> int:
+    """_matmul_size, probed once per dtype and thread count (one size for every sample)."""
+    return _matmul_size(dtype, torch.get_num_threads(), budget_seconds)
 
 
 def matmul_rate(dtype: torch.dtype, repeats: int) -> float:
@@ -135,6 +142,19 @@ def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: in
         os.environ["SPARSECP_ATTENTION_GEMM"] = gemm
     try:
         return _attention_times(x, value_dim, backend, repeats, between, chunk_bytes)
+    finally:
+        os.environ.pop("SPARSECP_ATTENTION_GEMM", None)
+
+
+def gemm_label(dtype: torch.dtype, heads: int, gemm: str) -> str:
+    """What the kernel multiplies with under ``SPARSECP_ATTENTION_GEMM=gemm`` (a library it has
+    no products of for the dtype here falls back, and the label says so)."""
+    import os
+
+    if gemm != "auto":
+        os.environ["SPARSECP_ATTENTION_GEMM"] = gemm
+    try:
+        return sparse_attention_gemm(dtype, heads)
     finally:
         os.environ.pop("SPARSECP_ATTENTION_GEMM", None)
 
@@ -203,7 +223,7 @@ def svg(report: dict[str, Any]) -> str:
             f'{r.get("gemm", "").split(" ")[0]}'
         parts.append(f'<text x="{x0 + 1.5 * bar}" y="{top + height + 14}" text-anchor="middle">{label}</text>')
     legend = top + height + 40
-    for j, (key, name) in enumerate((("matmul_gflops", "torch matmul 2048^3"),
+    for j, (key, name) in enumerate((("matmul_gflops", "torch matmul (2048^3 or smaller)"),
                                      ("total_gflops", "sparsecp kernel (label: ratio to matmul)"),
                                      ("chunked_total_gflops", "chunked torch path"))):
         parts.append(f'<rect x="{left + j * 260}" y="{legend}" width="12" height="12" fill="{colors[key]}"/>')
@@ -291,7 +311,7 @@ def main() -> None:
                 matmul = statistics.median(matmuls)
                 row: dict[str, Any] = {
                     "shape": shape_name, "dtype": dtype_name, "threads": threads, "rows": rows, "chunk_bytes": budget,
-                    "gemm": gemm if gemm != "auto" else sparse_attention_gemm(dtype, shape["heads"]),
+                    "gemm": gemm_label(dtype, shape["heads"], gemm),
                     **{f"{k}_gflops": work[k] / times[k] / 1e9 for k in ("forward", "backward", "total")},
                     "matmul_gflops": matmul}
                 row["ratio"] = row["total_gflops"] / matmul

@@ -106,8 +106,8 @@ void bind_kernels(nb::module_& m) {
         for (size_t i = 0; i < 4; ++i) in_place = in_place && out.stride(i) == x.stride(i);
         SPARSECP_CHECK(distinct_elements(out) && disjoint(out, cos) && disjoint(out, sin) &&
                            (in_place || disjoint(out, x)),
-                       "interleaved rope out must not overlap itself, cos, sin or x (out may be "
-                       "x itself, with x's strides)");
+                       "interleaved rope out must not overlap itself, nor its memory span "
+                       "cos's, sin's or x's (out may be x itself, with x's strides)");
         InterleavedRopeArgs a;
         a.x = static_cast<const float*>(x.data());
         a.out = static_cast<float*>(out.data());

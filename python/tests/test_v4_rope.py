@@ -108,7 +108,7 @@ def test_the_kernel_rejects_an_out_that_overlaps_and_takes_one_in_place() -> Non
     g = torch.Generator().manual_seed(SEED)
     x = torch.randn(1, 4, 5, 8, generator=g)
     cos, sin = torch.randn(1, 5, 4, generator=g), torch.randn(1, 5, 4, generator=g)
-    message = "interleaved rope out must not overlap itself, cos, sin or x"
+    message = "interleaved rope out must not overlap itself, nor its memory span cos's, sin's or x's"
     with pytest.raises(ValueError, match=message):  # every head written to the same memory
         _core.interleaved_rope(x, cos, sin, torch.empty(1, 1, 5, 8).expand(1, 4, 5, 8))
     buffer = torch.randn(240, generator=g)

@@ -60,7 +60,11 @@ int blas_threads_saved = 1;  // OpenBLAS's thread count before the first of them
 
 }  // namespace
 
-BlasSingleThreaded::BlasSingleThreaded() {
+// Only a pthread-threaded OpenBLAS (openblas_get_parallel() 1) fans a worker's call out: an
+// OpenMP-threaded one stays on the calling thread inside a parallel region, and its
+// openblas_set_num_threads would set the caller's OpenMP default; a serial one has no pool.
+BlasSingleThreaded::BlasSingleThreaded() : active_(openblas_get_parallel() == 1) {
+  if (!active_) return;
   const std::lock_guard<std::mutex> lock(blas_threads_mutex);
   if (blas_guards++ == 0) {
     blas_threads_saved = openblas_get_num_threads();
@@ -69,6 +73,7 @@ BlasSingleThreaded::BlasSingleThreaded() {
 }
 
 BlasSingleThreaded::~BlasSingleThreaded() {
+  if (!active_) return;
   const std::lock_guard<std::mutex> lock(blas_threads_mutex);
   if (--blas_guards == 0 && blas_threads_saved != 1) openblas_set_num_threads(blas_threads_saved);
 }

@@ -68,14 +68,15 @@ struct SparseAttentionInputs {
   double scale = 1.0;
 };
 
-// Which products: kAuto takes the direct loops (kDirect) for float32 with 1, 2, 4 or 8 heads
-// and otherwise a library: oneDNN where built and where it has an optimised implementation of
-// the dtype on this CPU (not its reference loops: bf16 on some AVX2-only CPUs has none), unless
-// the environment variable SPARSECP_ATTENTION_GEMM is "blas"; else the BLAS (bf16 widened to
-// float32 exactly). SPARSECP_ATTENTION_GEMM "blas" or "onednn" also puts that library in place
-// of kAuto's direct loops. kDirect: each query row's kv rows read where they lie in kv (no gathered
-// copy) by the ISA's vector loops; float32 with 1, 2, 4 or 8 heads only, where a row's products
-// are matrix-vector shapes and a library call a row cost more than its arithmetic (measured:
+// Which products: kAuto takes the direct loops (kDirect) for float32 with 1, 2, 4 or 8 heads on
+// the avx512 ISA (on AVX2 they measured slower than oneDNN's products) and otherwise a library:
+// oneDNN where built and where it has an optimised implementation of the dtype on this CPU (not its
+// reference loops: bf16 on some AVX2-only CPUs has none), unless the environment variable
+// SPARSECP_ATTENTION_GEMM is "blas"; else the BLAS (bf16 widened to float32 exactly).
+// SPARSECP_ATTENTION_GEMM "blas" or "onednn" also puts that library in place of kAuto's direct
+// loops. kDirect: each query row's kv rows read where they lie in kv (no gathered copy) by the
+// ISA's vector loops; float32 with 1, 2, 4 or 8 heads only, where a row's products are
+// matrix-vector shapes and a library call a row cost more than its arithmetic (measured:
 // docs/RESULTS.md, "Sparse attention"). Never changes the contract; results may differ between
 // choices in the last bits of real values, never between thread counts.
 enum class AttentionGemm { kAuto, kOneDnn, kBlas, kDirect };
@@ -136,7 +137,7 @@ std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& inputs,
 // given, which kAuto reads as more than 8 heads): "onednn <version>", "blas" or "direct".
 // Throws InvalidInputError, as a call would, for kDirect with a dtype or head count it cannot
 // take (sparse_attention_block_rows and _scratch_bytes too).
-bool sparse_attention_has_onednn(AttentionDType dtype);
+bool sparse_attention_has_onednn(AttentionDType dtype = AttentionDType::kFloat32);
 const char* sparse_attention_gemm_name(AttentionDType dtype,
                                        AttentionGemm gemm = AttentionGemm::kAuto,
                                        int64_t heads = 0);

@@ -74,21 +74,25 @@ bool use_onednn(AttentionDType dtype, AttentionGemm gemm) {
 // Whether a call takes the direct products (row_ops.hpp's DirectRow) instead of a library's:
 // float32 with 1, 2, 4 or 8 heads, where a row's products are matrix-vector shapes, unless a
 // library is asked for by name.
-bool use_direct(AttentionDType dtype, int64_t heads, AttentionGemm gemm) {
+// kAuto takes them only on the avx512 ISA, where they ran at 1.9-2.4x oneDNN's products (AMX
+// Xeon); on AVX2 (AMD EPYC Zen 3) they ran at a quarter to a half of them, so the library stays
+// there (python/benchmarks/attention_speed.py --shapes small,head512 --gemm auto,onednn).
+bool use_direct(AttentionDType dtype, int64_t heads, AttentionGemm gemm, KernelIsa isa) {
   if (gemm == AttentionGemm::kDirect) return true;
   const std::string_view env = gemm_from_environment();
   return gemm == AttentionGemm::kAuto && dtype == AttentionDType::kFloat32 &&
-         ad::direct_heads(heads) && env != "blas" && env != "onednn";
+         ad::direct_heads(heads) && env != "blas" && env != "onednn" &&
+         resolve_kernel_isa(isa) == KernelIsa::kAvx512;
 }
 
 // A library or the direct loops asked for by name: one this build has that multiplies `dtype`
 // here (float64 takes the BLAS whatever is asked: oneDNN has no float64 products anywhere);
 // kDirect float32 with 1, 2, 4 or 8 heads (heads 0: not known yet).
 void check_gemm(AttentionDType dtype, int64_t heads, AttentionGemm gemm) {
+  if (gemm == AttentionGemm::kOneDnn && dtype == AttentionDType::kFloat64) return;
   SPARSECP_CHECK(gemm != AttentionGemm::kOneDnn || ad::onednn_built(),
                  "sparse attention gemm 'onednn' was asked for, but this build has no oneDNN");
-  SPARSECP_CHECK(gemm != AttentionGemm::kOneDnn || dtype == AttentionDType::kFloat64 ||
-                     ad::onednn_runs(element_of(dtype)),
+  SPARSECP_CHECK(gemm != AttentionGemm::kOneDnn || ad::onednn_runs(element_of(dtype)),
                  "sparse attention gemm 'onednn' has no ", attention_dtype_name(dtype),
                  " products on this CPU (", ad::gemm_library_name(true),
                  "); take 'auto' or 'blas'");
@@ -98,8 +102,8 @@ void check_gemm(AttentionDType dtype, int64_t heads, AttentionGemm gemm) {
                  attention_dtype_name(dtype), " with ", heads, " heads");
 }
 
-bool use_direct(const SparseAttentionInputs& in, AttentionGemm gemm) {
-  return use_direct(in.dtype, in.heads, gemm);
+bool use_direct(const SparseAttentionInputs& in, const SparseAttentionConfig& config) {
+  return use_direct(in.dtype, in.heads, config.gemm, config.isa);
 }
 
 int resolve_threads(int threads) {
@@ -252,7 +256,7 @@ class Kernel {
   Kernel(const SparseAttentionInputs& in, const SparseAttentionConfig& config, bool onednn)
       : in_(in),
         onednn_(onednn),
-        direct_(use_direct(in, config.gemm)),
+        direct_(use_direct(in, config)),
         ops_(row_ops(config.isa)),
         threads_(resolve_threads(config.threads)),
         block_(sparse_attention_block_rows(in, config)),
@@ -700,7 +704,8 @@ bool sparse_attention_has_onednn(AttentionDType dtype) {
 
 const char* sparse_attention_gemm_name(AttentionDType dtype, AttentionGemm gemm, int64_t heads) {
   check_gemm(dtype, heads, gemm);
-  if (gemm == AttentionGemm::kDirect || (heads > 0 && use_direct(dtype, heads, gemm))) {
+  if (gemm == AttentionGemm::kDirect ||
+      (heads > 0 && use_direct(dtype, heads, gemm, KernelIsa::kAuto))) {
     return "direct";
   }
   return ad::gemm_library_name(use_onednn(dtype, gemm));
@@ -744,7 +749,7 @@ int64_t sparse_attention_block_rows(const SparseAttentionInputs& in,
                                     const SparseAttentionConfig& config) {
   check_gemm(in.dtype, in.heads, config.gemm);
   std::size_t budget = config.scratch_bytes, per_row = 0;
-  if (use_direct(in, config.gemm)) {
+  if (use_direct(in, config)) {
     const std::size_t fixed = direct_fixed_bytes(in);
     budget = budget > fixed ? budget - fixed : 0;
     per_row = direct_block_row_bytes(in);
@@ -759,7 +764,7 @@ int64_t sparse_attention_block_rows(const SparseAttentionInputs& in,
 std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& in,
                                            const SparseAttentionConfig& config) {
   const auto rows = static_cast<std::size_t>(sparse_attention_block_rows(in, config));
-  if (use_direct(in, config.gemm)) {
+  if (use_direct(in, config)) {
     return rows * direct_block_row_bytes(in) + direct_fixed_bytes(in);
   }
   const auto [w, a] = element_sizes(in.dtype, use_onednn(in.dtype, config.gemm));
@@ -772,7 +777,7 @@ void sparse_attention_forward(const SparseAttentionInputs& in, const SparseAtten
   if (in.rows == 0) return;
   const bool onednn = use_onednn(in.dtype, config.gemm);
   std::optional<BlasSingleThreaded> one_thread_blas;  // each worker's products on the worker
-  if (!onednn) one_thread_blas.emplace();
+  if (!onednn && !use_direct(in, config)) one_thread_blas.emplace();
   dispatch(in, onednn, [&](auto types) {
     using K = Kernel<decltype(types)>;
     K(in, config, onednn)
@@ -788,7 +793,7 @@ void sparse_attention_backward(const SparseAttentionInputs& in, const SparseAtte
                  "sparse attention grad_sinks is null with sinks");
   const bool onednn = use_onednn(in.dtype, config.gemm);
   std::optional<BlasSingleThreaded> one_thread_blas;  // each worker's products on the worker
-  if (!onednn) one_thread_blas.emplace();
+  if (!onednn && !use_direct(in, config)) one_thread_blas.emplace();
   dispatch(in, onednn, [&](auto types) {
     using K = Kernel<decltype(types)>;
     using A = typename K::A;
