@@ -28,7 +28,8 @@ torch's float32 matmul: the machine's limit where its bf16 matmul has no fast ke
 the kernel once per per-thread scratch budget given (``sparse_attention``'s ``chunk_bytes``: the
 rows of a block), side by side in the same process; ``--gemm auto,onednn`` likewise once per
 choice of products (``SPARSECP_ATTENTION_GEMM``: ``auto`` takes the kernel's direct loops for
-float32 with 1, 2, 4 or 8 heads on AVX-512 CPUs, ``onednn`` / ``blas`` that library's products everywhere).
+float32 with 1, 2, 4 or 8 heads on AVX-512 CPUs, ``onednn`` / ``blas`` that library's products
+everywhere, ``direct`` the direct loops wherever they apply, on any ISA).
 
 The fused select kernel (``--select``, on by default), at the shape of ``sparsecp bench select``
 (one 8,192-token document, its last --select-rows rows, 2,048 compressed keys, 64 heads x 128,
@@ -62,7 +63,7 @@ SHAPES = {
     "small": {"heads": 4, "qk_dim": 64, "value_dim": 64, "columns": 256, "keys": 8192, "sinks": True},
     "head512": {"heads": 1, "qk_dim": 512, "value_dim": 512, "columns": 640, "keys": 8192, "sinks": True},
 }
-GEMMS = ("auto", "onednn", "blas")
+GEMMS = ("auto", "onednn", "blas", "direct")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -276,7 +277,8 @@ def main() -> None:
                              "(default: the kernel's own)")
     parser.add_argument("--gemm", default="auto",
                         help="comma-separated products of the kernel, each timed side by side: auto (the "
-                             "kernel's choice), onednn, blas (default auto)")
+                             "kernel's choice), onednn, blas, direct (float32 with 1, 2, 4 or 8 heads; "
+                             "default auto)")
     parser.add_argument("--select", choices=("on", "off"), default="on", help="also time the bf16 select kernel")
     parser.add_argument("--select-rows", type=int, default=2048, help="select rows (default 2048)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

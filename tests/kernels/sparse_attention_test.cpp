@@ -450,6 +450,15 @@ TEST(SparseAttention, NamesTheProductsACallTakes) {
   SparseAttentionConfig config;
   config.gemm = AttentionGemm::kDirect;
   EXPECT_THROW(sparse_attention_block_rows(in, config), InvalidInputError);
+  // SPARSECP_ATTENTION_GEMM=direct: the loops wherever they apply, on any ISA.
+  setenv("SPARSECP_ATTENTION_GEMM", "direct", 1);
+  EXPECT_STREQ(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kAuto, 4),
+               "direct");
+  EXPECT_STRNE(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kAuto, 3),
+               "direct");
+  EXPECT_STRNE(sparse_attention_gemm_name(AttentionDType::kBFloat16, AttentionGemm::kAuto, 4),
+               "direct");
+  unsetenv("SPARSECP_ATTENTION_GEMM");
   // oneDNN by name: its name where it multiplies the dtype on this CPU, the call's error where
   // it has no such products (bf16 in oneDNN 2.6 without AVX-512).
   for (const AttentionDType dtype : {AttentionDType::kFloat32, AttentionDType::kBFloat16}) {

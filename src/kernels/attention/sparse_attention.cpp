@@ -43,7 +43,8 @@ const char* attention_dtype_name(AttentionDType dtype) {
 namespace {
 
 // SPARSECP_ATTENTION_GEMM, read at each call: "blas" or "onednn" puts that library where kAuto
-// would take another library or the direct loops (benchmarks compare them side by side).
+// would take another library or the direct loops, "direct" the direct loops wherever they apply
+// (float32 with 1, 2, 4 or 8 heads) on any ISA (benchmarks compare them side by side).
 std::string_view gemm_from_environment() {
   const char* env = std::getenv("SPARSECP_ATTENTION_GEMM");
   return env == nullptr ? std::string_view() : std::string_view(env);
@@ -76,13 +77,16 @@ bool use_onednn(AttentionDType dtype, AttentionGemm gemm) {
 // library is asked for by name.
 // kAuto takes them only on the avx512 ISA, where they ran at 1.9-2.4x oneDNN's products (AMX
 // Xeon); on AVX2 (AMD EPYC Zen 3) they ran at a quarter to a half of them, so the library stays
-// there (python/benchmarks/attention_speed.py --shapes small,head512 --gemm auto,onednn).
+// there (python/benchmarks/attention_speed.py --shapes small,head512 --gemm direct,onednn).
 bool use_direct(AttentionDType dtype, int64_t heads, AttentionGemm gemm, KernelIsa isa) {
   if (gemm == AttentionGemm::kDirect) return true;
+  if (gemm != AttentionGemm::kAuto || dtype != AttentionDType::kFloat32 ||
+      !ad::direct_heads(heads)) {
+    return false;
+  }
   const std::string_view env = gemm_from_environment();
-  return gemm == AttentionGemm::kAuto && dtype == AttentionDType::kFloat32 &&
-         ad::direct_heads(heads) && env != "blas" && env != "onednn" &&
-         resolve_kernel_isa(isa) == KernelIsa::kAvx512;
+  if (env == "direct") return true;
+  return env != "blas" && env != "onednn" && resolve_kernel_isa(isa) == KernelIsa::kAvx512;
 }
 
 // A library or the direct loops asked for by name: one this build has that multiplies `dtype`
