@@ -76,7 +76,7 @@ bool use_onednn(AttentionDType dtype, AttentionGemm gemm) {
 // float32 with 1, 2, 4 or 8 heads, where a row's products are matrix-vector shapes, unless a
 // library is asked for by name.
 // kAuto takes them only on the avx512 ISA, where they ran at 1.9-2.4x oneDNN's products (AMX
-// Xeon); on AVX2 (AMD EPYC Zen 3) they ran at a quarter to a half of them, so the library stays
+// Xeon); on AVX2 (AMD EPYC Zen 3) they ran at 0.36-0.67x of them, so the library stays
 // there (python/benchmarks/attention_speed.py --shapes small,head512 --gemm direct,onednn).
 bool use_direct(AttentionDType dtype, int64_t heads, AttentionGemm gemm, KernelIsa isa) {
   if (gemm == AttentionGemm::kDirect) return true;
