@@ -26,7 +26,8 @@ const char* blas_core_for_this_cpu() {
   if (!fallback) return nullptr;
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  // What OpenBLAS's own kernels for these families execute (its dynamic.c tests the same).
+  // The instruction sets these families' kernels are written with: a CPU short of one (a VM
+  // exposing AVX2 without FMA) keeps OpenBLAS's own choice.
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
     return "SkylakeX";

@@ -34,11 +34,11 @@ std::string use_cpu_blas_core();
 // workers call the BLAS for their own blocks; an OpenMP-threaded OpenBLAS sees them "in
 // parallel" and stays on one thread, but Debian's default build is pthread-threaded and would
 // fan every worker's product out over its own pool: with 2 workers on 2 cores the bf16
-// attention ran at 0.4x its one-thread rate (AMD EPYC, AVX2), and a "one thread" call used
-// every core. OpenBLAS's thread count is process-wide: the first guard alive sets it to 1, the
-// last one gone restores it (a count under a mutex, so concurrent kernel calls nest); other
-// callers of the same OpenBLAS run on one thread meanwhile. Only a pthread-threaded OpenBLAS is
-// touched (openblas_get_parallel() == 1); with an OpenMP-threaded or serial one a guard does
+// attention ran slower than on one (28-58 against 55-76 GFLOP/s, AMD EPYC, AVX2), and a "one
+// thread" call used every core. OpenBLAS's thread count is process-wide: the first guard alive sets
+// it to 1, the last one gone restores it (a count under a mutex, so concurrent kernel calls nest);
+// other callers of the same OpenBLAS run on one thread meanwhile. Only a pthread-threaded OpenBLAS
+// is touched (openblas_get_parallel() == 1); with an OpenMP-threaded or serial one a guard does
 // nothing.
 class BlasSingleThreaded {
  public:

@@ -136,7 +136,8 @@ std::size_t sparse_attention_scratch_bytes(const SparseAttentionInputs& inputs,
 // oneDNN 2.6 without AVX-512), and what `gemm` resolves to for `dtype` with `heads` (0: not
 // given, which kAuto reads as more than 8 heads): "onednn <version>", "blas" or "direct".
 // Throws InvalidInputError, as a call would, for kDirect with a dtype or head count it cannot
-// take (sparse_attention_block_rows and _scratch_bytes too).
+// take and for kOneDnn with a dtype oneDNN cannot multiply here (sparse_attention_block_rows
+// and _scratch_bytes too).
 bool sparse_attention_has_onednn(AttentionDType dtype = AttentionDType::kFloat32);
 const char* sparse_attention_gemm_name(AttentionDType dtype,
                                        AttentionGemm gemm = AttentionGemm::kAuto,
