@@ -28,7 +28,7 @@ torch's float32 matmul: the machine's limit where its bf16 matmul has no fast ke
 the kernel once per per-thread scratch budget given (``sparse_attention``'s ``chunk_bytes``: the
 rows of a block), side by side in the same process; ``--gemm auto,onednn`` likewise once per
 choice of products (``SPARSECP_ATTENTION_GEMM``: ``auto`` takes the kernel's direct loops for
-float32 with 1, 2, 4 or 8 heads on AVX-512 CPUs, ``onednn`` / ``blas`` that library's products
+float32 with 1, 2, 4 or 8 heads on AVX-512 and AVX2 CPUs, ``onednn`` / ``blas`` that library's products
 everywhere, ``direct`` the direct loops wherever they apply, on any ISA).
 
 The fused select kernel (``--select``, on by default), at the shape of ``sparsecp bench select``

@@ -320,8 +320,8 @@ def attention_gemm(dtype: str = "bfloat16", heads: int = 0) -> str:
     with on this CPU, for calls with ``heads`` query heads (0: more than 8): ``"onednn
     <version>"`` (AMX, AVX512_BF16 or AVX-512 as the CPU has them), ``"blas"`` (float64 always;
     bf16 widened where oneDNN has none or only its reference loops) or ``"direct"`` (float32 with
-    1, 2, 4 or 8 heads on AVX-512 CPUs: the kernel's own vector loops, each row's kv rows read in
-    place; on AVX2 they measured slower than oneDNN's products). ``SPARSECP_ATTENTION_GEMM=blas``
+    1, 2, 4 or 8 heads on AVX-512 and AVX2 CPUs: the kernel's own vector loops, each row's kv
+    rows read in place). ``SPARSECP_ATTENTION_GEMM=blas``
     puts the BLAS in oneDNN's place, ``=direct`` the loops wherever they apply."""
     return str(_core.sparse_attention_gemm(dtype, heads=heads))
 

@@ -177,11 +177,12 @@ def test_backends_say_why_they_cannot_take_an_input() -> None:
     assert sparse_attention_backend(half, x["kv"].half(), x["indices"]) == "torch"  # the kernel takes no fp16
     assert sparse_attention_gemm(torch.float64) == "blas"
     assert sparse_attention_gemm(torch.bfloat16).split()[0] in ("onednn", "blas")
-    # float32 with 1, 2, 4 or 8 heads on AVX-512: the kernel's direct loops; a library on AVX2
-    # (slower there) and for other head counts
+    # float32 with 1, 2, 4 or 8 heads on AVX-512 and AVX2: the kernel's direct loops; a library
+    # on the portable ISA and for other head counts
     import sparsecp
 
-    few = "direct" if sparsecp.kernel_isa() == "avx512" else sparse_attention_gemm(torch.float32)
+    vector_isa = sparsecp.kernel_isa() in ("avx512", "avx2")
+    few = "direct" if vector_isa else sparse_attention_gemm(torch.float32)
     assert [sparse_attention_gemm(torch.float32, heads) for heads in (1, 2, 4, 8)] == [few] * 4
     assert sparse_attention_gemm(torch.float32, 3) == sparse_attention_gemm(torch.float32, 64) == \
         sparse_attention_gemm(torch.float32)
@@ -237,7 +238,8 @@ def test_the_library_is_named_beside_the_kernel_isa() -> None:
     for dtype in ("float32", "bfloat16"):
         assert sparsecp.attention_gemm(dtype).split()[0] in ("onednn", "blas")
     assert sparsecp.attention_gemm("bfloat16") == sparse_attention_gemm(torch.bfloat16)
-    assert sparsecp.attention_gemm("float32", heads=4) == ("direct" if sparsecp.kernel_isa() == "avx512"
+    vector_isa = sparsecp.kernel_isa() in ("avx512", "avx2")
+    assert sparsecp.attention_gemm("float32", heads=4) == ("direct" if vector_isa
                                                             else sparsecp.attention_gemm("float32"))
     with pytest.raises(ValueError, match="dtype must be 'float32', 'bfloat16' or 'float64', got 'half'"):
         sparsecp.attention_gemm("half")

@@ -425,11 +425,11 @@ TEST(SparseAttention, ErrorsNameTheBadValue) {
 // The choice of products and its name: direct for float32 with 1, 2, 4 or 8 heads (kAuto), a
 // library otherwise or when one is named.
 TEST(SparseAttention, NamesTheProductsACallTakes) {
-  // kAuto takes the direct loops on avx512 only (slower than a library's products on AVX2).
-  const bool avx512 = resolve_kernel_isa(KernelIsa::kAuto) == KernelIsa::kAvx512;
+  // kAuto takes the direct loops on avx512 and avx2, not on the portable ISA.
+  const KernelIsa isa = resolve_kernel_isa(KernelIsa::kAuto);
   EXPECT_EQ(std::string(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kAuto,
                                                    4)) == "direct",
-            avx512);
+            isa == KernelIsa::kAvx512 || isa == KernelIsa::kAvx2);
   EXPECT_STREQ(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kDirect),
                "direct");
   EXPECT_STREQ(sparse_attention_gemm_name(AttentionDType::kFloat32, AttentionGemm::kBlas, 4),

@@ -442,9 +442,9 @@ def sparse_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, s
 def sparse_attention_gemm(dtype: torch.dtype = torch.bfloat16, heads: int | None = None) -> str:
     """What multiplies a C++ kernel call of ``dtype`` with ``heads`` query heads (None: more than
     8): ``"onednn <version>"`` or ``"blas"`` (a library's products), or ``"direct"`` (float32
-    with 1, 2, 4 or 8 heads on AVX-512 CPUs: the kernel's own vector loops read each row's kv
-    rows where they lie, where a library call per row costs more than its matrix-vector
-    arithmetic; on AVX2 they measured slower than oneDNN's products, which stay there)."""
+    with 1, 2, 4 or 8 heads on AVX-512 and AVX2 CPUs: the kernel's own vector loops read each
+    row's kv rows where they lie, where a library call per row costs more than its
+    matrix-vector arithmetic)."""
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
     if dtype not in names:
         raise ValueError(f"sparse_attention_gemm dtype must be float32, bfloat16 or float64, got {dtype}")

@@ -11,8 +11,10 @@
 namespace sparsecp::attention_detail {
 namespace {
 #include "row_ops.inc"
-// after row_ops.inc, whose helpers it uses
+// after row_ops.inc, whose helpers it uses; 16 floats a vector (direct_rows.inc says why)
+#define SPARSECP_DIRECT_LANES 16
 #include "direct_rows.inc"
+#undef SPARSECP_DIRECT_LANES
 }  // namespace
 
 RowOps row_ops_avx512() {

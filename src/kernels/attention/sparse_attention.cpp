@@ -75,9 +75,9 @@ bool use_onednn(AttentionDType dtype, AttentionGemm gemm) {
 // Whether a call takes the direct products (row_ops.hpp's DirectRow) instead of a library's:
 // float32 with 1, 2, 4 or 8 heads, where a row's products are matrix-vector shapes, unless a
 // library is asked for by name.
-// kAuto takes them only on the avx512 ISA, where they ran at 1.9-2.4x oneDNN's products (AMX
-// Xeon); on AVX2 (AMD EPYC Zen 3) they ran at 0.36-0.67x of them, so the library stays
-// there (python/benchmarks/attention_speed.py --shapes small,head512 --gemm direct,onednn).
+// kAuto takes them on the avx512 and avx2 ISAs, where they ran at 1.9-2.4x (AMX Xeon) and
+// 1.0-2.1x (AMD EPYC Zen 3, 8-float vectors) oneDNN's products; not on the portable one
+// (unmeasured) (python/benchmarks/attention_speed.py --shapes small,head512 --gemm direct,onednn).
 bool use_direct(AttentionDType dtype, int64_t heads, AttentionGemm gemm, KernelIsa isa) {
   if (gemm == AttentionGemm::kDirect) return true;
   if (gemm != AttentionGemm::kAuto || dtype != AttentionDType::kFloat32 ||
@@ -86,7 +86,9 @@ bool use_direct(AttentionDType dtype, int64_t heads, AttentionGemm gemm, KernelI
   }
   const std::string_view env = gemm_from_environment();
   if (env == "direct") return true;
-  return env != "blas" && env != "onednn" && resolve_kernel_isa(isa) == KernelIsa::kAvx512;
+  const KernelIsa resolved = resolve_kernel_isa(isa);
+  return env != "blas" && env != "onednn" &&
+         (resolved == KernelIsa::kAvx512 || resolved == KernelIsa::kAvx2);
 }
 
 // A library or the direct loops asked for by name: one this build has that multiplies `dtype`
