@@ -42,6 +42,7 @@ Usage::
     python python/benchmarks/attention_share.py --configs example --steps 5 --json share.json
     python python/benchmarks/attention_share.py --configs v4flash --tokens 1024
     python python/benchmarks/attention_share.py --tokens 256 --steps 1  # a quick look (seconds)
+    python python/benchmarks/attention_share.py --configs example --steps 1 --top 15  # where the step goes
 """
 from __future__ import annotations
 
@@ -136,8 +137,15 @@ def attention_seconds(events: Any) -> dict[str, float]:
     return {"forward": union_seconds(forward), "backward": union_seconds(backward), "calls": calls}
 
 
-def run_step(model: Any, batch: dict[str, Any], profiled: bool) -> dict[str, Any]:
-    """One forward + backward; its wall seconds, loss and (profiled) the attention's seconds."""
+def top_ops(profile: Any, count: int) -> list[tuple[str, float, int]]:
+    """The ``count`` profiler events with the most self CPU time: (name, seconds, calls)."""
+    averages = sorted(profile.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)
+    return [(a.key, a.self_cpu_time_total * 1e-6, a.count) for a in averages[:count]]
+
+
+def run_step(model: Any, batch: dict[str, Any], profiled: bool, top: int = 0) -> dict[str, Any]:
+    """One forward + backward; its wall seconds, loss and (profiled) the attention's seconds and
+    the ``top`` ops by self CPU time."""
     import torch
 
     from sparsecp.models import deepseek_v4 as cp_v4
@@ -162,10 +170,10 @@ def run_step(model: Any, batch: dict[str, Any], profiled: bool) -> dict[str, Any
     if attention["calls"] == 0:
         raise RuntimeError("no sparse attention call was seen in the profile: the event names this benchmark "
                            f"looks for ({sorted(FORWARD_EVENTS)}) are not what sparse_attention records any more")
-    return {"seconds": seconds, "loss": loss, **attention}
+    return {"seconds": seconds, "loss": loss, **attention, "top": top_ops(profile, top) if top else []}
 
 
-def run_config(name: str, tokens: int, steps: int, seed: int) -> dict[str, Any]:
+def run_config(name: str, tokens: int, steps: int, seed: int, top: int = 0) -> dict[str, Any]:
     from sparsecp.models import deepseek_v4 as cp_v4
 
     config = CONFIGS[name]
@@ -187,7 +195,7 @@ def run_config(name: str, tokens: int, steps: int, seed: int) -> dict[str, Any]:
     for _ in range(steps):
         for backend in BACKENDS:
             plain = run_step(models[backend], batch, profiled=False)
-            profiled = run_step(models[backend], batch, profiled=True)
+            profiled = run_step(models[backend], batch, profiled=True, top=top)
             rounds[backend].append({**profiled, "plain_seconds": plain["seconds"]})
     result: dict[str, Any] = {"config": name, "tokens": tokens, "documents": len(lengths), "longest": max(lengths),
                               **{k: config[k] for k in ("heads", "head_dim", "window", "topk", "pack")},
@@ -200,7 +208,7 @@ def run_config(name: str, tokens: int, steps: int, seed: int) -> dict[str, Any]:
             "plain_seconds": med("plain_seconds"), "profiled_seconds": med("seconds"),
             "attention_forward_seconds": med("forward"), "attention_backward_seconds": med("backward"),
             "attention_share": statistics.median((r["forward"] + r["backward"]) / r["seconds"] for r in runs),
-            "calls": runs[0]["calls"], "loss": runs[0]["loss"], "runs": runs}
+            "calls": runs[0]["calls"], "loss": runs[0]["loss"], "top": runs[-1]["top"], "runs": runs}
     torch_side, cpu_side = result["backends"]["torch"], result["backends"]["cpu"]
     result["step_speedup"] = torch_side["plain_seconds"] / cpu_side["plain_seconds"]
     result["loss_relative_difference"] = abs(torch_side["loss"] - cpu_side["loss"]) / max(abs(torch_side["loss"]),
@@ -234,6 +242,12 @@ def print_result(result: dict[str, Any]) -> None:
               f"{100 * r['attention_share']:4.0f}%  {r['calls']:5d}  {r['loss']:.6f}")
     print(f"  step speedup (plain, torch / cpu): {result['step_speedup']:.2f}x; losses differ by "
           f"{result['loss_relative_difference']:.1e} (relative)", flush=True)
+    for backend, r in result["backends"].items():
+        if not r["top"]:
+            continue
+        print(f"  {backend}: the last round's profiled step, ops by self CPU time (s, calls, share of the step):")
+        for op, seconds, calls in r["top"]:
+            print(f"    {seconds:7.3f}  {calls:6d}  {100 * seconds / r['runs'][-1]['seconds']:4.1f}%  {op}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads, which the C++ kernel uses too (default 1: the example's per-rank "
                              "setting)")
     parser.add_argument("--seed", type=int, default=1, help="model and batch seed (default 1)")
+    parser.add_argument("--top", type=int, default=0,
+                        help="also print, per backend, the N ops with the most self CPU time in the last round's "
+                             "profiled step (torch.profiler's key averages; default 0: none)")
     parser.add_argument("--json", help="also write the results (every round too) as JSON to this file")
     args = parser.parse_args(argv)
     names = [n for n in args.configs.split(",") if n]
@@ -259,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tokens must be positive, got {args.tokens}")
     if args.steps < 1 or args.threads < 1:
         parser.error("--steps and --threads must be positive")
+    if args.top < 0:
+        parser.error(f"--top must be 0 or more, got {args.top}")
 
     import torch
     import torch.distributed as dist
@@ -278,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             tokens = args.tokens if args.tokens is not None else CONFIGS[name]["tokens"]
-            result = run_config(name, tokens, args.steps, args.seed)
+            result = run_config(name, tokens, args.steps, args.seed, args.top)
             results.append(result)
             print_result(result)
     finally:
