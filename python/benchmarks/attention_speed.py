@@ -44,11 +44,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -132,32 +135,31 @@ def matmul_rate(dtype: torch.dtype, repeats: int) -> float:
     return 2.0 * size**3 / median_seconds(lambda: a @ b, repeats) / 1e9
 
 
-def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int,
-                    between: Callable[[], None] | None = None, chunk_bytes: int | None = None,
-                    gemm: str = "auto") -> dict[str, float]:
-    import os
-
+@contextlib.contextmanager
+def attention_gemm_env(gemm: str) -> Iterator[None]:
+    """SPARSECP_ATTENTION_GEMM=gemm for the block ("auto": unset), unset after it."""
     if gemm == "auto":
         os.environ.pop("SPARSECP_ATTENTION_GEMM", None)
     else:
         os.environ["SPARSECP_ATTENTION_GEMM"] = gemm
     try:
-        return _attention_times(x, value_dim, backend, repeats, between, chunk_bytes)
+        yield
     finally:
         os.environ.pop("SPARSECP_ATTENTION_GEMM", None)
+
+
+def attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int,
+                    between: Callable[[], None] | None = None, chunk_bytes: int | None = None,
+                    gemm: str = "auto") -> dict[str, float]:
+    with attention_gemm_env(gemm):
+        return _attention_times(x, value_dim, backend, repeats, between, chunk_bytes)
 
 
 def gemm_label(dtype: torch.dtype, heads: int, gemm: str) -> str:
     """What the kernel multiplies with under ``SPARSECP_ATTENTION_GEMM=gemm`` (a library it has
     no products of for the dtype here falls back, and the label says so)."""
-    import os
-
-    if gemm != "auto":
-        os.environ["SPARSECP_ATTENTION_GEMM"] = gemm
-    try:
+    with attention_gemm_env(gemm):
         return sparse_attention_gemm(dtype, heads)
-    finally:
-        os.environ.pop("SPARSECP_ATTENTION_GEMM", None)
 
 
 def _attention_times(x: dict[str, Any], value_dim: int, backend: str, repeats: int,
@@ -235,8 +237,6 @@ def svg(report: dict[str, Any]) -> str:
 
 def select_rates(rows: int, threads: int, repeats: int) -> dict[str, float]:
     """GFLOP/s of select_indices in bf16 on each product path, and torch's bf16 matmul."""
-    import os
-
     import sparsecp.torch as sct
 
     doc, keys, heads, dim, topk, ratio = 8192, 2048, 64, 128, 512, 4

@@ -69,7 +69,8 @@ struct SparseAttentionInputs {
 };
 
 // Which products: kAuto takes the direct loops (kDirect) for float32 with 1, 2, 4 or 8 heads on
-// the avx512 ISA (on AVX2 they measured slower than oneDNN's products) and otherwise a library:
+// the avx512 and avx2 ISAs (faster there than oneDNN's products; not on the portable ISA, where
+// they were not measured) and otherwise a library:
 // oneDNN where built and where it has an optimised implementation of the dtype on this CPU (not its
 // reference loops: bf16 on some AVX2-only CPUs has none), unless the environment variable
 // SPARSECP_ATTENTION_GEMM is "blas"; else the BLAS (bf16 widened to float32 exactly).
