@@ -328,10 +328,11 @@ def attention_gemm(dtype: str = "bfloat16", heads: int = 0) -> str:
 
 def select_gemm() -> str:
     """What the CPU selection multiplies bfloat16 Index K with on this CPU (``isa="auto"``):
-    ``"onednn <version>"`` (a block's logits over a key tile as one oneDNN product: AMX or
-    AVX512_BF16 as the CPU has them), ``"vdpbf16ps"`` (the avx512 kernel's own bf16 dot products;
-    ``SPARSECP_SELECT_GEMM=native`` picks it over oneDNN) or ``"widened"`` (bf16 widened to
-    float32 exactly, as float32 Index K is always multiplied)."""
+    ``"onednn <version>"`` (a block's logits over a key tile as one oneDNN product: the default
+    where oneDNN's bf16 products run on AMX), ``"vdpbf16ps"`` (the avx512 kernel's own bf16 dot
+    products: the default on AVX512_BF16 CPUs without AMX, where they measured faster) or
+    ``"widened"`` (bf16 widened to float32 exactly, as float32 Index K is always multiplied).
+    ``SPARSECP_SELECT_GEMM=onednn`` or ``=native`` overrides the choice."""
     return str(_core.select_bf16_products())
 
 _publish(__name__, globals())  # help() names this module, not the private one defining it

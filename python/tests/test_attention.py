@@ -226,7 +226,17 @@ def test_select_gemm_names_the_selections_bf16_products(monkeypatch: pytest.Monk
     name = sparsecp.select_gemm()
     assert name in ("vdpbf16ps", "widened") or name.startswith("onednn "), name
     monkeypatch.setenv("SPARSECP_SELECT_GEMM", "native")  # read at each call
-    assert not sparsecp.select_gemm().startswith("onednn")
+    own = sparsecp.select_gemm()
+    assert own in ("vdpbf16ps", "widened"), own
+    monkeypatch.setenv("SPARSECP_SELECT_GEMM", "onednn")
+    forced = sparsecp.select_gemm()
+    # oneDNN where it has optimised bf16 products on the avx512 ISA, else the kernel's own
+    assert forced == own or forced == sparsecp.attention_gemm("bfloat16"), forced
+    assert name in (own, forced), name
+    monkeypatch.setenv("SPARSECP_SELECT_GEMM", "amx")
+    with pytest.raises(ValueError, match="SPARSECP_SELECT_GEMM must be onednn or native, got 'amx'"):
+        sparsecp.select_gemm()
+    monkeypatch.setenv("SPARSECP_SELECT_GEMM", "native")
     monkeypatch.setenv("SPARSECP_ISA", "portable")
     assert sparsecp.select_gemm() == "widened"
 

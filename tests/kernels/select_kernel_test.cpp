@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 // The selection's private thread helper (src/kernels/select/), tested directly: the
 // kernels only throw from worker threads when memory runs out.
+#include "../../src/kernels/attention/batched_gemm.hpp"
 #include "../../src/kernels/select/select_internal.hpp"
 #include "../../src/kernels/select/top_candidates.hpp"
 #include "sparsecp/error.hpp"
@@ -263,11 +265,11 @@ double score(const testing::Matrix& q, const testing::Matrix& w, const testing::
   return total;
 }
 
-// Runs `check` with bf16 keys on each product path the build has: oneDNN (the default where
-// built) and the VDPBF16PS / widening kernels (SPARSECP_SELECT_GEMM=native).
+// Runs `check` with bf16 keys on each product path the build has: the default choice, oneDNN
+// (SPARSECP_SELECT_GEMM=onednn, where built) and the VDPBF16PS / widening kernels (=native).
 template <class Check>
 void on_every_bf16_path(const Check& check) {
-  for (const char* gemm : {"", "native"}) {
+  for (const char* gemm : {"", "onednn", "native"}) {
     if (*gemm) {
       setenv("SPARSECP_SELECT_GEMM", gemm, 1);
     } else {
@@ -395,6 +397,48 @@ TEST(SelectKernel, RejectsBadShapesAndSegments) {
 // SPARSECP_ISA forces what kAuto runs, for the selection and the KL kernels alike (one
 // mechanism: resolve_kernel_isa); an unknown value or an ISA the CPU lacks is an error
 // naming it, from every entry point, before any output is written.
+// bf16 scores take oneDNN where its products run on AMX (or the CPU has no AVX512_BF16) and
+// the VDPBF16PS kernel on other AVX512_BF16 CPUs; SPARSECP_SELECT_GEMM forces either, and a
+// bad value is an error naming it, for bf16 and fp32 calls alike, with nothing written.
+TEST(SelectKernel, Bf16ProductsFollowTheMatrixUnitsAndTheEnvironment) {
+  struct Restore {
+    ~Restore() { unsetenv("SPARSECP_SELECT_GEMM"); }
+  } restore;
+  namespace ad = attention_detail;
+  const bool onednn = ad::onednn_fast(ad::Element::kBFloat16);
+  const bool avx512 = kernel_isa_supported(KernelIsa::kAvx512);
+  const std::string own = avx512 && select_detail::cpu_has_avx512_bf16() ? "vdpbf16ps" : "widened";
+  const std::string library = ad::gemm_library_name(true);
+  unsetenv("SPARSECP_SELECT_GEMM");
+  const bool amx_or_no_pairs =
+      ad::onednn_uses_amx(ad::Element::kBFloat16) || !select_detail::cpu_has_avx512_bf16();
+  EXPECT_EQ(select_bf16_products(KernelIsa::kAuto),
+            avx512 && onednn && amx_or_no_pairs ? library : own);
+  setenv("SPARSECP_SELECT_GEMM", "native", 1);
+  EXPECT_EQ(select_bf16_products(KernelIsa::kAuto), own);
+  setenv("SPARSECP_SELECT_GEMM", "onednn", 1);
+  EXPECT_EQ(select_bf16_products(KernelIsa::kAuto), avx512 && onednn ? library : own);
+  EXPECT_EQ(select_bf16_products(KernelIsa::kPortable), "widened");
+
+  setenv("SPARSECP_SELECT_GEMM", "amx", 1);
+  EXPECT_EQ(testing::error_of([] { select_bf16_products(KernelIsa::kAuto); }),
+            "SPARSECP_SELECT_GEMM must be onednn or native, got 'amx'");
+  SelectConfig config;
+  config.heads = 1;
+  config.head_dim = 4;
+  config.topk = 1;
+  config.ratio = 1;
+  std::vector<float> q(4, 1.0f), w(1, 1.0f), k(4, 1.0f);
+  std::vector<int32_t> out(1, 7);
+  const std::vector<Segment> segments{{0, 1, 0, 1, 0}};
+  EXPECT_EQ(testing::error_of([&] {
+              select_topk(MatrixView::f32(q.data(), 1, 4), MatrixView::f32(w.data(), 1, 1),
+                          MatrixView::f32(k.data(), 1, 4), segments, config, out);
+            }),
+            "SPARSECP_SELECT_GEMM must be onednn or native, got 'amx'");
+  EXPECT_EQ(out[0], 7);  // nothing written
+}
+
 TEST(KernelIsaSelection, EnvironmentForcesAutoAndRefusesClearly) {
   struct Restore {
     ~Restore() { unsetenv("SPARSECP_ISA"); }

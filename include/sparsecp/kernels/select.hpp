@@ -50,12 +50,14 @@
 // MatrixView does not own its data. bf16 values are raw IEEE bfloat16 bits in
 // uint16_t (the upper half of an fp32).
 //
-// bf16 keys on the avx512 ISA, in a build with oneDNN that has an optimised bf16 product on
-// this CPU: a row block's scores over a key tile come from one oneDNN product of fixed shape
-// (AMX or AVX512_BF16 as the CPU has them; rows and keys padded with zeros, so a row's scores
-// never depend on its block or tile), then ReLU and the merge weights head by head in order.
-// SPARSECP_SELECT_GEMM=native keeps the VDPBF16PS kernel. Selections on exact inputs are the
-// same on both paths; real-valued scores may differ in the last bits (different summation).
+// bf16 keys on the avx512 ISA, in a build with oneDNN whose bf16 products run on AMX (or on a
+// CPU without AVX512_BF16, where oneDNN has optimised ones): a row block's scores over a key
+// tile come from one oneDNN product of fixed shape (rows and keys padded with zeros, so a
+// row's scores never depend on its block or tile), then ReLU and the merge weights head by
+// head in order. On AVX512_BF16 CPUs without AMX the kernel's own VDPBF16PS loops measured
+// faster and are the default. SPARSECP_SELECT_GEMM=onednn or =native (read at each call)
+// overrides; any other value is an error. Selections on exact inputs are the same on both
+// paths; real-valued scores may differ in the last bits (different summation).
 //
 // Threads: `SelectConfig::threads` (0 = OpenMP's default). The projection's GEMM
 // uses OpenBLAS, whose own thread count is OpenBLAS's setting.
@@ -187,9 +189,10 @@ void select_worker_rows_reference(MatrixView qr, MatrixView weights, MatrixView 
                                   WeightLayout layout = WeightLayout::kInOut);
 
 // What the fast path multiplies bf16 keys with under `isa` on this CPU: "onednn <version>"
-// (oneDNN's matmul, AMX or AVX512_BF16: a block's logits over a key tile as one product;
-// SPARSECP_SELECT_GEMM=native turns it off), "vdpbf16ps" (the avx512 kernel's own bf16 dot
-// products) or "widened" (bf16 widened to fp32 exactly). Throws like resolve_kernel_isa.
+// (oneDNN's matmul: a block's logits over a key tile as one product), "vdpbf16ps" (the avx512
+// kernel's own bf16 dot products) or "widened" (bf16 widened to fp32 exactly), as chosen above
+// and by SPARSECP_SELECT_GEMM. Throws like resolve_kernel_isa, and on a bad
+// SPARSECP_SELECT_GEMM.
 const char* select_bf16_products(KernelIsa isa = KernelIsa::kAuto);
 
 // Upper bound of the fast path's scratch memory in bytes for `threads` threads

@@ -159,9 +159,9 @@ void run_onednn(const BatchedGemm& g) {
 namespace {
 
 // What oneDNN has for `in`'s products on this CPU, probed once per element type on one shape:
-// nothing (no primitive: bf16 on CPUs without AVX-512 in oneDNN 2.6), its reference loops, or
-// an optimised implementation.
-enum class OneDnnSupport { kNone, kReference, kFast };
+// nothing (no primitive: bf16 on CPUs without AVX-512 in oneDNN 2.6), its reference loops, an
+// optimised implementation, or one on the CPU's matrix units (AMX: "brg:avx512_core_amx_bf16").
+enum class OneDnnSupport { kNone, kReference, kFast, kFastAmx };
 
 OneDnnSupport onednn_support(Element in) {
 #ifdef SPARSECP_HAVE_ONEDNN
@@ -170,12 +170,14 @@ OneDnnSupport onednn_support(Element in) {
     try {
       using dt = dnnl::memory::data_type;
       const dt type = element == Element::kBFloat16 ? dt::bf16 : dt::f32;
-      const dnnl::memory::desc a({1, 64, 128}, type, dnnl::memory::dims{64 * 128, 128, 1});
-      const dnnl::memory::desc b({1, 128, 64}, type, dnnl::memory::dims{64 * 128, 1, 128});
-      const dnnl::memory::desc c({1, 64, 64}, dt::f32, dnnl::memory::dims{64 * 64, 64, 1});
+      const dnnl::memory::desc a({1, 64, 128}, type, dnnl::memory::dims{int64_t{64} * 128, 128, 1});
+      const dnnl::memory::desc b({1, 128, 64}, type, dnnl::memory::dims{int64_t{64} * 128, 1, 128});
+      const dnnl::memory::desc c({1, 64, 64}, dt::f32, dnnl::memory::dims{int64_t{64} * 64, 64, 1});
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), cpu_engine());
-      return std::string_view(pd.impl_info_str()).rfind("ref", 0) == 0 ? OneDnnSupport::kReference
-                                                                       : OneDnnSupport::kFast;
+      const std::string_view impl = pd.impl_info_str();
+      if (impl.rfind("ref", 0) == 0) return OneDnnSupport::kReference;
+      return impl.find("amx") != std::string_view::npos ? OneDnnSupport::kFastAmx
+                                                        : OneDnnSupport::kFast;
     } catch (const dnnl::error&) {
       return OneDnnSupport::kNone;
     }
@@ -193,7 +195,12 @@ OneDnnSupport onednn_support(Element in) {
 
 bool onednn_runs(Element in) { return onednn_support(in) != OneDnnSupport::kNone; }
 
-bool onednn_fast(Element in) { return onednn_support(in) == OneDnnSupport::kFast; }
+bool onednn_fast(Element in) {
+  const OneDnnSupport support = onednn_support(in);
+  return support == OneDnnSupport::kFast || support == OneDnnSupport::kFastAmx;
+}
+
+bool onednn_uses_amx(Element in) { return onednn_support(in) == OneDnnSupport::kFastAmx; }
 
 bool onednn_built() {
 #ifdef SPARSECP_HAVE_ONEDNN

@@ -47,6 +47,9 @@ bool onednn_runs(Element in);
 // reference loops, which it falls back to where it has none, e.g. bf16 on some AVX2-only
 // CPUs): checked once per element type on a probe shape. False without oneDNN.
 bool onednn_fast(Element in);
+// Whether that optimised implementation runs on the CPU's matrix units (AMX tiles), read from
+// the probe's implementation name. False without oneDNN.
+bool onednn_uses_amx(Element in);
 // "onednn 2.6.3" (the library's version at run time) or "blas".
 const char* gemm_library_name(bool onednn);
 

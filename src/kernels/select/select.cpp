@@ -176,22 +176,32 @@ struct Kernel {
   sd::ScoreRowFn score_row = nullptr;
   bool bf16 = false;         // bf16 pair packs, VDPBF16PS
   bool avx512_pack = false;  // transpose panels with AVX-512
-  // bf16 keys on the avx512 ISA in a build with oneDNN: a row block's logits over a key tile
-  // are one oneDNN product ([block rows * heads, head_dim] x [head_dim, tile keys], AMX or
-  // AVX512_BF16 as the CPU has them), always of the same shape (rows and keys padded with
-  // zeros), so a row's scores never depend on its block or tile; then ReLU and the merge
-  // weights head by head (reduce_heads). SPARSECP_SELECT_GEMM=native keeps the VDPBF16PS
-  // kernel instead.
+  // bf16 keys on the avx512 ISA in a build with oneDNN whose bf16 products run on AMX (or on a
+  // CPU without AVX512_BF16): a row block's logits over a key tile are one oneDNN product
+  // ([block rows * heads, head_dim] x [head_dim, tile keys]), always of the same shape (rows
+  // and keys padded with zeros), so a row's scores never depend on its block or tile; then
+  // ReLU and the merge weights head by head (reduce_heads). select_uses_onednn says when.
   bool onednn = false;
 };
 
+// Which bf16 products the avx512 kernel takes, chosen by measurement (bench select, bf16,
+// 1,024 rows, 64 x 128, top-k 512): on an AMX Xeon oneDNN's products ran at 5-7x the
+// VDPBF16PS kernel; on a Zen 4 EPYC (AVX512_BF16, no AMX) the VDPBF16PS kernel ran at
+// 1.07-1.09x oneDNN's AVX512_BF16 products, whose fixed-shape tile calls cost more than they
+// gain there. SPARSECP_SELECT_GEMM (read at each call) overrides: "onednn" or "native" (the
+// VDPBF16PS kernel, or bf16 widened to fp32 where the CPU has no AVX512_BF16).
 bool select_uses_onednn(DType key_dtype) {
-  if (key_dtype != DType::kBFloat16 ||
-      !attention_detail::onednn_fast(attention_detail::Element::kBFloat16)) {
-    return false;  // not built, or only oneDNN's reference loops on this CPU
-  }
   const char* env = std::getenv("SPARSECP_SELECT_GEMM");
-  return env == nullptr || std::string_view(env) != "native";
+  const std::string_view choice = env == nullptr ? std::string_view() : std::string_view(env);
+  SPARSECP_CHECK(choice.empty() || choice == "onednn" || choice == "native",
+                 "SPARSECP_SELECT_GEMM must be onednn or native, got '", choice, "'");
+  if (key_dtype != DType::kBFloat16 || choice == "native" ||
+      !attention_detail::onednn_fast(attention_detail::Element::kBFloat16)) {
+    return false;  // not bf16, not built, or only oneDNN's reference loops on this CPU
+  }
+  return choice == "onednn" ||
+         attention_detail::onednn_uses_amx(attention_detail::Element::kBFloat16) ||
+         !sd::cpu_has_avx512_bf16();
 }
 
 Kernel resolve_kernel(KernelIsa requested, DType key_dtype) {
@@ -589,9 +599,9 @@ void select_topk(MatrixView q, MatrixView weights, MatrixView keys,
                  std::span<const Segment> segments, const SelectConfig& config,
                  std::span<int32_t> out) {
   const auto plan = sd::validate_select(q, weights, keys, segments, config, out);
+  const Call call = make_call(q, weights, keys, config, out);  // may refuse SPARSECP_SELECT_GEMM
   std::fill(out.begin(), out.end(), -1);
   if (!plan) return;
-  const Call call = make_call(q, weights, keys, config, out);
   std::vector<ThreadScratch> scratch(static_cast<std::size_t>(resolve_threads(config.threads)));
   std::vector<Block> blocks;
   run_rows(call, *plan, 0, covered_rows_end(*plan), scratch, blocks);
@@ -745,6 +755,7 @@ void select_worker_rows(MatrixView qr, MatrixView weights, MatrixView cos, Matri
   (void)sd::validate_projection_inputs(qr, wq_b.view(), cos, sin, config, wq_b.layout());
   const auto plan = sd::validate_select(MatrixView::f32(buffer.get(), qr.rows, width), weights,
                                         keys, segments, config, out);
+  (void)resolve_kernel(config.isa, keys.dtype);  // refuses a bad SPARSECP_SELECT_GEMM first
   std::fill(out.begin(), out.end(), -1);
   if (!plan) return;
   std::vector<ThreadScratch> scratch(static_cast<std::size_t>(threads));
