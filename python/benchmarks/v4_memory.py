@@ -18,6 +18,13 @@ HCA, CSA), window 128, CSA ratio 4, HCA ratio 128, 4 attention heads of 64, an i
 of 64 with top-k 128, 4 experts (2 active), float32. ``--baseline also`` (``only``) adds the same model with every
 layer sliding and a window of 4: the memory of everything but the attention layers.
 
+``--warmup N`` runs N untimed steps on the same batch first (default 0: the timed step is the
+process's first, so its time includes first-call costs: lazy initialisation, the allocator's
+growth, oneDNN's primitive creation). With N > 0 the timed step is a warm one, as nearly every
+step of a training run is; its peak is the kernel's high-water mark (``VmHWM``) reset through
+``/proc/self/clear_refs`` just before it, against the resident size before the warm-up steps
+(the model and the batch, as without warm-up).
+
 Packs: ``one`` (one document of all the tokens) and ``lognormal`` (sparsecp's long-tailed
 generator, ``sparsecp.generate_batch("lognormal", tokens, ranks, seed)``).
 
@@ -26,6 +33,7 @@ Usage::
     python python/benchmarks/v4_memory.py --tokens 16384,32768 --packs lognormal --selectors model
     python python/benchmarks/v4_memory.py --tokens 16384,65536 --baseline only
     python python/benchmarks/v4_memory.py --tokens 131072 --packs lognormal --checkpointing on --json out.json
+    python python/benchmarks/v4_memory.py --tokens 16384 --packs lognormal --checkpointing off --warmup 1
     python python/benchmarks/v4_memory.py --svg memory.svg --from out.json   # plot saved runs
 """
 from __future__ import annotations
@@ -74,6 +82,24 @@ def _resident_kib() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
+def _reset_peak() -> None:
+    """Sets this process's resident high-water mark (VmHWM) to its resident size now (Linux 4.0+)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError as error:
+        raise RuntimeError(f"--warmup needs /proc/self/clear_refs to reset the peak resident size: {error}") from None
+
+
+def _peak_kib() -> int:
+    """This process's resident high-water mark since the last _reset_peak (VmHWM, KiB)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("/proc/self/status has no VmHWM line")
+
+
 def rank_main(rank: int, size: int, port: int, job: dict[str, Any], results: Any) -> None:
     try:
         results.put((rank, run_rank(rank, size, port, job)))
@@ -110,15 +136,29 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
     ids, positions = cp_v4.shard_batch(input_ids, lengths)
     labels = cp_v4.shard_labels(input_ids, lengths)
     del input_ids
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
+        loss = cp_v4.causal_lm_loss(logits, labels, lengths)
+        kl = cp_v4.indexer_kl_loss(model) if not job["baseline"] else torch.zeros(())
+        (loss + kl).backward()
+        return loss, kl
+
+    warm = job.get("warmup", 0)
     dist.barrier()
-    before = _resident_kib()
+    before = _resident_kib()  # the model and the batch: a warm step's peak is taken against it too
+    for _ in range(warm):
+        step()
+    state.clock.seconds = 0.0
+    state.stats.dispatch_bytes = 0
+    dist.barrier()
+    if warm:
+        _reset_peak()
     start = time.perf_counter()
-    logits = model(input_ids=ids, position_ids=positions, document_lengths=lengths).logits
-    loss = cp_v4.causal_lm_loss(logits, labels, lengths)
-    kl = cp_v4.indexer_kl_loss(model) if not job["baseline"] else torch.zeros(())
-    (loss + kl).backward()
+    loss, kl = step()
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    peak = _peak_kib() if warm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     dist.barrier()
     banks = []
     if not job["baseline"]:
@@ -247,12 +287,16 @@ def main() -> int:
     parser.add_argument("--attention", default="auto",
                         help="sparse_attention backends, comma-separated: 'auto' (the C++ kernel on CPU), 'cpu', "
                              "'torch' (the chunked torch path) (default auto)")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="untimed steps before the timed one (default 0: the timed step is the process's first)")
     parser.add_argument("--json", help="append each configuration's result to this JSON file as it finishes")
     parser.add_argument("--svg", help="write the memory-per-row plot here")
     parser.add_argument("--from", dest="source", help="read results from this JSON file instead of running")
     args = parser.parse_args()
     if args.ranks < 1:
         parser.error(f"--ranks must be positive, got {args.ranks}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be 0 or more, got {args.warmup}")
     try:
         tokens = [int(t) for t in args.tokens.split(",") if t]
     except ValueError:
@@ -282,17 +326,19 @@ def main() -> int:
 
         header = {"cpu": cpu_model(), "isa": sparsecp.kernel_isa(), "cores": os.cpu_count(),
                   "date": datetime.date.today().isoformat(), "ranks": args.ranks, "command": " ".join(sys.argv)}
+        warmth = f", {args.warmup} warm-up step(s) before the timed one" if args.warmup else ", the first step timed"
         print(f"# {header['cpu']}, kernels {header['isa']}, {header['cores']} cores, {args.ranks} ranks, "
-              f"{header['date']}")
+              f"{header['date']}{warmth}")
         print("# tokens  pack       selector ckpt  attention  peak/rank MiB  KB/row  step s  selector s  "
               "Index K recv MB (whole-bank MB)")
-        jobs = [{"tokens": t, "pack": p, "selector": s, "checkpointing": c == "on", "baseline": False, "attention": a}
+        jobs = [{"tokens": t, "pack": p, "selector": s, "checkpointing": c == "on", "baseline": False, "attention": a,
+                 "warmup": args.warmup}
                 for t in tokens for p in packs for s in selectors for c in checkpointing for a in attentions]
         if args.baseline == "only":
             jobs = []
         if args.baseline != "off":
             jobs += [{"tokens": t, "pack": "lognormal", "selector": "model", "checkpointing": False, "baseline": True,
-                      "attention": a} for t in tokens for a in attentions]
+                      "attention": a, "warmup": args.warmup} for t in tokens for a in attentions]
         for job in jobs:
             ranks = run_job(job, args.ranks)
             busiest = max(ranks, key=lambda r: r["peak_growth_kib"])

@@ -1,0 +1,57 @@
+"""Smoke test of ``python/benchmarks/v4_memory.py``: a tiny run (256 tokens, one document, 2 gloo
+ranks, the fused selector) with ``--warmup 1`` whose ``--json`` must hold a warm step's time and
+peak, and the helpers that reset and read a process's peak resident size. It checks the
+benchmark's plumbing, not its figures."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "python", "benchmarks", "v4_memory.py")
+
+pytest.importorskip("transformers")
+
+
+def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the sparsecp this test imports
+    return subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_warm_step_reports_its_time_and_peak(tmp_path: object) -> None:
+    out = os.path.join(str(tmp_path), "run.json")
+    done = run_script("--tokens", "256", "--packs", "one", "--selectors", "fused", "--checkpointing", "off",
+                      "--warmup", "1", "--json", out)
+    assert done.returncode == 0, f"v4_memory.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "1 warm-up step(s) before the timed one" in done.stdout
+    with open(out) as file:
+        (row,) = json.load(file)["rows"]
+    assert row["warmup"] == 1 and row["tokens"] == 256
+    assert row["step_seconds"] > 0 and row["peak_mib"] > 0
+    for rank in row["ranks"]:
+        assert rank["seconds"] > 0 and rank["peak_growth_kib"] > 0
+        assert rank["selector_seconds"] > 0  # the timed step's own selection (the warm-up's is not counted)
+
+
+def test_a_negative_warmup_is_refused() -> None:
+    done = run_script("--warmup", "-1", timeout=60)
+    assert done.returncode == 2 and "--warmup must be 0 or more, got -1" in done.stderr
+
+
+def test_the_peak_resets_to_the_resident_size() -> None:
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    try:
+        import v4_memory
+    finally:
+        sys.path.pop(0)
+    block = b"\x01" * (64 << 20)  # written: 64 MiB resident
+    del block
+    high = v4_memory._peak_kib()
+    v4_memory._reset_peak()
+    low = v4_memory._peak_kib()
+    assert low <= high - 32 * 1024, (high, low)  # the 64 MiB are gone from the peak
+    assert low >= v4_memory._resident_kib() - 1024
