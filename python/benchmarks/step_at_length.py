@@ -17,7 +17,7 @@ LM head, so the head stays the share of a token's work it is in V4-Flash). ``--l
 the real mix (``flash``: 43 layers as V4-Flash orders them) or a list (``csa,hca``).
 
 Each step is a training step as a user runs it: ``context_parallel(model, group, mode=...)``,
-``model.gradient_checkpointing_enable(use_reentrant=False)`` (activation recompute), forward on
+``model.activation_checkpointing_enable()`` (non-reentrant activation recompute), forward on
 ``shard_batch``'s rows, ``causal_lm_loss`` + ``indexer_kl_loss`` (KL coefficient 0.01),
 backward, ``all_reduce_gradients``, AdamW. Every strategy of ``--modes`` trains its own copy of
 the same model on the same batches, interleaved step by step (a slow spell of the machine hits
@@ -364,7 +364,7 @@ def _run_rank(rank: int, size: int, port: int, job: dict[str, Any], results: Any
             model = copy.deepcopy(base)
             cp_v4.context_parallel(model, dist.group.WORLD, mode, selector=job["selector"],
                                    indexer_kl_coeff=KL_COEFF, **MODE_OPTIONS.get(mode, {}))
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             model.train()
             install_hooks(model, clock)
             models[mode], optimizers[mode] = model, torch.optim.AdamW(model.parameters(), lr=1e-4)
