@@ -129,19 +129,21 @@ void bind_indexer_kl(nb::module_& m) {
       [](const CpuInput& index_query, const CpuInput& index_key, const CpuInput& merge_weight,
          const CpuInput& attention_query, const CpuInput& compressed_key,
          const CpuInput& topk_indices, const CpuInput& sinks, int64_t main_key_offset, int threads,
-         std::string_view isa) {
+         std::string_view isa, bool any_topk) {
         const IndexerKlInputs inputs =
             inputs_of(index_query, index_key, merge_weight, attention_query, compressed_key,
                       topk_indices, sinks);
-        return indexer_kl_scratch_bytes(inputs,
-                                        options_of(1.0, 1.0, main_key_offset, threads, isa));
+        IndexerKlOptions options = options_of(1.0, 1.0, main_key_offset, threads, isa);
+        options.any_topk = any_topk;
+        return indexer_kl_scratch_bytes(inputs, options);
       },
       nb::arg("index_query"), nb::arg("index_key"), nb::arg("merge_weight"),
       nb::arg("attention_query"), nb::arg("compressed_key"), nb::arg("topk_indices"),
       nb::arg("sinks"), nb::arg("main_key_offset") = 0, nb::arg("threads") = 0,
-      nb::arg("isa") = "auto",
+      nb::arg("isa") = "auto", nb::arg("any_topk") = false,
       "Upper bound of indexer_kl_loss's scratch bytes for these shapes, dtypes and threads "
-      "(0: OpenMP's default); independent of B and S (indexer_kl_scratch_bytes).");
+      "(0: OpenMP's default); independent of B and S (indexer_kl_scratch_bytes). any_topk as in "
+      "indexer_kl_loss.");
 }
 
 }  // namespace sparsecp::python

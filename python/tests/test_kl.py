@@ -6,6 +6,7 @@ incoming gradient, loss_coeff 0), zero copy, determinism, and the seed's error t
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -54,12 +55,12 @@ def make_inputs(seed: int, batch: int = 2, rows: int = 7, heads: int = 3, head_d
     )
 
 
-def run(inputs: dict, loss_coeff: float = 1.0, grad_scale: float = 1.0, **extra) -> tuple:
-    """Loss and the gradients autograd gives the three student inputs."""
+def run(inputs: dict, loss_coeff: float = 1.0, grad_scale: float = 1.0, kl: Any = KL, **extra) -> tuple:
+    """Loss and the gradients autograd gives the three student inputs (``kl``: the entry point)."""
     leaves = {name: inputs[name].detach().clone().requires_grad_() for name in
               ("index_query", "index_key", "merge_weight")}
     args = {**inputs, **leaves}
-    loss = KL(args["index_query"], args["index_key"], args["merge_weight"], args["attention_query"],
+    loss = kl(args["index_query"], args["index_key"], args["merge_weight"], args["attention_query"],
               args["compressed_key"], args["topk_indices"], args["sinks"], attention_scale=args["attention_scale"],
               loss_coeff=loss_coeff, main_key_offset=args["main_key_offset"], **extra)
     (loss * grad_scale).backward()
@@ -391,3 +392,35 @@ def test_unknown_or_unsupported_isa_in_the_environment_raises(monkeypatch):
             monkeypatch.setenv("SPARSECP_ISA", isa)
             with pytest.raises(ValueError, match="is not supported by this CPU"):
                 run(inputs)
+
+
+def test_any_topk_takes_the_kernel_below_the_seeds_rule_with_any_thread_count(monkeypatch):
+    from sparsecp.torch.kl import indexer_kl_loss_any_topk
+
+    # 40 keys and 6 ids a row: below the seed's TopK512 rule (min(512, K) <= TopK), as a small
+    # model's own index_topk; the fused kernel takes it (any_topk), whatever the thread count.
+    inputs = make_inputs(SEED + 31, 2, 29, 4, 16, 3, 24, 40, 6, 0, ids_dtype=torch.int32)
+    calls = []
+    original = sparsecp._core.indexer_kl_loss
+
+    def spy(*args, **kwargs):
+        calls.append((args[13], kwargs["any_topk"]))  # the thread count, the any-top-k flag
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sparsecp._core, "indexer_kl_loss", spy)
+    runs = [run(inputs, kl=indexer_kl_loss_any_topk, threads=threads) for threads in (0, 1, 3)]
+    assert calls == [(0, True), (1, True), (3, True)]
+    for other in runs[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(runs[0], other))  # bit for bit
+    monkeypatch.setenv("SPARSECP_TORCH_PATH", "1")
+    want = run(inputs, kl=indexer_kl_loss_any_topk)
+    for got, expected in zip(runs[0], want):
+        assert relative(got, expected) < 1e-5
+    with pytest.raises(ValueError, match="Indexer KL thread count must be non-negative, got -1"):
+        run(inputs, kl=indexer_kl_loss_any_topk, threads=-1)
+    names = ("index_query", "index_key", "merge_weight", "attention_query", "compressed_key", "topk_indices", "sinks")
+    with pytest.raises(ValueError, match="Fused KL requires ordinary TopK512 selections"):
+        sct.indexer_kl_scratch_bytes(*(inputs[n] for n in names))  # the seed's rule, as its entry point
+    bound = sct.indexer_kl_scratch_bytes(*(inputs[n] for n in names), any_topk=True, threads=2)
+    fewer = make_inputs(SEED + 32, 1, 3, 4, 16, 3, 24, 40, 6, 0, ids_dtype=torch.int32)  # B and S smaller
+    assert bound > 0 and bound == sct.indexer_kl_scratch_bytes(*(fewer[n] for n in names), any_topk=True, threads=2)

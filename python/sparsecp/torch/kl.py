@@ -226,23 +226,24 @@ def shared_compressed_indexer_kl_loss(
 def indexer_kl_scratch_bytes(index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
                              attention_query: torch.Tensor, compressed_key: torch.Tensor,
                              topk_indices: torch.Tensor, sinks: torch.Tensor, *, main_key_offset: int = 0,
-                             threads: int = 0) -> int:
+                             threads: int = 0, any_topk: bool = False) -> int:
     """Upper bound of the fused CPU kernel's scratch memory in bytes for these shapes, dtypes
     and ``threads`` (0: OpenMP's default), beyond the three gradients it returns:
     independent of B and S. The tensors must be CPU float32 / bfloat16 (their values are not
-    read)."""
+    read). ``any_topk``: for ``indexer_kl_loss_any_topk``'s selections (any 1 <= TopK <= 512),
+    not only those the seed's TopK512 rule accepts."""
     tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
     _check_inputs(tensors, 1, main_key_offset, threads)
     if not all(t.device.type == "cpu" for t in tensors):
         raise ValueError("indexer_kl_scratch_bytes describes the fused CPU kernel: pass CPU tensors")
-    return _core.indexer_kl_scratch_bytes(*_arrays(tensors), main_key_offset, threads)
+    return _core.indexer_kl_scratch_bytes(*_arrays(tensors), main_key_offset, threads, any_topk=bool(any_topk))
 
 
 def indexer_kl_loss_any_topk(
     index_query: torch.Tensor, index_key: torch.Tensor, merge_weight: torch.Tensor,
     attention_query: torch.Tensor, compressed_key: torch.Tensor, topk_indices: torch.Tensor,
     sinks: torch.Tensor, *, attention_scale: float, loss_coeff: float, query_chunk_size: int = 256,
-    main_key_offset: int = 0, trusted_ids: bool = False,
+    main_key_offset: int = 0, trusted_ids: bool = False, threads: int = 0,
 ) -> torch.Tensor:
     """``shared_compressed_indexer_kl_loss`` at any top-k (for a model's own ``index_topk``).
 
@@ -252,11 +253,12 @@ def indexer_kl_loss_any_topk(
     selections the seed accepts take the fused kernel where it applies, others the chunked torch
     path. ``trusted_ids``: the ids come from the caller's own selection against these banks (a
     model layer's): the torch path skips reading them back to check their range, a host sync
-    per call on a GPU."""
+    per call on a GPU. ``threads``: the fused kernel's OpenMP threads (0: OpenMP's default), as
+    in ``shared_compressed_indexer_kl_loss``."""
     tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
-    _check_inputs(tensors, query_chunk_size, main_key_offset, 0)
+    _check_inputs(tensors, query_chunk_size, main_key_offset, threads)
     return _SharedCompressedIndexerKlLoss.apply(*tensors, float(attention_scale), float(loss_coeff),
-                                                operator.index(main_key_offset), query_chunk_size, 0, False,
+                                                operator.index(main_key_offset), query_chunk_size, threads, False,
                                                 not trusted_ids)
 
 
