@@ -394,9 +394,25 @@ TEST(SelectKernel, RejectsBadShapesAndSegments) {
   EXPECT_THROW(run({{0, 3, 0, 5, 0}}), Error);
 }
 
-// SPARSECP_ISA forces what kAuto runs, for the selection and the KL kernels alike (one
-// mechanism: resolve_kernel_isa); an unknown value or an ISA the CPU lacks is an error
-// naming it, from every entry point, before any output is written.
+// The error text of a one-row fp32 selection ("" if it runs), which must not write its output
+// when it refuses (the output is preset to 7: EXPECT on `written`).
+std::string one_row_selection_error(bool& written) {
+  SelectConfig config;
+  config.heads = 1;
+  config.head_dim = 4;
+  config.topk = 1;
+  config.ratio = 1;
+  std::vector<float> q(4, 1.0f), w(1, 1.0f), k(4, 1.0f);
+  std::vector<int32_t> out(1, 7);
+  const std::vector<Segment> segments{{0, 1, 0, 1, 0}};
+  const std::string error = testing::error_of([&] {
+    select_topk(MatrixView::f32(q.data(), 1, 4), MatrixView::f32(w.data(), 1, 1),
+                MatrixView::f32(k.data(), 1, 4), segments, config, out);
+  });
+  written = out[0] != 7;
+  return error;
+}
+
 // bf16 scores take oneDNN where its products run on AMX (or the CPU has no AVX512_BF16) and
 // the VDPBF16PS kernel on other AVX512_BF16 CPUs; SPARSECP_SELECT_GEMM forces either, and a
 // bad value is an error naming it, for bf16 and fp32 calls alike, with nothing written.
@@ -423,22 +439,15 @@ TEST(SelectKernel, Bf16ProductsFollowTheMatrixUnitsAndTheEnvironment) {
   setenv("SPARSECP_SELECT_GEMM", "amx", 1);
   EXPECT_EQ(testing::error_of([] { select_bf16_products(KernelIsa::kAuto); }),
             "SPARSECP_SELECT_GEMM must be onednn or native, got 'amx'");
-  SelectConfig config;
-  config.heads = 1;
-  config.head_dim = 4;
-  config.topk = 1;
-  config.ratio = 1;
-  std::vector<float> q(4, 1.0f), w(1, 1.0f), k(4, 1.0f);
-  std::vector<int32_t> out(1, 7);
-  const std::vector<Segment> segments{{0, 1, 0, 1, 0}};
-  EXPECT_EQ(testing::error_of([&] {
-              select_topk(MatrixView::f32(q.data(), 1, 4), MatrixView::f32(w.data(), 1, 1),
-                          MatrixView::f32(k.data(), 1, 4), segments, config, out);
-            }),
+  bool written = true;
+  EXPECT_EQ(one_row_selection_error(written),
             "SPARSECP_SELECT_GEMM must be onednn or native, got 'amx'");
-  EXPECT_EQ(out[0], 7);  // nothing written
+  EXPECT_FALSE(written);
 }
 
+// SPARSECP_ISA forces what kAuto runs, for the selection and the KL kernels alike (one
+// mechanism: resolve_kernel_isa); an unknown value or an ISA the CPU lacks is an error
+// naming it, from every entry point, before any output is written.
 TEST(KernelIsaSelection, EnvironmentForcesAutoAndRefusesClearly) {
   struct Restore {
     ~Restore() { unsetenv("SPARSECP_ISA"); }
@@ -459,20 +468,10 @@ TEST(KernelIsaSelection, EnvironmentForcesAutoAndRefusesClearly) {
   setenv("SPARSECP_ISA", "avx3", 1);
   EXPECT_EQ(testing::error_of([] { resolve_kernel_isa(KernelIsa::kAuto); }),
             "SPARSECP_ISA must be auto, portable, avx2 or avx512, got 'avx3'");
-  SelectConfig config;
-  config.heads = 1;
-  config.head_dim = 4;
-  config.topk = 1;
-  config.ratio = 1;
-  std::vector<float> q(4, 1.0f), w(1, 1.0f), k(4, 1.0f);
-  std::vector<int32_t> out(1, 7);
-  const std::vector<Segment> segments{{0, 1, 0, 1, 0}};
-  EXPECT_EQ(testing::error_of([&] {
-              select_topk(MatrixView::f32(q.data(), 1, 4), MatrixView::f32(w.data(), 1, 1),
-                          MatrixView::f32(k.data(), 1, 4), segments, config, out);
-            }),
+  bool written = true;
+  EXPECT_EQ(one_row_selection_error(written),
             "SPARSECP_ISA must be auto, portable, avx2 or avx512, got 'avx3'");
-  EXPECT_EQ(out[0], 7);  // nothing written
+  EXPECT_FALSE(written);
   for (const KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
     if (kernel_isa_supported(isa)) continue;
     setenv("SPARSECP_ISA", kernel_isa_name(isa), 1);
