@@ -405,7 +405,7 @@ std::string one_row_selection_error(bool& written) {
   std::vector<float> q(4, 1.0f), w(1, 1.0f), k(4, 1.0f);
   std::vector<int32_t> out(1, 7);
   const std::vector<Segment> segments{{0, 1, 0, 1, 0}};
-  const std::string error = testing::error_of([&] {
+  std::string error = testing::error_of([&] {
     select_topk(MatrixView::f32(q.data(), 1, 4), MatrixView::f32(w.data(), 1, 1),
                 MatrixView::f32(k.data(), 1, 4), segments, config, out);
   });
