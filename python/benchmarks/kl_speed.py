@@ -17,7 +17,8 @@ fresh leaf tensors once on each path: "fused" (CPU tensors -> the C++ kernel, ``
 implementation ``_kl_torch.kl_loss_and_grads_torch``, ``query_chunk_size`` 256, under
 ``torch.set_num_threads(--threads)``). The order alternates between repetitions; the
 figures are medians and ranges over --repeats repetitions, and the speedup is the median
-of the per-repetition ratios. Both paths' loss and gradients are compared once.
+of the per-repetition ratios. Beside them, torch's own 2048^3 float32 matmul in the same process
+and threads, and the fused path's rate as a fraction of it. Both paths' loss and gradients are compared once.
 
 Memory: each path runs in a fresh subprocess (``--probe PATH``) with glibc's mmap and trim
 thresholds fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``, so
@@ -174,6 +175,19 @@ def torch_chunk_bytes(chunk: int, shape: dict[str, int]) -> dict[str, int]:
             "student z, ReLU, dz, mask [C, H, T] (x4)": 4 * 4 * c * shape["heads"] * topk}
 
 
+def matmul_gflops(threads: int, repeats: int = 3) -> float:
+    """torch's own 2048 x 2048 float32 matmul in these threads (the median of ``repeats``)."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    return 2.0 * 2048**3 / statistics.median(seconds) / 1e9
+
+
 def load() -> str:
     return open("/proc/loadavg").read().split()[0]
 
@@ -219,6 +233,8 @@ def main() -> int:
         summary[path] = {"median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples),
                          "gflops": flops(args.rows, shape) / statistics.median(samples) / 1e9}
     summary["speedup_median"] = statistics.median(ratios)
+    summary["matmul_gflops"] = matmul_gflops(args.threads)  # in the same process and threads
+    summary["fused_to_matmul"] = summary["fused"]["gflops"] / summary["matmul_gflops"]
     summary["speedup_range"] = [min(ratios), max(ratios)]
     summary["load_after_timing"] = load()
 
@@ -247,8 +263,10 @@ def main() -> int:
           f"{summary['loss_relative']:.1e}, gradients rel. {', '.join(f'{g:.1e}' for g in summary['grad_relative'])}")
     for path in ("fused", "torch"):
         t = summary[path]
+        of_matmul = f", {summary['fused_to_matmul']:.2f} of torch's float32 matmul" if path == "fused" else ""
         print(f"{path:5s}: median {t['median_s']:.3f} s (range {t['min_s']:.3f}-{t['max_s']:.3f}), "
-              f"{t['gflops']:.1f} GFLOP/s")
+              f"{t['gflops']:.1f} GFLOP/s{of_matmul}")
+    print(f"torch's 2048^3 float32 matmul: {summary['matmul_gflops']:.1f} GFLOP/s (same process and threads)")
     print(f"speedup fused over torch: median {summary['speedup_median']:.2f}x "
           f"(range {summary['speedup_range'][0]:.2f}-{summary['speedup_range'][1]:.2f}), {args.repeat} repetitions")
     print("peak extra resident memory (MiB): forward / backward; forward beyond the gradients; scratch bound")
