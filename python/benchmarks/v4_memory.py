@@ -25,6 +25,15 @@ step of a training run is; its peak is the kernel's high-water mark (``VmHWM``) 
 ``/proc/self/clear_refs`` just before it, against the resident size before the warm-up steps
 (the model and the batch, as without warm-up).
 
+``--steps N`` times N steps after the warm-up (default 1): the step time is the median over them
+of the slowest rank's (each step starts on a barrier), which steadies the figure on a busy or
+drifting machine.
+
+``--profile N`` runs rank 0's timed steps under ``torch.profiler`` and prints, under the row, the N
+ops with the most self CPU time in them (the profiler adds a little per recorded op, so read the
+step's seconds from a run without it). Profiling a configuration and its baseline side by side
+shows what the CSA and HCA layers add to the all-sliding step.
+
 Packs: ``one`` (one document of all the tokens) and ``lognormal`` (sparsecp's long-tailed
 generator, ``sparsecp.generate_batch("lognormal", tokens, ranks, seed)``).
 
@@ -34,11 +43,14 @@ Usage::
     python python/benchmarks/v4_memory.py --tokens 16384,65536 --baseline only
     python python/benchmarks/v4_memory.py --tokens 131072 --packs lognormal --checkpointing on --json out.json
     python python/benchmarks/v4_memory.py --tokens 16384 --packs lognormal --checkpointing off --warmup 1
+    python python/benchmarks/v4_memory.py --tokens 16384 --packs lognormal --selectors fused --checkpointing off \
+        --baseline also --warmup 1 --profile 15   # where a warm step goes, and its baseline's
     python python/benchmarks/v4_memory.py --svg memory.svg --from out.json   # plot saved runs
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -46,6 +58,7 @@ import platform
 import queue
 import resource
 import socket
+import statistics
 import sys
 import time
 import traceback
@@ -155,9 +168,20 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
     dist.barrier()
     if warm:
         _reset_peak()
-    start = time.perf_counter()
-    loss, kl = step()
-    seconds = time.perf_counter() - start
+    profiled = rank == 0 and job.get("profile", 0) > 0
+    profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiled else None
+    step_seconds = []
+    with profile if profile is not None else contextlib.nullcontext():
+        for index in range(job.get("steps", 1)):
+            if index:
+                dist.barrier()  # every timed step starts together, so its slowest rank is its time
+            start = time.perf_counter()
+            loss, kl = step()
+            step_seconds.append(time.perf_counter() - start)
+    top = []
+    if profile is not None:
+        averages = sorted(profile.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)
+        top = [(a.key, a.self_cpu_time_total * 1e-6, a.count) for a in averages[:job["profile"]]]
     peak = _peak_kib() if warm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     dist.barrier()
     banks = []
@@ -174,9 +198,10 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
     local = sum(lengths) // size
     growth = max(0, peak - before)
     return {"rank": rank, "local_rows": local, "documents": len(lengths), "longest": max(lengths),
-            "peak_growth_kib": growth, "kib_per_row": growth / local, "seconds": seconds,
-            "selector_seconds": state.clock.seconds, "dispatch_bytes": state.stats.dispatch_bytes, "banks": banks,
-            "loss": float(loss.detach()), "kl": float(kl.detach())}
+            "peak_growth_kib": growth, "kib_per_row": growth / local, "step_seconds": step_seconds,
+            "selector_seconds": state.clock.seconds / len(step_seconds),
+            "dispatch_bytes": state.stats.dispatch_bytes // len(step_seconds), "banks": banks,
+            "loss": float(loss.detach()), "kl": float(kl.detach()), "top": top}
 
 
 def run_job(job: dict[str, Any], ranks: int) -> list[dict[str, Any]]:
@@ -289,6 +314,12 @@ def main() -> int:
                              "'torch' (the chunked torch path) (default auto)")
     parser.add_argument("--warmup", type=int, default=0,
                         help="untimed steps before the timed one (default 0: the timed step is the process's first)")
+    parser.add_argument("--steps", type=int, default=1,
+                        help="timed steps after the warm-up; the step time is the median over them of the "
+                             "slowest rank's, the peak the highest (default 1)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile rank 0's timed step and print its N ops with the most self CPU time "
+                             "(default 0: no profiler)")
     parser.add_argument("--json", help="append each configuration's result to this JSON file as it finishes")
     parser.add_argument("--svg", help="write the memory-per-row plot here")
     parser.add_argument("--from", dest="source", help="read results from this JSON file instead of running")
@@ -297,6 +328,10 @@ def main() -> int:
         parser.error(f"--ranks must be positive, got {args.ranks}")
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.steps < 1:
+        parser.error(f"--steps must be 1 or more, got {args.steps}")
+    if args.profile < 0:
+        parser.error(f"--profile must be 0 or more, got {args.profile}")
     try:
         tokens = [int(t) for t in args.tokens.split(",") if t]
     except ValueError:
@@ -332,13 +367,14 @@ def main() -> int:
         print("# tokens  pack       selector ckpt  attention  peak/rank MiB  KB/row  step s  selector s  "
               "Index K recv MB (whole-bank MB)")
         jobs = [{"tokens": t, "pack": p, "selector": s, "checkpointing": c == "on", "baseline": False, "attention": a,
-                 "warmup": args.warmup}
+                 "warmup": args.warmup, "steps": args.steps, "profile": args.profile}
                 for t in tokens for p in packs for s in selectors for c in checkpointing for a in attentions]
         if args.baseline == "only":
             jobs = []
         if args.baseline != "off":
             jobs += [{"tokens": t, "pack": "lognormal", "selector": "model", "checkpointing": False, "baseline": True,
-                      "attention": a, "warmup": args.warmup} for t in tokens for a in attentions]
+                      "attention": a, "warmup": args.warmup, "steps": args.steps, "profile": args.profile}
+                     for t in tokens for a in attentions]
         for job in jobs:
             ranks = run_job(job, args.ranks)
             busiest = max(ranks, key=lambda r: r["peak_growth_kib"])
@@ -346,15 +382,18 @@ def main() -> int:
                             for r in ranks for b in r["banks"])
             row = {**job, "peak_mib": busiest["peak_growth_kib"] / 1024,
                    "kb_per_row": busiest["peak_growth_kib"] * 1.024 / busiest["local_rows"],
-                   "step_seconds": max(r["seconds"] for r in ranks),
+                   "step_seconds": statistics.median(max(r["step_seconds"][i] for r in ranks)
+                                                     for i in range(args.steps)),
                    "selector_seconds": max(r["selector_seconds"] for r in ranks), "ranks": ranks}
             rows.append(row)
             ckpt = "on " if job["checkpointing"] else "off"
             tag = " (baseline)" if job["baseline"] else ""
             print(f"{job['tokens']:>8}  {job['pack']:<10} {job['selector']:<8} {ckpt}  "
                   f"{job['attention'] or 'auto':<9}{tag}  {row['peak_mib']:>13.0f}  "
-                  f"{row['kb_per_row']:>6.0f}  {row['step_seconds']:>6.1f}  {row['selector_seconds']:>10.1f}  {bank}",
+                  f"{row['kb_per_row']:>6.0f}  {row['step_seconds']:>6.2f}  {row['selector_seconds']:>10.1f}  {bank}",
                   flush=True)
+            for name, seconds, calls in ranks[0]["top"]:
+                print(f"#   rank 0 self CPU {seconds:7.3f} s  {calls:>6} calls  {name}", flush=True)
             if args.json:
                 with open(args.json, "w") as out:
                     json.dump({"header": header, "rows": rows}, out, indent=1)

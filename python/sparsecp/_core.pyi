@@ -600,9 +600,9 @@ def select_worker_rows(qr: Annotated[NDArray, dict(device='cpu', writable=False)
     Worker selection (select_worker_rows): Index-Q projection qr @ Wq_b with RoPE, then fused top-k. wq_b is [heads * head_dim, q_rank] (out_in, torch Linear.weight) or [q_rank, heads * head_dim].
     """
 
-def project_index_query(qr: Annotated[NDArray, dict(device='cpu', writable=False)], wq_b: Annotated[NDArray, dict(device='cpu', writable=False)], cos: Annotated[NDArray, dict(device='cpu', writable=False)], sin: Annotated[NDArray, dict(device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], heads: int, head_dim: int, rope_dim: int, out_in: bool = True) -> None:
+def project_index_query(qr: Annotated[NDArray, dict(device='cpu', writable=False)], wq_b: Annotated[NDArray, dict(device='cpu', writable=False)], cos: Annotated[NDArray, dict(device='cpu', writable=False)], sin: Annotated[NDArray, dict(device='cpu', writable=False)], out: Annotated[NDArray, dict(device='cpu')], heads: int, head_dim: int, rope_dim: int, out_in: bool = True, threads: int = 0) -> None:
     """
-    Index-Q projection with RoPE (project_index_query) into `out` [rows, heads * head_dim] float32.
+    Index-Q projection with RoPE (project_index_query) into `out` [rows, heads * head_dim] float32; threads 0: OpenMP's default (1 also keeps the BLAS product on this thread).
     """
 
 class TndPlan:

@@ -184,8 +184,9 @@ void bind_kernels(nb::module_& m) {
   m.def(
       "project_index_query",
       [](const CpuInput& qr, const CpuInput& wq_b, const CpuInput& cos, const CpuInput& sin,
-         const CpuArray& out, int64_t heads, int64_t head_dim, int64_t rope_dim, bool out_in) {
-        const SelectConfig config = config_of(heads, head_dim, rope_dim, 1, 1, 0, "auto");
+         const CpuArray& out, int64_t heads, int64_t head_dim, int64_t rope_dim, bool out_in,
+         int threads) {
+        const SelectConfig config = config_of(heads, head_dim, rope_dim, 1, 1, threads, "auto");
         const MatrixView qr_view = matrix(qr, "query_residual");
         const MatrixView wq_view = matrix(wq_b, "wq_b");
         const MatrixView cos_view = matrix(cos, "cos");
@@ -197,8 +198,9 @@ void bind_kernels(nb::module_& m) {
       },
       nb::arg("qr"), nb::arg("wq_b"), nb::arg("cos"), nb::arg("sin"), nb::arg("out"),
       nb::arg("heads"), nb::arg("head_dim"), nb::arg("rope_dim"), nb::arg("out_in") = true,
+      nb::arg("threads") = 0,
       "Index-Q projection with RoPE (project_index_query) into `out` [rows, heads * head_dim] "
-      "float32.");
+      "float32; threads 0: OpenMP's default (1 also keeps the BLAS product on this thread).");
 
   nb::class_<TndPlan>(m, "TndPlan",
                       "Packed layout of the rows that see a key (kernels/tnd_plan.hpp).")

@@ -266,6 +266,27 @@ def test_scratch_is_independent_of_the_row_count():
     assert len(sizes) == 1 and 0 < sizes.pop() < 4 << 20
 
 
+def test_threads_zero_means_torchs_thread_count():
+    """sparsecp's kernels run on their own OpenMP runtime, which does not see
+    torch.set_num_threads: threads=0 must resolve to torch's count, not to every core (the
+    per-thread scratch shows which count a call resolved to)."""
+    from sparsecp.torch._threads import cpu_threads
+
+    inputs = make_inputs(SEED, 1, 64, 8, 64, 4, 128, 600, 512)
+    tensors = [inputs[n] for n in ("index_query", "index_key", "merge_weight", "attention_query",
+                                   "compressed_key", "topk_indices", "sinks")]
+    one, two = (sct.indexer_kl_scratch_bytes(*tensors, threads=t) for t in (1, 2))
+    assert one != two  # the scratch is per thread, so it tells the thread counts apart
+    saved = torch.get_num_threads()
+    try:
+        for count, scratch in ((1, one), (2, two)):
+            torch.set_num_threads(count)
+            assert cpu_threads(0) == count and cpu_threads(3) == 3
+            assert sct.indexer_kl_scratch_bytes(*tensors) == scratch
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("path", ["fused", "torch"])
 def test_errors_carry_the_seeds_texts(path, monkeypatch):
     if path == "torch":
@@ -409,7 +430,7 @@ def test_any_topk_takes_the_kernel_below_the_seeds_rule_with_any_thread_count(mo
 
     monkeypatch.setattr(sparsecp._core, "indexer_kl_loss", spy)
     runs = [run(inputs, kl=indexer_kl_loss_any_topk, threads=threads) for threads in (0, 1, 3)]
-    assert calls == [(0, True), (1, True), (3, True)]
+    assert calls == [(torch.get_num_threads(), True), (1, True), (3, True)]  # 0: torch's count
     for other in runs[1:]:
         assert all(torch.equal(x, y) for x, y in zip(runs[0], other))  # bit for bit
     monkeypatch.setenv("SPARSECP_TORCH_PATH", "1")

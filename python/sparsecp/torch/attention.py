@@ -52,6 +52,7 @@ from .. import _core
 from . import _attention_cudnn, _attention_flashmla, _attention_library, _attention_triton
 from ._attention_chunked import DEFAULT_CHUNK_BYTES, attention_chunk_rows
 from ._attention_chunked import sparse_attention as _chunked_attention
+from ._threads import cpu_threads
 from .select import kernel_arg
 
 __all__ = ["BACKENDS", "sparse_attention", "sparse_attention_backend", "sparse_attention_backends",
@@ -126,10 +127,6 @@ def _optional_arg(tensor: torch.Tensor | None) -> Any:
     return None if tensor is None else kernel_arg(tensor)
 
 
-def _cpu_threads() -> int:
-    return max(1, torch.get_num_threads())
-
-
 @torch.library.custom_op("sparsecp::sparse_attention", mutates_args=())
 def _cpu_forward(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor | None,
                  scale: float, value_dim: int, chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +137,7 @@ def _cpu_forward(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=accumulate)
     _core.sparse_attention_forward(kernel_arg(q.detach()), kernel_arg(kv.detach()), kernel_arg(indices),
                                    _optional_arg(sinks_in), kernel_arg(out), kernel_arg(lse), scale, value_dim,
-                                   threads=_cpu_threads(), scratch_bytes=chunk_bytes)
+                                   threads=cpu_threads(0), scratch_bytes=chunk_bytes)
     return out, lse
 
 
@@ -165,7 +162,7 @@ def _cpu_backward(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink
                                     kernel_arg(out.contiguous()), kernel_arg(lse.contiguous()),
                                     kernel_arg(grad_out.to(q.dtype).contiguous()), kernel_arg(grad_q),
                                     kernel_arg(grad_kv), _optional_arg(grad_sinks if sinks is not None else None),
-                                    scale, value_dim, threads=_cpu_threads(), scratch_bytes=chunk_bytes)
+                                    scale, value_dim, threads=cpu_threads(0), scratch_bytes=chunk_bytes)
     return grad_q, grad_kv.to(kv.dtype), grad_sinks
 
 

@@ -40,6 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _core
 from ._kl_torch import kl_loss_and_grads_torch
+from ._threads import cpu_threads
 from .select import _torch_path, kernel_arg
 
 __all__ = ["indexer_kl_scratch_bytes", "shared_compressed_indexer_kl_loss"]
@@ -117,7 +118,7 @@ def _loss_and_grads(tensors: tuple[torch.Tensor, ...], attention_scale: float, l
         grad_k = torch.empty(key.shape, dtype=torch.float32)
         grad_w = torch.empty(weight.shape, dtype=torch.float32)
         loss = _core.indexer_kl_loss(*_arrays(tensors), kernel_arg(grad_q), kernel_arg(grad_k), kernel_arg(grad_w),
-                                     float(attention_scale), float(loss_coeff), main_key_offset, threads,
+                                     float(attention_scale), float(loss_coeff), main_key_offset, cpu_threads(threads),
                                      any_topk=not seed_topk)
         return torch.tensor(loss, dtype=torch.float32), grad_q, grad_k, grad_w
     q, k, w, attention_query, compressed_key, topk, sinks = (t.detach() for t in tensors)
@@ -194,7 +195,7 @@ def shared_compressed_indexer_kl_loss(
             ``index_key`` rows; rows of ``index_key`` outside that range get zero gradient.
             The seed's caller slices ``index_key`` and shifts the ids instead; both give the
             same loss and gradients.
-        threads: Fused kernel threads (0: OpenMP's default); never changes results.
+        threads: Fused kernel threads (0: torch's, ``torch.get_num_threads()``); never changes results.
 
     Returns:
         The scalar loss: float32 (float64 when any float input is float64), on the inputs'
@@ -228,7 +229,7 @@ def indexer_kl_scratch_bytes(index_query: torch.Tensor, index_key: torch.Tensor,
                              topk_indices: torch.Tensor, sinks: torch.Tensor, *, main_key_offset: int = 0,
                              threads: int = 0, any_topk: bool = False) -> int:
     """Upper bound of the fused CPU kernel's scratch memory in bytes for these shapes, dtypes
-    and ``threads`` (0: OpenMP's default), beyond the three gradients it returns:
+    and ``threads`` (0: torch's, ``torch.get_num_threads()``), beyond the three gradients it returns:
     independent of B and S. The tensors must be CPU float32 / bfloat16 (their values are not
     read). ``any_topk``: for ``indexer_kl_loss_any_topk``'s selections (any 1 <= TopK <= 512),
     not only those the seed's TopK512 rule accepts."""
@@ -236,7 +237,8 @@ def indexer_kl_scratch_bytes(index_query: torch.Tensor, index_key: torch.Tensor,
     _check_inputs(tensors, 1, main_key_offset, threads)
     if not all(t.device.type == "cpu" for t in tensors):
         raise ValueError("indexer_kl_scratch_bytes describes the fused CPU kernel: pass CPU tensors")
-    return _core.indexer_kl_scratch_bytes(*_arrays(tensors), main_key_offset, threads, any_topk=bool(any_topk))
+    return _core.indexer_kl_scratch_bytes(*_arrays(tensors), main_key_offset, cpu_threads(threads),
+                                          any_topk=bool(any_topk))
 
 
 def indexer_kl_loss_any_topk(
@@ -253,7 +255,7 @@ def indexer_kl_loss_any_topk(
     selections the seed accepts take the fused kernel where it applies, others the chunked torch
     path. ``trusted_ids``: the ids come from the caller's own selection against these banks (a
     model layer's): the torch path skips reading them back to check their range, a host sync
-    per call on a GPU. ``threads``: the fused kernel's OpenMP threads (0: OpenMP's default), as
+    per call on a GPU. ``threads``: the fused kernel's threads (0: torch's, ``torch.get_num_threads()``), as
     in ``shared_compressed_indexer_kl_loss``."""
     tensors = (index_query, index_key, merge_weight, attention_query, compressed_key, topk_indices, sinks)
     _check_inputs(tensors, query_chunk_size, main_key_offset, threads)

@@ -38,6 +38,7 @@ from .. import _core
 from .._checks import integer, integer_table
 from ._plans import RowTuple
 from ._replay import replayable
+from ._threads import cpu_threads
 
 __all__ = [
     "IndexerSelector",
@@ -173,7 +174,7 @@ def select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor
             IndexerRoute's ``segments``, a sequence of 5-tuples, or an int64 [n, 5] array).
         ratio: Compression ratio.
         topk: Ids per row.
-        threads: CPU kernel threads (0: OpenMP's default); never changes results.
+        threads: CPU kernel threads (0: torch's, ``torch.get_num_threads()``); never changes results.
 
     Returns:
         int32 [rows, topk] on query's device: ascending ids, -1 padded.
@@ -200,7 +201,7 @@ def _select_indices(query: torch.Tensor, key: torch.Tensor, weights: torch.Tenso
     rows = query.shape[0]
     out = torch.empty((rows, topk), dtype=torch.int32)
     _core.select_topk(_contiguous(query.detach()), _contiguous(weights.detach()), _contiguous(key.detach()), table,
-                      kernel_arg(out), heads, head_dim, ratio, topk, threads)
+                      kernel_arg(out), heads, head_dim, ratio, topk, cpu_threads(threads))
     return out
 
 
@@ -405,7 +406,7 @@ def project_index_query(query_residual: torch.Tensor, wq_b: torch.Tensor, cos: t
         out = torch.empty((qr.shape[0], width), dtype=torch.float32)
         _core.project_index_query(_contiguous(qr.detach()), _contiguous(wq_b.detach()), _contiguous(cos.detach()),
                                   _contiguous(sin.detach()), kernel_arg(out), width // head_dim, head_dim, rope_dim,
-                                  weight_layout == "out_in")
+                                  weight_layout == "out_in", threads=cpu_threads(0))
         return out.view(qr.shape[0], width // head_dim, head_dim)
     return _project_torch(qr, weight, cos, sin, head_dim, rope_dim)
 
@@ -444,7 +445,7 @@ class IndexerSelector:
         topk: Ids per row.
         head_dim: Channels per head (default: key's last dimension).
         rope_dim: Rotated trailing channels per head (64 in DeepSeek-V4).
-        threads: CPU kernel threads (0: OpenMP's default).
+        threads: CPU kernel threads (0: torch's, ``torch.get_num_threads()``).
     """
 
     def __init__(self, wq_b: torch.Tensor, key: torch.Tensor, ratio: int, topk: int, head_dim: int | None = None,
@@ -491,5 +492,5 @@ def select_worker_rows(qr: torch.Tensor, w: torch.Tensor, c: torch.Tensor, s: to
     _core.select_worker_rows(_contiguous(qr.detach()), _contiguous(w.detach()), _contiguous(c.detach()),
                              _contiguous(s.detach()), _contiguous(wq_b.detach()), _contiguous(key.detach()),
                              segment_array(segments), kernel_arg(out), heads, head_dim, rope_dim, ratio, topk, out_in,
-                             threads)
+                             cpu_threads(threads))
     return out

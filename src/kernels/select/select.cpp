@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "select_internal.hpp"
 #include "sparsecp/error.hpp"
 #include "sparsecp/kernels/bf16.hpp"
+#include "sparsecp/kernels/blas_core.hpp"
 #include "top_candidates.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -689,6 +691,11 @@ void project_index_query(MatrixView qr, const ProjectionWeights& weights, Matrix
       a = widened_qr.data();
     }
     const float* b = weights.fp32_data();
+    // A one-thread call keeps the BLAS on this thread too: Debian's pthread OpenBLAS would fan
+    // the product out over its own pool, whose idle threads then spin (sched_yield) on the
+    // cores that the caller's other ranks or threads need.
+    std::optional<BlasSingleThreaded> one_thread_blas;
+    if (resolve_threads(config.threads) == 1) one_thread_blas.emplace();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, trans, static_cast<int>(rows), static_cast<int>(width),
                 static_cast<int>(rank), 1.0f, a, static_cast<int>(rank), b, ldb, 0.0f, q_out.data(),
                 static_cast<int>(width));

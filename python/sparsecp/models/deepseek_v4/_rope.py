@@ -26,6 +26,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ... import _core
+from ...torch._threads import cpu_threads
 from ...torch.select import kernel_arg
 
 __all__ = ["InterleavedRope"]
@@ -57,7 +58,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
         if tables[0].stride() != tables[1].stride():
             tables = [t.contiguous() for t in tables]
         _core.interleaved_rope(kernel_arg(x.detach()), kernel_arg(tables[0]), kernel_arg(tables[1]), kernel_arg(out),
-                               inverse=sign < 0)
+                               inverse=sign < 0, threads=cpu_threads(0))
         return out
     if x.shape[-1] > rope_dim:
         out[..., :x.shape[-1] - rope_dim] = x[..., :x.shape[-1] - rope_dim]
