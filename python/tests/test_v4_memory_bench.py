@@ -1,7 +1,8 @@
 """Smoke test of ``python/benchmarks/v4_memory.py``: a tiny run (256 tokens, one document, 2 gloo
 ranks, the fused selector) with ``--warmup 1 --steps 2 --profile 3`` whose ``--json`` must hold
-both warm steps' times, their median and peak and rank 0's top ops, and the helpers that reset and read a process's peak resident size. It checks the
-benchmark's plumbing, not its figures."""
+both warm steps' times, their median and peak and rank 0's top ops; the refusal of bad counts;
+and the helpers that reset and read a process's peak resident size. It checks the benchmark's
+plumbing, not its figures."""
 from __future__ import annotations
 
 import json
