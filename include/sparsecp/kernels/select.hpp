@@ -116,7 +116,9 @@ SelectConfig make_select_config(int64_t heads, int64_t head_dim, int64_t rope_di
 //
 // qr [rows, q_rank]; wq_b [q_rank, width] (kInOut) or [width, q_rank] (kOutIn), same
 // dtype as qr; cos, sin [rows, rope_dim / 2] (fp32 or bf16, used in fp32).
-// Writes q_out [rows, heads, head_dim] fp32 (q_out.size() == rows * width).
+// Writes q_out [rows, heads, head_dim] fp32 (q_out.size() == rows * width). The product goes
+// through the linked BLAS; with config.threads resolving to 1 it stays on the calling thread
+// (BlasSingleThreaded), as the RoPE pass does.
 // Errors: "Indexer query width {w} is not divisible by head_dim {d}" (seed text);
 // width / head_dim != config.heads; mismatched rows, q_rank, dtypes or sizes.
 void project_index_query(MatrixView qr, MatrixView wq_b, MatrixView cos, MatrixView sin,
