@@ -118,7 +118,9 @@ def _matmul_size(dtype: torch.dtype, threads: int, budget_seconds: float) -> int
     (bf16 on CPUs without AVX-512: reference loops, about 1 GFLOP/s at 512 and 0.3 at 2048 on a
     Zen 3) a 2048 product takes minutes; the size is reported with the rate."""
     a, b = torch.randn(256, 256).to(dtype), torch.randn(256, 256).to(dtype)
-    seconds = median_seconds(lambda: a @ b, 1)
+    # The median of 5: one slow sample (a thread pool waking) once shrank the size to 512 for
+    # float32 on two threads, where 2048 takes 0.05 s.
+    seconds = median_seconds(lambda: a @ b, 5)
     size = 2048
     while size > 256 and seconds * (size / 256) ** 3 > budget_seconds:
         size //= 2
