@@ -32,7 +32,15 @@ drifting machine.
 ``--profile N`` runs rank 0's timed steps under ``torch.profiler`` and prints, under the row, the N
 ops with the most self CPU time in them (the profiler adds a little per recorded op, so read the
 step's seconds from a run without it). Profiling a configuration and its baseline side by side
-shows what the CSA and HCA layers add to the all-sliding step.
+shows what the CSA and HCA layers add to the all-sliding step. For shares that include the
+kernels' own time (the profiler's self times of Python autograd functions and custom ops are not
+reliable), ``--perf-fifo PATH`` lets ``perf`` record the timed steps of every rank only::
+
+    mkfifo /tmp/perf.ctl
+    perf record -a -D -1 --control=fifo:/tmp/perf.ctl -F 999 -o step.data -- \
+        python python/benchmarks/v4_memory.py --tokens 16384 --packs lognormal --selectors fused \
+        --checkpointing off --warmup 1 --perf-fifo /tmp/perf.ctl
+    perf report -i step.data --sort dso,sym
 
 Packs: ``one`` (one document of all the tokens) and ``lognormal`` (sparsecp's long-tailed
 generator, ``sparsecp.generate_batch("lognormal", tokens, ranks, seed)``).
@@ -113,6 +121,13 @@ def _peak_kib() -> int:
     raise RuntimeError("/proc/self/status has no VmHWM line")
 
 
+def _perf_control(path: str | None, command: str) -> None:
+    """Tells a waiting ``perf record --control=fifo:PATH`` to ``enable`` or ``disable`` recording."""
+    if path:
+        with open(path, "w") as fifo:
+            fifo.write(command + "\n")
+
+
 def rank_main(rank: int, size: int, port: int, job: dict[str, Any], results: Any) -> None:
     try:
         results.put((rank, run_rank(rank, size, port, job)))
@@ -170,6 +185,8 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
         _reset_peak()
     profiled = rank == 0 and job.get("profile", 0) > 0
     profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiled else None
+    perf_fifo = job.get("perf_fifo") if rank == 0 else None  # one writer; perf -a sees every rank
+    _perf_control(perf_fifo, "enable")
     step_seconds = []
     with profile if profile is not None else contextlib.nullcontext():
         for index in range(job.get("steps", 1)):
@@ -178,10 +195,13 @@ def run_rank(rank: int, size: int, port: int, job: dict[str, Any]) -> dict[str, 
             start = time.perf_counter()
             loss, kl = step()
             step_seconds.append(time.perf_counter() - start)
+    dist.barrier()  # the slowest rank's step is inside the recording too
+    _perf_control(perf_fifo, "disable")
     top = []
     if profile is not None:
-        averages = sorted(profile.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)
-        top = [(a.key, a.self_cpu_time_total * 1e-6, a.count) for a in averages[:job["profile"]]]
+        from attention_share import top_ops  # the benchmarks' folder: this script's own
+
+        top = top_ops(profile, job["profile"])
     peak = _peak_kib() if warm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     dist.barrier()
     banks = []
@@ -318,8 +338,11 @@ def main() -> int:
                         help="timed steps after the warm-up; the step time is the median over them of the "
                              "slowest rank's, the peak the highest (default 1)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="profile rank 0's timed step and print its N ops with the most self CPU time "
+                        help="profile rank 0's timed steps and print their N ops with the most self CPU time "
                              "(default 0: no profiler)")
+    parser.add_argument("--perf-fifo", metavar="PATH",
+                        help="a perf control FIFO: rank 0 writes 'enable' before the timed steps and 'disable' "
+                             "after them, so that `perf record -a -D -1 --control=fifo:PATH` records only those")
     parser.add_argument("--json", help="append each configuration's result to this JSON file as it finishes")
     parser.add_argument("--svg", help="write the memory-per-row plot here")
     parser.add_argument("--from", dest="source", help="read results from this JSON file instead of running")
@@ -366,15 +389,15 @@ def main() -> int:
               f"{header['date']}{warmth}")
         print("# tokens  pack       selector ckpt  attention  peak/rank MiB  KB/row  step s  selector s  "
               "Index K recv MB (whole-bank MB)")
+        timing = {"warmup": args.warmup, "steps": args.steps, "profile": args.profile, "perf_fifo": args.perf_fifo}
         jobs = [{"tokens": t, "pack": p, "selector": s, "checkpointing": c == "on", "baseline": False, "attention": a,
-                 "warmup": args.warmup, "steps": args.steps, "profile": args.profile}
+                 **timing}
                 for t in tokens for p in packs for s in selectors for c in checkpointing for a in attentions]
         if args.baseline == "only":
             jobs = []
         if args.baseline != "off":
             jobs += [{"tokens": t, "pack": "lognormal", "selector": "model", "checkpointing": False, "baseline": True,
-                      "attention": a, "warmup": args.warmup, "steps": args.steps, "profile": args.profile}
-                     for t in tokens for a in attentions]
+                      "attention": a, **timing} for t in tokens for a in attentions]
         for job in jobs:
             ranks = run_job(job, args.ranks)
             busiest = max(ranks, key=lambda r: r["peak_growth_kib"])

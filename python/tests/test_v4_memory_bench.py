@@ -1,14 +1,15 @@
 """Smoke test of ``python/benchmarks/v4_memory.py``: a tiny run (256 tokens, one document, 2 gloo
 ranks, the fused selector) with ``--warmup 1 --steps 2 --profile 3`` whose ``--json`` must hold
-both warm steps' times, their median and peak and rank 0's top ops; the refusal of bad counts;
-and the helpers that reset and read a process's peak resident size. It checks the benchmark's
-plumbing, not its figures."""
+both warm steps' times, their median and peak and rank 0's top ops; the perf control FIFO's two
+commands; the refusal of bad counts; and the helpers that reset and read a process's peak
+resident size. It checks the benchmark's plumbing, not its figures."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -42,6 +43,27 @@ def test_warm_steps_report_their_times_peak_and_profile(tmp_path: object) -> Non
     assert len(top) == 3 and row["ranks"][1]["top"] == []  # rank 0 only
     assert all(seconds >= 0 and calls > 0 for _, seconds, calls in top)
     assert done.stdout.count("#   rank 0 self CPU") == 3
+
+
+def test_the_perf_fifo_brackets_the_timed_steps(tmp_path: object) -> None:
+    """``--perf-fifo``: rank 0 writes 'enable' before the timed steps and 'disable' after them
+    (a reader thread stands in for ``perf record --control=fifo:PATH``)."""
+    fifo = os.path.join(str(tmp_path), "perf.ctl")
+    os.mkfifo(fifo)
+    commands: list[str] = []
+
+    def read() -> None:
+        for _ in range(2):  # rank 0 opens, writes one command and closes, twice
+            with open(fifo) as control:
+                commands.extend(control.read().split())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    done = run_script("--tokens", "256", "--packs", "one", "--selectors", "fused", "--checkpointing", "off",
+                      "--warmup", "1", "--perf-fifo", fifo)
+    reader.join(timeout=30)
+    assert done.returncode == 0, f"v4_memory.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert commands == ["enable", "disable"]
 
 
 @pytest.mark.parametrize("option, value, message", [("--warmup", "-1", "--warmup must be 0 or more, got -1"),
